@@ -1,0 +1,414 @@
+//! The Pusher HTTP API (`/apps/{app_id}/...`): how backends publish events
+//! and query channels. Every request is authenticated ([`auth`]) and every
+//! size and count the caller controls is bounded, with errors that name the
+//! limit.
+
+pub mod auth;
+
+use crate::fanout::{json_string, Publication};
+use crate::hub::channel::{validate_publish_name, ChannelKind};
+use crate::hub::Hub;
+use crate::metrics;
+use crate::node::Node;
+use auth::{authenticate, SignedRequest};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+/// Channels one `events` call may name (Pusher's limit).
+pub const MAX_CHANNELS_PER_EVENT: usize = 100;
+/// Events one `batch_events` call may carry (Pusher's limit).
+pub const MAX_BATCH_EVENTS: usize = 10;
+
+/// An error answered as `{"error": message}` with an HTTP status.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        metrics::count(&metrics::API_ERRORS);
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
+        (status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+pub fn router() -> Router<Arc<Node>> {
+    Router::new()
+        .route("/apps/{app_id}/events", post(events))
+        .route("/apps/{app_id}/batch_events", post(batch_events))
+        .route("/apps/{app_id}/channels", get(channels))
+        .route("/apps/{app_id}/channels/{channel}", get(channel))
+        .route("/apps/{app_id}/channels/{channel}/users", get(users))
+        .route(
+            "/apps/{app_id}/users/{user_id}/terminate_connections",
+            post(terminate),
+        )
+}
+
+/// Read the body (bounded) and authenticate the request.
+async fn admit(
+    node: &Node,
+    app_id: &str,
+    method: &Method,
+    uri: &Uri,
+    body: Body,
+) -> Result<(Arc<Hub>, axum::body::Bytes), ApiError> {
+    metrics::count(&metrics::API_REQUESTS);
+    let limit = node.config.max_request_size;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            413,
+            format!("Request body is larger than max_request_size ({limit} bytes)"),
+        )
+    })?;
+    let hub = authenticate(
+        node,
+        &SignedRequest {
+            app_id,
+            method: method.as_str(),
+            path: uri.path(),
+            query: uri.query().unwrap_or(""),
+            body: &bytes,
+        },
+    )?;
+    Ok((hub, bytes))
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::new(400, format!("Invalid JSON body: {e}")))
+}
+
+fn query_param(uri: &Uri, name: &str) -> Option<String> {
+    form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// The attributes asked for with `info=a,b`.
+fn info_attributes(info: Option<&str>, allowed: &[&str]) -> Result<Vec<String>, ApiError> {
+    let mut out = Vec::new();
+    for attr in info
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+    {
+        if !allowed.contains(&attr) {
+            return Err(ApiError::new(
+                400,
+                format!(
+                    "Unsupported info attribute {attr:?} (supported: {})",
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        out.push(attr.to_owned());
+    }
+    Ok(out)
+}
+
+/// One event to publish, as in `events` and each `batch_events` item.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventRequest {
+    name: String,
+    data: Value,
+    channel: Option<String>,
+    channels: Option<Vec<String>>,
+    socket_id: Option<String>,
+    info: Option<String>,
+}
+
+/// Validate an event and publish it; returns the `info` reply object.
+fn publish(hub: &Hub, ev: EventRequest) -> Result<Value, ApiError> {
+    let app = &hub.app;
+    if ev.name.is_empty() {
+        return Err(ApiError::new(400, "Event name must not be empty"));
+    }
+    if ev.name.len() > app.max_event_name {
+        return Err(ApiError::new(
+            400,
+            format!(
+                "Event name is longer than max_event_name ({} characters)",
+                app.max_event_name
+            ),
+        ));
+    }
+    if ev.name.starts_with("pusher:") || ev.name.starts_with("pusher_internal:") {
+        return Err(ApiError::new(
+            400,
+            "Event names starting with pusher: are reserved",
+        ));
+    }
+    let Value::String(data) = ev.data else {
+        return Err(ApiError::new(
+            400,
+            "data must be a string (JSON-encode objects first)",
+        ));
+    };
+    if data.len() > app.max_payload {
+        return Err(ApiError::new(
+            413,
+            format!(
+                "data is larger than max_payload ({} bytes)",
+                app.max_payload
+            ),
+        ));
+    }
+    let channels = match (ev.channel, ev.channels) {
+        (Some(c), None) => vec![c],
+        (None, Some(cs)) => cs,
+        _ => {
+            return Err(ApiError::new(
+                400,
+                "Give exactly one of channel or channels",
+            ))
+        }
+    };
+    if channels.is_empty() {
+        return Err(ApiError::new(400, "channels must not be empty"));
+    }
+    if channels.len() > MAX_CHANNELS_PER_EVENT {
+        return Err(ApiError::new(
+            400,
+            format!("An event may go to at most {MAX_CHANNELS_PER_EVENT} channels"),
+        ));
+    }
+    for c in &channels {
+        validate_publish_name(c, app.max_channel_name)
+            .map_err(|e| ApiError::new(400, format!("Invalid channel {c:?}: {e}")))?;
+    }
+    if let Some(sid) = &ev.socket_id {
+        if !is_socket_id(sid) {
+            return Err(ApiError::new(400, format!("Invalid socket_id {sid:?}")));
+        }
+    }
+    let attrs = info_attributes(ev.info.as_deref(), &["user_count", "subscription_count"])?;
+
+    let data = json_string(&data);
+    for c in &channels {
+        hub.publish(Publication::new(
+            c.clone(),
+            ev.name.clone(),
+            data.clone(),
+            ev.socket_id.clone(),
+            None,
+        ));
+    }
+    if attrs.is_empty() {
+        return Ok(json!({}));
+    }
+    let mut out = Map::new();
+    for c in &channels {
+        out.insert(c.clone(), Value::Object(channel_attributes(hub, c, &attrs)));
+    }
+    Ok(Value::Object(out))
+}
+
+fn channel_attributes(hub: &Hub, name: &str, attrs: &[String]) -> Map<String, Value> {
+    let info = hub.channel(name);
+    let mut m = Map::new();
+    for a in attrs {
+        match a.as_str() {
+            "subscription_count" => {
+                m.insert(a.clone(), json!(info.map_or(0, |i| i.subscription_count)));
+            }
+            "user_count" if ChannelKind::of(name).presence => {
+                m.insert(a.clone(), json!(info.map_or(0, |i| i.user_count)));
+            }
+            _ => {}
+        }
+    }
+    m
+}
+
+fn is_socket_id(s: &str) -> bool {
+    match s.split_once('.') {
+        Some((a, b)) => {
+            !a.is_empty()
+                && !b.is_empty()
+                && a.len() + b.len() <= 40
+                && a.bytes().all(|c| c.is_ascii_digit())
+                && b.bytes().all(|c| c.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+async fn events(
+    State(node): State<Arc<Node>>,
+    Path(app_id): Path<String>,
+    method: Method,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    let (hub, bytes) = admit(&node, &app_id, &method, &uri, body).await?;
+    let ev: EventRequest = parse_body(&bytes)?;
+    let has_info = ev.info.is_some();
+    let info = publish(&hub, ev)?;
+    Ok(Json(if has_info {
+        json!({ "channels": info })
+    } else {
+        info
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    batch: Vec<EventRequest>,
+}
+
+async fn batch_events(
+    State(node): State<Arc<Node>>,
+    Path(app_id): Path<String>,
+    method: Method,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    let (hub, bytes) = admit(&node, &app_id, &method, &uri, body).await?;
+    let req: BatchRequest = parse_body(&bytes)?;
+    if req.batch.len() > MAX_BATCH_EVENTS {
+        return Err(ApiError::new(
+            400,
+            format!("A batch may hold at most {MAX_BATCH_EVENTS} events"),
+        ));
+    }
+    if req.batch.iter().any(|e| e.channels.is_some()) {
+        return Err(ApiError::new(
+            400,
+            "Batch events take `channel`, not `channels`",
+        ));
+    }
+    let mut any_info = false;
+    let mut replies = Vec::with_capacity(req.batch.len());
+    for ev in req.batch {
+        let channel = ev.channel.clone().unwrap_or_default();
+        any_info |= ev.info.is_some();
+        let info = publish(&hub, ev)?;
+        replies.push(info.get(&channel).cloned().unwrap_or_else(|| json!({})));
+    }
+    Ok(Json(if any_info {
+        json!({ "batch": replies })
+    } else {
+        json!({})
+    }))
+}
+
+async fn channels(
+    State(node): State<Arc<Node>>,
+    Path(app_id): Path<String>,
+    method: Method,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
+    let prefix = query_param(&uri, "filter_by_prefix").unwrap_or_default();
+    let attrs = info_attributes(query_param(&uri, "info").as_deref(), &["user_count"])?;
+    if !attrs.is_empty() && !prefix.starts_with("presence-") {
+        return Err(ApiError::new(
+            400,
+            "info=user_count requires filter_by_prefix=presence-",
+        ));
+    }
+    let mut out = Map::new();
+    for (name, info) in hub.channels(&prefix) {
+        let mut m = Map::new();
+        if !attrs.is_empty() {
+            m.insert("user_count".into(), json!(info.user_count));
+        }
+        out.insert(name, Value::Object(m));
+    }
+    Ok(Json(json!({ "channels": out })))
+}
+
+async fn channel(
+    State(node): State<Arc<Node>>,
+    Path((app_id, name)): Path<(String, String)>,
+    method: Method,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
+    let attrs = info_attributes(
+        query_param(&uri, "info").as_deref(),
+        &["user_count", "subscription_count"],
+    )?;
+    if attrs.iter().any(|a| a == "user_count") && !ChannelKind::of(&name).presence {
+        return Err(ApiError::new(
+            400,
+            "info=user_count is only available for presence channels",
+        ));
+    }
+    let mut m = Map::new();
+    m.insert("occupied".into(), json!(hub.channel(&name).is_some()));
+    m.extend(channel_attributes(&hub, &name, &attrs));
+    Ok(Json(Value::Object(m)))
+}
+
+async fn users(
+    State(node): State<Arc<Node>>,
+    Path((app_id, name)): Path<(String, String)>,
+    method: Method,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
+    if !ChannelKind::of(&name).presence {
+        return Err(ApiError::new(
+            400,
+            "Users are only available for presence channels",
+        ));
+    }
+    let users: Vec<Value> = hub
+        .presence_users(&name)
+        .into_iter()
+        .map(|id| json!({ "id": id }))
+        .collect();
+    Ok(Json(json!({ "users": users })))
+}
+
+async fn terminate(
+    State(node): State<Arc<Node>>,
+    Path((app_id, user_id)): Path<(String, String)>,
+    method: Method,
+    uri: Uri,
+    body: Body,
+) -> ApiResult {
+    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
+    hub.terminate_user(&user_id);
+    Ok(Json(json!({})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_ids() {
+        assert!(is_socket_id("123.456"));
+        assert!(!is_socket_id("123"));
+        assert!(!is_socket_id("a.1"));
+        assert!(!is_socket_id(".1"));
+    }
+}

@@ -1,0 +1,387 @@
+//! Configuration: one typed struct, loaded from built-in defaults, then a TOML
+//! file, then `HERALD_*` environment variables, then command-line flags (each
+//! layer overrides the one before), and validated once at start.
+//!
+//! Unknown keys are rejected rather than ignored: a typo such as
+//! `max_conections` silently falling back to a default is the kind of bug an
+//! operator finds in production. Every error names the key it is about.
+
+use serde::Deserialize;
+use std::path::Path;
+use std::time::Duration;
+
+/// The development app served when no app is configured.
+pub const DEV_APP_ID: &str = "app-id";
+pub const DEV_APP_KEY: &str = "app-key";
+pub const DEV_APP_SECRET: &str = "app-secret";
+
+/// Server-wide settings plus the list of apps.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to bind. Loopback by default so a development server with the
+    /// public development credentials is not exposed by accident.
+    pub host: String,
+    pub port: u16,
+    /// Seconds of silence before the server pings a client (Pusher: 120).
+    pub activity_timeout: u64,
+    /// Seconds to wait for a pong before closing with 4201 (Pusher: ~30).
+    pub pong_timeout: u64,
+    /// Seconds given to clients to leave on SIGTERM/SIGINT before exit.
+    pub shutdown_grace: u64,
+    /// Largest HTTP API request body, in bytes.
+    pub max_request_size: usize,
+    /// TCP listen backlog; a small one turns a reconnect storm into dropped SYNs.
+    pub listen_backlog: u32,
+    /// `tracing` filter, e.g. `info` or `herald=debug`.
+    pub log: String,
+    pub apps: Vec<AppConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            activity_timeout: 120,
+            pong_timeout: 30,
+            shutdown_grace: 10,
+            max_request_size: 1024 * 1024,
+            listen_backlog: 4096,
+            log: "info".into(),
+            apps: Vec::new(),
+        }
+    }
+}
+
+/// One tenant: its credentials and limits. Every limit has Pusher's default.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AppConfig {
+    pub id: String,
+    pub key: String,
+    pub secret: String,
+    /// A disabled app refuses connections with 4003 and API calls with 403.
+    pub enabled: bool,
+    /// Concurrent connections allowed; 0 means unlimited. Over it: 4004.
+    pub max_connections: u32,
+    /// Whether `client-*` events are accepted at all.
+    pub client_events: bool,
+    /// Client events per second per connection; over it: 4301.
+    pub client_event_rate: u32,
+    /// Any inbound messages per second per connection; over it the
+    /// connection is closed with 4100 (protects against subscribe floods).
+    pub max_messages_per_second: u32,
+    /// Channels one connection may be subscribed to at once.
+    pub max_subscriptions_per_connection: u32,
+    /// Largest event `data`, in bytes (HTTP API: 413; client events: error).
+    pub max_payload: usize,
+    /// Largest WebSocket message accepted from a client, in bytes.
+    pub max_frame_size: usize,
+    pub max_channel_name: usize,
+    pub max_event_name: usize,
+    pub max_presence_members: usize,
+    pub max_presence_user_info: usize,
+    pub max_presence_user_id: usize,
+    /// Send `pusher_internal:subscription_count` on non-presence channels.
+    pub subscription_count: bool,
+    /// Seconds a cache channel keeps its last event (Pusher: 30 min).
+    pub cache_ttl: u64,
+    /// Frames queued for one connection before it is closed as too slow.
+    pub outbound_queue: usize,
+}
+
+impl Default for AppConfig {
+    fn default() -> Self {
+        AppConfig {
+            id: String::new(),
+            key: String::new(),
+            secret: String::new(),
+            enabled: true,
+            max_connections: 0,
+            client_events: true,
+            client_event_rate: 10,
+            max_messages_per_second: 100,
+            max_subscriptions_per_connection: 100,
+            max_payload: 10 * 1024,
+            max_frame_size: 64 * 1024,
+            max_channel_name: 164,
+            max_event_name: 200,
+            max_presence_members: 100,
+            max_presence_user_info: 1024,
+            max_presence_user_id: 128,
+            subscription_count: false,
+            cache_ttl: 1800,
+            outbound_queue: 1024,
+        }
+    }
+}
+
+impl AppConfig {
+    /// The development app: public credentials, default limits.
+    pub fn development() -> Self {
+        AppConfig {
+            id: DEV_APP_ID.into(),
+            key: DEV_APP_KEY.into(),
+            secret: DEV_APP_SECRET.into(),
+            ..AppConfig::default()
+        }
+    }
+
+    pub fn is_development(&self) -> bool {
+        self.secret == DEV_APP_SECRET
+    }
+}
+
+/// Overrides from the environment and the command line. `None` leaves the
+/// value from the previous layer in place.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub activity_timeout: Option<u64>,
+    pub shutdown_grace: Option<u64>,
+    pub log: Option<String>,
+    /// Replace the single app's credentials (handy in containers).
+    pub app_id: Option<String>,
+    pub app_key: Option<String>,
+    pub app_secret: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid config: `{key}` {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Parse a TOML document (the file layer).
+    pub fn from_toml(text: &str, path: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string().trim().replace('\n', " "),
+        })
+    }
+
+    /// Build the effective configuration: defaults, then `file`, then
+    /// `overrides` (environment and flags, already merged by the caller with
+    /// flags winning), then validation.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let mut config = match file {
+            Some(path) => {
+                let shown = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: shown.clone(),
+                    source,
+                })?;
+                Config::from_toml(&text, &shown)?
+            }
+            None => Config::default(),
+        };
+        config.apply(overrides)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn apply(&mut self, o: &Overrides) -> Result<(), ConfigError> {
+        if let Some(v) = &o.host {
+            self.host = v.clone();
+        }
+        if let Some(v) = o.port {
+            self.port = v;
+        }
+        if let Some(v) = o.activity_timeout {
+            self.activity_timeout = v;
+        }
+        if let Some(v) = o.shutdown_grace {
+            self.shutdown_grace = v;
+        }
+        if let Some(v) = &o.log {
+            self.log = v.clone();
+        }
+        if self.apps.is_empty() {
+            self.apps.push(AppConfig::development());
+        }
+        let creds = [&o.app_id, &o.app_key, &o.app_secret];
+        if creds.iter().any(|c| c.is_some()) {
+            if self.apps.len() != 1 {
+                return Err(invalid(
+                    "HERALD_APP_ID/HERALD_APP_KEY/HERALD_APP_SECRET",
+                    "can only be used with exactly one app; configure several apps in the file",
+                ));
+            }
+            let app = &mut self.apps[0];
+            if let Some(v) = &o.app_id {
+                app.id = v.clone();
+            }
+            if let Some(v) = &o.app_key {
+                app.key = v.clone();
+            }
+            if let Some(v) = &o.app_secret {
+                app.secret = v.clone();
+            }
+        }
+        Ok(())
+    }
+
+    /// Semantic checks serde cannot make. Errors name the offending key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.host.parse::<std::net::IpAddr>().is_err() && self.host != "localhost" {
+            return Err(invalid("host", "must be an IP address"));
+        }
+        if self.activity_timeout == 0 {
+            return Err(invalid("activity_timeout", "must be at least 1 second"));
+        }
+        if self.pong_timeout == 0 {
+            return Err(invalid("pong_timeout", "must be at least 1 second"));
+        }
+        if self.listen_backlog == 0 {
+            return Err(invalid("listen_backlog", "must be positive"));
+        }
+        if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
+            return Err(invalid("log", "is not a valid log filter"));
+        }
+        let mut ids = std::collections::HashSet::new();
+        let mut keys = std::collections::HashSet::new();
+        for (i, app) in self.apps.iter().enumerate() {
+            let k = |field: &str| format!("apps[{i}].{field}");
+            for (field, value) in [("id", &app.id), ("key", &app.key), ("secret", &app.secret)] {
+                if value.is_empty() {
+                    return Err(invalid(k(field), "must not be empty"));
+                }
+                if value.len() > 200 || value.chars().any(|c| c.is_control() || c == '/') {
+                    return Err(invalid(
+                        k(field),
+                        "must be at most 200 characters, without '/' or control characters",
+                    ));
+                }
+            }
+            if !ids.insert(&app.id) {
+                return Err(invalid(k("id"), format!("duplicates app id {:?}", app.id)));
+            }
+            if !keys.insert(&app.key) {
+                return Err(invalid(
+                    k("key"),
+                    format!("duplicates app key {:?}", app.key),
+                ));
+            }
+            let positive = [
+                ("client_event_rate", app.client_event_rate as usize),
+                (
+                    "max_messages_per_second",
+                    app.max_messages_per_second as usize,
+                ),
+                (
+                    "max_subscriptions_per_connection",
+                    app.max_subscriptions_per_connection as usize,
+                ),
+                ("max_payload", app.max_payload),
+                ("max_frame_size", app.max_frame_size),
+                ("max_channel_name", app.max_channel_name),
+                ("max_event_name", app.max_event_name),
+                ("max_presence_members", app.max_presence_members),
+                ("max_presence_user_info", app.max_presence_user_info),
+                ("max_presence_user_id", app.max_presence_user_id),
+                ("outbound_queue", app.outbound_queue),
+            ];
+            for (field, value) in positive {
+                if value == 0 {
+                    return Err(invalid(k(field), "must be positive"));
+                }
+            }
+            if app.max_frame_size < 1024 {
+                return Err(invalid(k("max_frame_size"), "must be at least 1024 bytes"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn activity_timeout(&self) -> Duration {
+        Duration::from_secs(self.activity_timeout)
+    }
+
+    pub fn pong_timeout(&self) -> Duration {
+        Duration::from_secs(self.pong_timeout)
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_serve_the_development_app() {
+        let c = Config::load(None, &Overrides::default()).unwrap();
+        assert_eq!(c.port, 8080);
+        assert_eq!(c.apps, vec![AppConfig::development()]);
+        assert!(c.apps[0].is_development());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_toml("prot = 1", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prot"), "{err}");
+        let err = Config::from_toml(
+            "[[apps]]\nid='a'\nkey='b'\nsecret='c'\nmax_conections=3",
+            "x.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("max_conections"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let err = Config::from_toml("port = \"eighty\"", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("port"), "{err}");
+    }
+
+    #[test]
+    fn semantic_errors_name_the_key() {
+        let mut c = Config::from_toml(
+            "[[apps]]\nid='a'\nkey='k'\nsecret='s'\n[[apps]]\nid='b'\nkey='k'\nsecret='s'",
+            "x",
+        )
+        .unwrap();
+        c.apply(&Overrides::default()).unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("apps[1].key"), "{err}");
+    }
+
+    #[test]
+    fn later_layers_override_earlier_ones() {
+        let mut c = Config::from_toml("port = 9000\nhost = '0.0.0.0'", "x").unwrap();
+        c.apply(&Overrides {
+            port: Some(9100),
+            app_secret: Some("s3cret".into()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(c.port, 9100);
+        assert_eq!(c.host, "0.0.0.0");
+        assert_eq!(c.apps[0].secret, "s3cret");
+        assert_eq!(c.apps[0].key, DEV_APP_KEY);
+    }
+}

@@ -1,0 +1,133 @@
+//! The `herald` command: `herald serve` runs the server.
+
+use clap::{Args, Parser, Subcommand};
+use herald::broker::local::LocalBroker;
+use herald::config::{Config, Overrides};
+use herald::node::Node;
+use herald::server;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "herald",
+    version,
+    about = "Self-hosted real-time messaging server (Pusher protocol v7)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "HERALD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to bind (default 127.0.0.1).
+    #[arg(long, env = "HERALD_HOST")]
+    host: Option<String>,
+    /// Port to listen on (default 8080).
+    #[arg(long, env = "HERALD_PORT")]
+    port: Option<u16>,
+    /// Seconds of client silence before a ping (default 120).
+    #[arg(long, env = "HERALD_ACTIVITY_TIMEOUT")]
+    activity_timeout: Option<u64>,
+    /// Seconds clients get to leave on shutdown (default 10).
+    #[arg(long, env = "HERALD_SHUTDOWN_GRACE")]
+    shutdown_grace: Option<u64>,
+    /// Log filter, e.g. `info` or `herald=debug`.
+    #[arg(long, env = "HERALD_LOG")]
+    log: Option<String>,
+    /// Id of the single app (replaces the development app's).
+    #[arg(long, env = "HERALD_APP_ID")]
+    app_id: Option<String>,
+    /// Key of the single app.
+    #[arg(long, env = "HERALD_APP_KEY")]
+    app_key: Option<String>,
+    /// Secret of the single app.
+    #[arg(long, env = "HERALD_APP_SECRET", hide_env_values = true)]
+    app_secret: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let overrides = Overrides {
+        host: args.host,
+        port: args.port,
+        activity_timeout: args.activity_timeout,
+        shutdown_grace: args.shutdown_grace,
+        log: args.log,
+        app_id: args.app_id,
+        app_key: args.app_key,
+        app_secret: args.app_secret,
+    };
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("herald: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("herald: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> std::io::Result<()> {
+    let host = if config.host == "localhost" {
+        "127.0.0.1"
+    } else {
+        config.host.as_str()
+    };
+    let addr: SocketAddr = format!("{host}:{}", config.port).parse().map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("bad address: {e}"),
+        )
+    })?;
+    let listener = server::bind(addr, config.listen_backlog)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    for app in &config.apps {
+        if app.is_development() {
+            tracing::warn!(
+                app_id = %app.id,
+                key = %app.key,
+                "serving with the DEVELOPMENT credentials (secret \"app-secret\" is public); \
+                 configure your own apps before exposing this server"
+            );
+        }
+    }
+    let node = Node::new(config, Arc::new(LocalBroker::new()));
+    tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), "herald listening");
+    server::serve(node, listener, server::shutdown::signal()).await
+}
