@@ -139,8 +139,18 @@ struct EventRequest {
     info: Option<String>,
 }
 
-/// Validate an event and publish it; returns the `info` reply object.
-fn publish(hub: &Hub, ev: EventRequest) -> Result<Value, ApiError> {
+/// An event that passed validation, ready to publish.
+struct Checked {
+    name: String,
+    data: Box<serde_json::value::RawValue>,
+    channels: Vec<String>,
+    socket_id: Option<String>,
+    attrs: Vec<String>,
+}
+
+/// Validate an event against the app's limits without publishing it, so a
+/// batch with one bad item publishes nothing.
+fn check(hub: &Hub, ev: EventRequest) -> Result<Checked, ApiError> {
     let app = &hub.app;
     if ev.name.is_empty() {
         return Err(ApiError::new(400, "Event name must not be empty"));
@@ -204,25 +214,37 @@ fn publish(hub: &Hub, ev: EventRequest) -> Result<Value, ApiError> {
         }
     }
     let attrs = info_attributes(ev.info.as_deref(), &["user_count", "subscription_count"])?;
+    Ok(Checked {
+        name: ev.name,
+        data: json_string(&data),
+        channels,
+        socket_id: ev.socket_id,
+        attrs,
+    })
+}
 
-    let data = json_string(&data);
-    for c in &channels {
+/// Publish a checked event; returns the `info` reply object (per channel).
+fn publish(hub: &Hub, ev: Checked) -> Value {
+    for c in &ev.channels {
         hub.publish(Publication::new(
             c.clone(),
             ev.name.clone(),
-            data.clone(),
+            ev.data.clone(),
             ev.socket_id.clone(),
             None,
         ));
     }
-    if attrs.is_empty() {
-        return Ok(json!({}));
+    if ev.attrs.is_empty() {
+        return json!({});
     }
     let mut out = Map::new();
-    for c in &channels {
-        out.insert(c.clone(), Value::Object(channel_attributes(hub, c, &attrs)));
+    for c in &ev.channels {
+        out.insert(
+            c.clone(),
+            Value::Object(channel_attributes(hub, c, &ev.attrs)),
+        );
     }
-    Ok(Value::Object(out))
+    Value::Object(out)
 }
 
 fn channel_attributes(hub: &Hub, name: &str, attrs: &[String]) -> Map<String, Value> {
@@ -265,7 +287,7 @@ async fn events(
     let (hub, bytes) = admit(&node, &app_id, &method, &uri, body).await?;
     let ev: EventRequest = parse_body(&bytes)?;
     let has_info = ev.info.is_some();
-    let info = publish(&hub, ev)?;
+    let info = publish(&hub, check(&hub, ev)?);
     Ok(Json(if has_info {
         json!({ "channels": info })
     } else {
@@ -300,12 +322,16 @@ async fn batch_events(
             "Batch events take `channel`, not `channels`",
         ));
     }
-    let mut any_info = false;
-    let mut replies = Vec::with_capacity(req.batch.len());
-    for ev in req.batch {
-        let channel = ev.channel.clone().unwrap_or_default();
-        any_info |= ev.info.is_some();
-        let info = publish(&hub, ev)?;
+    let any_info = req.batch.iter().any(|e| e.info.is_some());
+    let checked = req
+        .batch
+        .into_iter()
+        .map(|ev| check(&hub, ev))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut replies = Vec::with_capacity(checked.len());
+    for ev in checked {
+        let channel = ev.channels[0].clone();
+        let info = publish(&hub, ev);
         replies.push(info.get(&channel).cloned().unwrap_or_else(|| json!({})));
     }
     Ok(Json(if any_info {
