@@ -148,12 +148,6 @@ impl Session {
                 _ = node.shutdown.cancelled() => {
                     return Some((code::RECONNECT, close_message(code::RECONNECT).into()));
                 }
-                frame = rx.recv() => {
-                    let frame = frame?;
-                    if write_batch(socket, frame, rx).await.is_err() {
-                        return None;
-                    }
-                }
                 msg = socket.recv() => {
                     let msg = match msg {
                         Some(Ok(m)) => m,
@@ -166,6 +160,13 @@ impl Session {
                         Next::Continue => {}
                         Next::Close(code, message) => return Some((code, message)),
                         Next::Gone => return None,
+                    }
+                }
+                // After reads: a busy channel must not starve the client's pongs.
+                frame = rx.recv() => {
+                    let frame = frame?;
+                    if write_batch(socket, frame, rx).await.is_err() {
+                        return None;
                     }
                 }
                 _ = &mut timer => {
