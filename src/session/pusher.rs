@@ -4,7 +4,7 @@
 use super::{close, write_batch, RateWindow};
 use crate::connection::Connection;
 use crate::fanout::{Frame, Publication};
-use crate::hub::channel::ChannelKind;
+use crate::hub::channel::{ChannelKind, SERVER_TO_USER_PREFIX};
 use crate::hub::Hub;
 use crate::metrics;
 use crate::node::Node;
@@ -264,6 +264,33 @@ impl Session {
     }
 
     fn subscribe(&mut self, channel: &str, auth: Option<&str>, channel_data: Option<&str>) {
+        // pusher-js subscribes to its own `#server-to-user-{id}` after
+        // sign-in. Delivery to users goes through the hub's user registry,
+        // so this only needs confirming, and only for the signed-in user.
+        if let Some(user) = channel.strip_prefix(SERVER_TO_USER_PREFIX) {
+            if self.user.as_ref().is_some_and(|(id, _)| id == user) {
+                self.conn.send(
+                    crate::protocol::CoreEvent::SubscriptionSucceeded {
+                        channel,
+                        presence: None,
+                    }
+                    .encode(Protocol::Pusher),
+                );
+            } else {
+                metrics::count(&metrics::SUBSCRIPTION_ERRORS);
+                let shown: String = channel.chars().take(200).collect();
+                self.conn.send(
+                    wire::subscription_error(
+                        &shown,
+                        "AuthError",
+                        "Only the signed-in user may subscribe to its #server-to-user channel",
+                        401,
+                    )
+                    .into(),
+                );
+            }
+            return;
+        }
         let max = self.hub.app.max_subscriptions_per_connection as usize;
         let already = self.channels.iter().any(|c| **c == *channel);
         if !already && self.channels.len() >= max {
