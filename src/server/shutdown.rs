@@ -9,26 +9,36 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+///
+/// The handlers are installed when this is *called*, not when the future is
+/// first polled: the server reports ready before it awaits the signal, and a
+/// SIGTERM arriving in between must start a graceful shutdown, not kill the
+/// process with the default disposition. Call it inside the runtime.
+pub fn signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
