@@ -1,0 +1,289 @@
+//! Subscriptions and delivery: public, private and presence channels, HTTP
+//! triggers, client events. Non-delivery is proven with a later marker: if
+//! the marker arrives first, the earlier message was never sent.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn public_subscribe_and_http_trigger() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    let ok = a.subscribe("news").await;
+    assert_eq!(
+        ok["data"], "{}",
+        "non-presence data is the string \"{{}}\": {ok}"
+    );
+    b.subscribe("other").await;
+
+    server.trigger("news", "headline", r#"{"x":1}"#).await;
+    let f = a.expect("headline", Some("news")).await;
+    assert_eq!(f["data"], r#"{"x":1}"#, "data relayed as the same string");
+
+    // b is not subscribed to news: its first frame is the marker on its own channel.
+    server.trigger("other", "marker", "m").await;
+    b.expect("marker", Some("other")).await;
+}
+
+#[tokio::test]
+async fn unsubscribe_stops_delivery() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    a.subscribe("news").await;
+    a.subscribe("marker").await;
+    a.unsubscribe("news").await;
+    // A ping round trip proves the unsubscribe was handled.
+    a.send(json!({ "event": "pusher:ping", "data": {} })).await;
+    a.expect("pusher:pong", None).await;
+    server.trigger("news", "late", "x").await;
+    server.trigger("marker", "marker", "m").await;
+    a.expect("marker", Some("marker")).await;
+}
+
+#[tokio::test]
+async fn http_trigger_excludes_socket_id() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    a.subscribe("news").await;
+    let body = json!({ "name": "e", "channel": "news", "data": "x", "socket_id": a.socket_id })
+        .to_string();
+    let (status, _) = server
+        .api("POST", &format!("/apps/{APP_ID}/events"), &body)
+        .await;
+    assert_eq!(status, 200);
+    server.trigger("news", "marker", "m").await;
+    a.expect("marker", Some("news")).await;
+}
+
+#[tokio::test]
+async fn private_channel_with_valid_auth() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    a.subscribe_private("private-room").await;
+    server.trigger("private-room", "secret", "s").await;
+    let f = a.expect("secret", Some("private-room")).await;
+    assert_eq!(f["data"], "s");
+}
+
+#[tokio::test]
+async fn private_auth_failures_are_subscription_errors() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    let ch = "private-room";
+    let cases = [
+        // No auth at all.
+        None,
+        // Signed for another socket.
+        Some(private_auth("1.1", ch)),
+        // Signed for another channel.
+        Some(private_auth(&a.socket_id, "private-other")),
+        // Right signature, wrong key.
+        Some(private_auth(&a.socket_id, ch).replacen(APP_KEY, "other-key", 1)),
+        // Garbage.
+        Some("nonsense".to_owned()),
+    ];
+    for auth in cases {
+        a.subscribe_raw(ch, auth.as_deref(), None).await;
+        let f = a.expect("pusher:subscription_error", Some(ch)).await;
+        let d = data(&f);
+        assert_eq!(d["type"], "AuthError", "{f}");
+        assert_eq!(d["status"], 401, "{f}");
+    }
+    // Still connected, still not subscribed.
+    server.trigger(ch, "leak", "x").await;
+    a.subscribe("marker").await;
+    server.trigger("marker", "marker", "m").await;
+    a.expect("marker", Some("marker")).await;
+}
+
+#[tokio::test]
+async fn invalid_channel_names_are_subscription_errors() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    for name in ["", "has space", "ünïcode", &"a".repeat(165)] {
+        a.subscribe_raw(name, None, None).await;
+        let f = a.expect("pusher:subscription_error", None).await;
+        assert_eq!(data(&f)["status"], 400, "{f}");
+    }
+    // The longest valid name works.
+    a.subscribe(&"a".repeat(164)).await;
+}
+
+#[tokio::test]
+async fn presence_member_added_and_removed_only_for_first_and_last_socket() {
+    let server = Server::start().await;
+    let ch = "presence-room";
+    let mut a = server.client().await;
+    let d = a
+        .subscribe_presence(ch, "alice", json!({ "name": "Alice" }))
+        .await;
+    assert_eq!(d["presence"]["count"], 1, "{d}");
+    assert_eq!(d["presence"]["ids"], json!(["alice"]), "{d}");
+    assert_eq!(
+        d["presence"]["hash"]["alice"],
+        json!({ "name": "Alice" }),
+        "{d}"
+    );
+
+    // Bob's first socket: alice sees member_added with the user_info.
+    let mut b1 = server.client().await;
+    let d = b1
+        .subscribe_presence(ch, "bob", json!({ "name": "Bob" }))
+        .await;
+    assert_eq!(d["presence"]["count"], 2, "{d}");
+    let f = a.expect("pusher_internal:member_added", Some(ch)).await;
+    assert_eq!(
+        data(&f),
+        json!({ "user_id": "bob", "user_info": { "name": "Bob" } })
+    );
+
+    // Bob's second socket: listed once, and nobody hears a second member_added.
+    let mut b2 = server.client().await;
+    let d = b2
+        .subscribe_presence(ch, "bob", json!({ "name": "Bob" }))
+        .await;
+    assert_eq!(d["presence"]["count"], 2, "a user is listed once: {d}");
+    let mut ids: Vec<String> = serde_json::from_value(d["presence"]["ids"].clone()).unwrap();
+    ids.sort();
+    assert_eq!(ids, ["alice", "bob"]);
+    server.trigger(ch, "marker", "1").await;
+    a.expect("marker", Some(ch)).await;
+    b1.expect("marker", Some(ch)).await;
+    b2.expect("marker", Some(ch)).await;
+
+    // One of Bob's sockets leaves: no member_removed.
+    b2.unsubscribe(ch).await;
+    b2.send(json!({ "event": "pusher:ping", "data": {} })).await;
+    b2.expect("pusher:pong", None).await;
+    server.trigger(ch, "marker", "2").await;
+    let f = a.expect("marker", Some(ch)).await;
+    assert_eq!(f["data"], "2");
+
+    // His last socket goes away (closing, not unsubscribing): member_removed.
+    b1.close().await;
+    let f = a.expect("pusher_internal:member_removed", Some(ch)).await;
+    assert_eq!(data(&f), json!({ "user_id": "bob" }));
+
+    // The HTTP API agrees.
+    let (status, users) = server
+        .api("GET", &format!("/apps/{APP_ID}/channels/{ch}/users"), "")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(users, json!({ "users": [{ "id": "alice" }] }));
+}
+
+#[tokio::test]
+async fn presence_requires_valid_channel_data() {
+    let server = Server::start().await;
+    let ch = "presence-room";
+    let mut a = server.client().await;
+    // No channel_data.
+    a.subscribe_raw(ch, Some(&private_auth(&a.socket_id, ch)), None)
+        .await;
+    let f = a.expect("pusher:subscription_error", Some(ch)).await;
+    assert_eq!(data(&f)["status"], 400, "{f}");
+    // channel_data that does not match the signature.
+    let auth = presence_auth(&a.socket_id, ch, r#"{"user_id":"a"}"#);
+    a.subscribe_raw(ch, Some(&auth), Some(r#"{"user_id":"b"}"#))
+        .await;
+    let f = a.expect("pusher:subscription_error", Some(ch)).await;
+    assert_eq!(data(&f)["status"], 401, "{f}");
+    // Signed, but not a valid member.
+    let cd = r#"{"user_id":""}"#;
+    let auth = presence_auth(&a.socket_id, ch, cd);
+    a.subscribe_raw(ch, Some(&auth), Some(cd)).await;
+    let f = a.expect("pusher:subscription_error", Some(ch)).await;
+    assert_eq!(data(&f)["status"], 400, "{f}");
+}
+
+#[tokio::test]
+async fn client_events_reach_others_but_are_not_echoed() {
+    let server = Server::start().await;
+    let ch = "presence-chat";
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    a.subscribe_presence(ch, "alice", json!({})).await;
+    b.subscribe_presence(ch, "bob", json!({})).await;
+    a.expect("pusher_internal:member_added", Some(ch)).await;
+
+    a.send(json!({ "event": "client-typing", "channel": ch, "data": { "n": 1 } }))
+        .await;
+    let f = b.expect("client-typing", Some(ch)).await;
+    assert_eq!(f["data"], json!({ "n": 1 }), "data relayed as sent");
+    assert_eq!(
+        f["user_id"], "alice",
+        "presence client events carry user_id"
+    );
+
+    // b got it, so any echo to a was queued before this marker.
+    server.trigger(ch, "marker", "m").await;
+    a.expect("marker", Some(ch)).await;
+}
+
+#[tokio::test]
+async fn client_events_on_private_channel_and_refusals() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    a.subscribe_private("private-x").await;
+    b.subscribe_private("private-x").await;
+    a.send(json!({ "event": "client-hi", "channel": "private-x", "data": "hello" }))
+        .await;
+    let f = b.expect("client-hi", Some("private-x")).await;
+    assert_eq!(f["data"], "hello");
+    assert!(f.get("user_id").is_none(), "{f}");
+
+    // Public channel: refused with a pusher:error that does not close.
+    a.subscribe("public").await;
+    a.send(json!({ "event": "client-hi", "channel": "public", "data": "x" }))
+        .await;
+    a.expect("pusher:error", None).await;
+    // Not subscribed: refused.
+    a.send(json!({ "event": "client-hi", "channel": "private-y", "data": "x" }))
+        .await;
+    a.expect("pusher:error", None).await;
+    // Still healthy.
+    a.send(json!({ "event": "pusher:ping", "data": {} })).await;
+    a.expect("pusher:pong", None).await;
+}
+
+#[tokio::test]
+async fn cache_channel_replays_last_event_or_reports_miss() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    a.subscribe("cache-x").await;
+    a.expect("pusher:cache_miss", Some("cache-x")).await;
+    server.trigger("cache-x", "e", "1").await;
+    a.expect("e", Some("cache-x")).await;
+    let mut b = server.client().await;
+    b.subscribe("cache-x").await;
+    let f = b.expect("e", Some("cache-x")).await;
+    assert_eq!(f["data"], "1");
+}
+
+#[tokio::test]
+async fn signin_and_server_to_user() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    let user_data = r#"{"id":"u1","user_info":{"n":1}}"#;
+    let auth = herald::signing::token(
+        APP_KEY,
+        APP_SECRET,
+        &herald::signing::user_string(&a.socket_id, user_data),
+    );
+    a.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
+        .await;
+    let f = a.expect("pusher:signin_success", None).await;
+    assert_eq!(data(&f)["user_data"], user_data);
+    server.trigger("#server-to-user-u1", "direct", "d").await;
+    a.expect("direct", Some("#server-to-user-u1")).await;
+
+    // A bad signature closes with 4009.
+    let mut b = server.client().await;
+    b.send(json!({ "event": "pusher:signin", "data": { "auth": "test-key:00", "user_data": user_data } }))
+        .await;
+    b.expect_closed_with(4009).await;
+}

@@ -1,0 +1,412 @@
+//! Shared helpers for the integration tests: a real `herald` process on a
+//! free port, WebSocket clients speaking Pusher v7, and a signed HTTP API
+//! client. Everything waits for a concrete event with a timeout; nothing
+//! sleeps and hopes.
+
+#![allow(dead_code)]
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub const APP_ID: &str = "test-app";
+pub const APP_KEY: &str = "test-key";
+pub const APP_SECRET: &str = "test-secret";
+
+/// How long any single expected event may take. Generous: the suite runs on
+/// loaded machines, and a passing test never waits this long.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A unique scratch directory for one server's config and log.
+fn scratch_dir() -> PathBuf {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("herald-it-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// A port nobody listens on right now. The server may still lose a race
+/// for it, so [`Server::start_with`] retries with a new port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `herald serve`, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl Server {
+    /// The test app with default limits.
+    pub async fn start() -> Server {
+        Server::start_with("", "").await
+    }
+
+    /// `top` is TOML for top-level keys, `app` for keys of the test app.
+    pub async fn start_with(top: &str, app: &str) -> Server {
+        let dir = scratch_dir();
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let config = format!(
+                "host = \"127.0.0.1\"\nport = {port}\nshutdown_grace = 5\nlog = \"warn\"\n{top}\n\
+                 [[apps]]\nid = \"{APP_ID}\"\nkey = \"{APP_KEY}\"\nsecret = \"{APP_SECRET}\"\n{app}\n"
+            );
+            let config_path = dir.join("herald.toml");
+            std::fs::write(&config_path, config).unwrap();
+            let log = std::fs::File::create(dir.join("herald.log")).unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_herald"))
+                .arg("serve")
+                .arg("--config")
+                .arg(&config_path)
+                .env_remove("HERALD_CONFIG")
+                .env_remove("HERALD_PORT")
+                .env_remove("HERALD_HOST")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn herald");
+            let mut server = Server {
+                child,
+                port,
+                dir: dir.clone(),
+            };
+            if server.wait_ready().await {
+                return server;
+            }
+            last_log = server.log();
+            // Most likely lost the port to someone else: try another.
+        }
+        panic!("herald did not become ready; last log:\n{last_log}");
+    }
+
+    /// Poll `/ready` until 200; false if the process exits first.
+    async fn wait_ready(&mut self) -> bool {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if let Ok(r) = http.get(self.url("/ready")).send().await {
+                if r.status() == 200 {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.child.kill();
+        false
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn ws_url(&self, key: &str, query: &str) -> String {
+        format!("ws://127.0.0.1:{}/app/{key}{query}", self.port)
+    }
+
+    /// The server's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("herald.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Wait for the process to exit on its own.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "herald did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // ----- clients -----------------------------------------------------------
+
+    /// A Pusher client on the test app, past `connection_established`.
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.ws_url(APP_KEY, "?protocol=7&client=js&version=8.4.0")).await
+    }
+
+    /// A raw WebSocket, before any Pusher frame was read.
+    pub async fn raw_ws(&self, key: &str, query: &str) -> Ws {
+        let (ws, _) = tokio::time::timeout(
+            TIMEOUT,
+            tokio_tungstenite::connect_async(self.ws_url(key, query)),
+        )
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+        ws
+    }
+
+    // ----- HTTP API ------------------------------------------------------------
+
+    /// A signed request to the test app; returns status and JSON body.
+    pub async fn api(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let query =
+            herald::api::auth::sign_query(APP_KEY, APP_SECRET, method, path, body.as_bytes(), &[]);
+        self.raw_api(method, path, &query, body).await
+    }
+
+    /// A request with exactly this query string (for signature tests).
+    pub async fn raw_api(&self, method: &str, path: &str, query: &str, body: &str) -> (u16, Value) {
+        let http = reqwest::Client::new();
+        let url = format!("{}?{query}", self.url(path));
+        let req = match method {
+            "GET" => http.get(url),
+            "POST" => http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body.to_owned()),
+            other => panic!("method {other}"),
+        };
+        let resp = tokio::time::timeout(TIMEOUT, req.send())
+            .await
+            .expect("API request timed out")
+            .expect("API request");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    /// Publish `data` (a string) as `event` on `channel`; asserts 200.
+    pub async fn trigger(&self, channel: &str, event: &str, data: &str) {
+        let body = json!({ "name": event, "channel": channel, "data": data }).to_string();
+        let path = format!("/apps/{APP_ID}/events");
+        let (status, reply) = self.api("POST", &path, &body).await;
+        assert_eq!(status, 200, "trigger failed: {reply}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// What the server did next on a socket.
+#[derive(Debug)]
+pub enum Next {
+    Frame(Value),
+    Close(Option<u16>),
+}
+
+/// Read the next Pusher frame or close from `ws`, skipping WebSocket
+/// ping/pong. Panics on timeout.
+pub async fn next(ws: &mut Ws) -> Next {
+    loop {
+        let msg = tokio::time::timeout(TIMEOUT, ws.next())
+            .await
+            .expect("timed out waiting for a frame");
+        match msg {
+            None => return Next::Close(None),
+            Some(Err(_)) => return Next::Close(None),
+            Some(Ok(Message::Text(t))) => {
+                let v: Value = serde_json::from_str(&t)
+                    .unwrap_or_else(|e| panic!("server sent non-JSON {t:?}: {e}"));
+                return Next::Frame(v);
+            }
+            Some(Ok(Message::Close(frame))) => {
+                return Next::Close(frame.map(|f| u16::from(f.code)));
+            }
+            Some(Ok(Message::Binary(b))) => panic!("server sent a binary frame: {b:?}"),
+            Some(Ok(_)) => continue,
+        }
+    }
+}
+
+/// `data` of a server frame, decoding it when it is a JSON-encoded string.
+pub fn data(frame: &Value) -> Value {
+    match &frame["data"] {
+        Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+        other => other.clone(),
+    }
+}
+
+/// A connected Pusher client.
+pub struct Client {
+    pub ws: Ws,
+    pub socket_id: String,
+    pub established: Value,
+}
+
+impl Client {
+    pub async fn connect(url: &str) -> Client {
+        let (mut ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("connect timed out")
+            .expect("connect");
+        let established = match next(&mut ws).await {
+            Next::Frame(f) => f,
+            Next::Close(c) => panic!("closed ({c:?}) before connection_established"),
+        };
+        assert_eq!(established["event"], "pusher:connection_established");
+        let socket_id = data(&established)["socket_id"]
+            .as_str()
+            .expect("socket_id is a string")
+            .to_owned();
+        Client {
+            ws,
+            socket_id,
+            established,
+        }
+    }
+
+    pub async fn send(&mut self, frame: Value) {
+        self.send_text(&frame.to_string()).await;
+    }
+
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws
+            .send(Message::text(text.to_owned()))
+            .await
+            .expect("send");
+    }
+
+    /// The next frame; panics if the socket closes instead.
+    pub async fn recv(&mut self) -> Value {
+        match next(&mut self.ws).await {
+            Next::Frame(f) => f,
+            Next::Close(c) => panic!("socket closed ({c:?}) while a frame was expected"),
+        }
+    }
+
+    /// The next frame, which must be `event` (on `channel` if given).
+    pub async fn expect(&mut self, event: &str, channel: Option<&str>) -> Value {
+        let f = self.recv().await;
+        assert_eq!(f["event"], event, "unexpected frame {f}");
+        if let Some(c) = channel {
+            assert_eq!(f["channel"], c, "unexpected frame {f}");
+        }
+        f
+    }
+
+    /// Expect `pusher:error` with `code`, then a close with the same code.
+    pub async fn expect_closed_with(&mut self, code: u16) {
+        let f = self.recv().await;
+        assert_eq!(f["event"], "pusher:error", "unexpected frame {f}");
+        assert_eq!(data(&f)["code"], code, "unexpected frame {f}");
+        self.expect_close(code).await;
+    }
+
+    /// Expect a close frame with `code` (no further frames first).
+    pub async fn expect_close(&mut self, code: u16) {
+        match next(&mut self.ws).await {
+            Next::Close(c) => assert_eq!(c, Some(code), "close code"),
+            Next::Frame(f) => panic!("expected close {code}, got frame {f}"),
+        }
+    }
+
+    pub async fn subscribe_raw(
+        &mut self,
+        channel: &str,
+        auth: Option<&str>,
+        channel_data: Option<&str>,
+    ) {
+        let mut d = json!({ "channel": channel });
+        if let Some(a) = auth {
+            d["auth"] = json!(a);
+        }
+        if let Some(cd) = channel_data {
+            d["channel_data"] = json!(cd);
+        }
+        self.send(json!({ "event": "pusher:subscribe", "data": d }))
+            .await;
+    }
+
+    /// Subscribe to a public channel and wait for the confirmation.
+    pub async fn subscribe(&mut self, channel: &str) -> Value {
+        self.subscribe_raw(channel, None, None).await;
+        self.expect("pusher_internal:subscription_succeeded", Some(channel))
+            .await
+    }
+
+    /// Subscribe to a private channel with a valid signature.
+    pub async fn subscribe_private(&mut self, channel: &str) -> Value {
+        let auth = private_auth(&self.socket_id, channel);
+        self.subscribe_raw(channel, Some(&auth), None).await;
+        self.expect("pusher_internal:subscription_succeeded", Some(channel))
+            .await
+    }
+
+    /// Subscribe to a presence channel as `user_id`; returns the
+    /// confirmation's decoded `data`.
+    pub async fn subscribe_presence(&mut self, channel: &str, user_id: &str, info: Value) -> Value {
+        let channel_data = json!({ "user_id": user_id, "user_info": info }).to_string();
+        let auth = presence_auth(&self.socket_id, channel, &channel_data);
+        self.subscribe_raw(channel, Some(&auth), Some(&channel_data))
+            .await;
+        let f = self
+            .expect("pusher_internal:subscription_succeeded", Some(channel))
+            .await;
+        data(&f)
+    }
+
+    pub async fn unsubscribe(&mut self, channel: &str) {
+        self.send(json!({ "event": "pusher:unsubscribe", "data": { "channel": channel } }))
+            .await;
+    }
+
+    /// Close politely and wait for the server's close reply, so the server
+    /// has run its cleanup for this socket when this returns... as far as
+    /// the WebSocket handshake can tell.
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+        loop {
+            match tokio::time::timeout(TIMEOUT, self.ws.next()).await {
+                Ok(Some(Ok(_))) => continue,
+                _ => break,
+            }
+        }
+    }
+}
+
+pub fn private_auth(socket_id: &str, channel: &str) -> String {
+    herald::signing::token(
+        APP_KEY,
+        APP_SECRET,
+        &herald::signing::channel_string(socket_id, channel, None),
+    )
+}
+
+pub fn presence_auth(socket_id: &str, channel: &str, channel_data: &str) -> String {
+    herald::signing::token(
+        APP_KEY,
+        APP_SECRET,
+        &herald::signing::channel_string(socket_id, channel, Some(channel_data)),
+    )
+}
+
+/// A close code as tungstenite reports it.
+pub fn close_code(c: CloseCode) -> u16 {
+    u16::from(c)
+}

@@ -1,0 +1,122 @@
+//! The connection handshake: `connection_established`, refusals with Pusher
+//! close codes, and keep-alive.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn connection_established_has_pusher_shape() {
+    let server = Server::start_with("activity_timeout = 77", "").await;
+    let c = server.client().await;
+    let f = &c.established;
+    assert_eq!(f["event"], "pusher:connection_established");
+    assert!(
+        f["data"].is_string(),
+        "data must be a JSON-encoded string: {f}"
+    );
+    assert!(f.get("channel").is_none(), "{f}");
+    let d = data(f);
+    assert_eq!(d["activity_timeout"], 77);
+    let sid = d["socket_id"].as_str().unwrap();
+    let (a, b) = sid.split_once('.').expect("socket_id has a '.'");
+    assert!(
+        !a.is_empty() && a.bytes().all(|c| c.is_ascii_digit()),
+        "{sid}"
+    );
+    assert!(
+        !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()),
+        "{sid}"
+    );
+
+    let other = server.client().await;
+    assert_ne!(other.socket_id, c.socket_id, "socket ids are unique");
+}
+
+#[tokio::test]
+async fn unknown_app_key_is_refused_with_4001() {
+    let server = Server::start().await;
+    let ws = server.raw_ws("no-such-key", "?protocol=7").await;
+    let mut c = refused(ws);
+    c.expect_closed_with(4001).await;
+}
+
+#[tokio::test]
+async fn missing_protocol_version_is_refused_with_4008() {
+    let server = Server::start().await;
+    let mut c = refused(server.raw_ws(APP_KEY, "").await);
+    c.expect_closed_with(4008).await;
+}
+
+#[tokio::test]
+async fn unsupported_protocol_versions_are_refused_with_4007() {
+    let server = Server::start().await;
+    for v in ["8", "4", "99"] {
+        let mut c = refused(server.raw_ws(APP_KEY, &format!("?protocol={v}")).await);
+        c.expect_closed_with(4007).await;
+    }
+    // Garbage is an invalid version string, 4006.
+    let mut c = refused(server.raw_ws(APP_KEY, "?protocol=seven").await);
+    c.expect_closed_with(4006).await;
+    // ...and the supported range still connects.
+    for v in ["5", "6", "7"] {
+        Client::connect(&server.ws_url(APP_KEY, &format!("?protocol={v}"))).await;
+    }
+}
+
+#[tokio::test]
+async fn disabled_app_is_refused_with_4003() {
+    let server = Server::start_with("", "enabled = false").await;
+    let mut c = refused(server.raw_ws(APP_KEY, "?protocol=7").await);
+    c.expect_closed_with(4003).await;
+}
+
+#[tokio::test]
+async fn connection_quota_is_enforced_with_4004() {
+    let server = Server::start_with("", "max_connections = 1").await;
+    let first = server.client().await;
+    let mut c = refused(server.raw_ws(APP_KEY, "?protocol=7").await);
+    c.expect_closed_with(4004).await;
+    // The slot comes back when the first client leaves.
+    first.close().await;
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let mut ws = server.raw_ws(APP_KEY, "?protocol=7").await;
+        match next(&mut ws).await {
+            Next::Frame(f) if f["event"] == "pusher:connection_established" => break,
+            _ => assert!(std::time::Instant::now() < deadline, "slot never came back"),
+        }
+        // The server may not have released the slot yet; try again.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn ping_is_answered_with_pong() {
+    let server = Server::start().await;
+    let mut c = server.client().await;
+    c.send(json!({ "event": "pusher:ping", "data": {} })).await;
+    c.expect("pusher:pong", None).await;
+}
+
+#[tokio::test]
+async fn server_pings_after_activity_timeout_and_closes_4201_without_pong() {
+    let server = Server::start_with("activity_timeout = 1\npong_timeout = 1", "").await;
+    let mut c = server.client().await;
+    // A silent client is pinged...
+    c.expect("pusher:ping", None).await;
+    // ...answering keeps it alive: the next thing is another ping, not a close.
+    c.send(json!({ "event": "pusher:pong", "data": {} })).await;
+    c.expect("pusher:ping", None).await;
+    // Not answering closes it with 4201.
+    c.expect_closed_with(4201).await;
+}
+
+fn refused(ws: Ws) -> Client {
+    Client {
+        ws,
+        socket_id: String::new(),
+        established: serde_json::Value::Null,
+    }
+}
