@@ -118,7 +118,15 @@ struct Envelope<'a> {
     #[serde(borrow)]
     event: Option<std::borrow::Cow<'a, str>>,
     channel: Option<String>,
+    /// `Some("null")` for `"data": null`: a client event may carry null.
+    #[serde(default, deserialize_with = "present")]
     data: Option<Box<RawValue>>,
+}
+
+/// Deserialize a field that is present, whatever its value (`Option`'s own
+/// impl would turn JSON `null` into `None`, as if it were missing).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -480,6 +488,11 @@ mod tests {
             .unwrap();
         match m {
             ClientMessage::ClientEvent { data, .. } => assert_eq!(data.get(), r#"{"a": [1, 2]}"#),
+            other => panic!("{other:?}"),
+        }
+        let m = parse(r#"{"event":"client-x","channel":"private-a","data":null}"#).unwrap();
+        match m {
+            ClientMessage::ClientEvent { data, .. } => assert_eq!(data.get(), "null"),
             other => panic!("{other:?}"),
         }
     }
