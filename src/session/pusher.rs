@@ -435,8 +435,12 @@ fn parse_user_data(text: &str, max_id: usize) -> Result<(String, Vec<String>), S
             items
                 .iter()
                 .map(|v| match v {
-                    Value::String(s) if !s.is_empty() && s.len() <= max_id => Ok(s.clone()),
-                    Value::Number(n) => Ok(n.to_string()),
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                })
+                .map(|id| match id {
+                    Some(id) if !id.is_empty() && id.len() <= max_id => Ok(id),
                     _ => Err("watchlist entries must be user ids".to_string()),
                 })
                 .collect::<Result<_, _>>()?
@@ -479,5 +483,53 @@ mod tests {
         let many: Vec<String> = (0..101).map(|i| format!("\"{i}\"")).collect();
         let text = format!(r#"{{"id":"u","watchlist":[{}]}}"#, many.join(","));
         assert!(parse_user_data(&text, 128).is_err());
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn user_data_never_panics_and_respects_limits(text in any::<String>(), max in 1usize..200) {
+                check_user_data(&text, max);
+            }
+
+            #[test]
+            fn user_data_shaped_input(
+                id in proptest::option::of(any::<String>()),
+                num in proptest::option::of(any::<i64>()),
+                watch in proptest::option::of(proptest::collection::vec(
+                    prop_oneof![
+                        any::<String>().prop_map(Value::String),
+                        any::<i64>().prop_map(Value::from),
+                        Just(Value::Null),
+                    ],
+                    0..105,
+                )),
+                max in 1usize..40,
+            ) {
+                let mut m = serde_json::Map::new();
+                if let Some(id) = id { m.insert("id".into(), Value::String(id)); }
+                if let Some(n) = num { m.insert("id".into(), Value::from(n)); }
+                if let Some(w) = watch { m.insert("watchlist".into(), Value::Array(w)); }
+                check_user_data(&Value::Object(m).to_string(), max);
+            }
+
+            #[test]
+            fn numeric_ids_respect_limits(id in any::<i64>(), watch in proptest::collection::vec(any::<i64>(), 0..3), max in 1usize..24) {
+                check_user_data(&serde_json::json!({ "id": id, "watchlist": watch }).to_string(), max);
+            }
+        }
+    }
+
+    fn check_user_data(text: &str, max: usize) {
+        if let Ok((id, watchlist)) = parse_user_data(text, max) {
+            assert!(!id.is_empty() && id.len() <= max, "{id:?}");
+            assert!(watchlist.len() <= MAX_WATCHLIST);
+            for w in watchlist {
+                assert!(!w.is_empty() && w.len() <= max, "watchlist entry {w:?}");
+            }
+        }
     }
 }
