@@ -173,13 +173,14 @@ const hmac = (secret, s) => createHmac('sha256', secret).update(s).digest('hex')
 
 /**
  * An HTTP API request signed by hand as Pusher specifies. `tamper` may edit
- * the query parameters after signing; `sign: false` leaves them unsigned.
+ * the query parameters after signing; `sign: false` leaves them unsigned;
+ * `signedPath` signs another path than the one requested.
  */
 export async function signedFetch(
   h,
   method,
   path,
-  { body, app = DEV_APP, params = {}, timestamp, bodyMd5, sign = true, tamper, secret } = {},
+  { body, app = DEV_APP, params = {}, timestamp, bodyMd5, sign = true, tamper, secret, signedPath = path } = {},
 ) {
   const text = body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body);
   const q = {
@@ -195,7 +196,7 @@ export async function signedFetch(
       .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
       .map(([k, v]) => `${k}=${v}`)
       .join('&');
-    q.auth_signature = hmac(secret ?? app.secret, `${method}\n${path}\n${sorted}`);
+    q.auth_signature = hmac(secret ?? app.secret, `${method}\n${signedPath}\n${sorted}`);
   }
   if (tamper) tamper(q);
   const res = await fetch(`${h.base}${path}?${new URLSearchParams(q)}`, {
