@@ -35,6 +35,10 @@ pub struct Config {
     pub listen_backlog: u32,
     /// `tracing` filter, e.g. `info` or `herald=debug`.
     pub log: String,
+    /// PEM certificate chain; with `tls_key`, Herald serves TLS (wss/https).
+    pub tls_cert: Option<String>,
+    /// PEM private key for `tls_cert`.
+    pub tls_key: Option<String>,
     pub apps: Vec<AppConfig>,
 }
 
@@ -49,6 +53,8 @@ impl Default for Config {
             max_request_size: 1024 * 1024,
             listen_backlog: 4096,
             log: "info".into(),
+            tls_cert: None,
+            tls_key: None,
             apps: Vec::new(),
         }
     }
@@ -251,6 +257,11 @@ impl Config {
         }
         if self.listen_backlog == 0 {
             return Err(invalid("listen_backlog", "must be positive"));
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => return Err(invalid("tls_key", "is required with tls_cert")),
+            (None, Some(_)) => return Err(invalid("tls_cert", "is required with tls_key")),
+            _ => {}
         }
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
             return Err(invalid("log", "is not a valid log filter"));

@@ -10,6 +10,7 @@
 //! ```
 
 pub mod shutdown;
+pub mod tls;
 
 use crate::node::Node;
 use crate::session::pusher::{self as pusher_session, ConnectParams};
@@ -128,13 +129,16 @@ pub async fn serve(
     let housekeeping = tokio::spawn(housekeeping(node.clone()));
     let app = router(node.clone());
     let stop = tokio_util::sync::CancellationToken::new();
-    let server = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        })
+    let server = match (&node.config.tls_cert, &node.config.tls_key) {
+        (Some(cert), Some(key)) => {
+            let acceptor = tls::acceptor(cert.as_ref(), key.as_ref())?;
+            spawn_server(
+                tls::TlsListener::new(listener, acceptor)?,
+                app,
+                stop.clone(),
+            )
+        }
+        _ => spawn_server(listener, app, stop.clone()),
     };
     node.set_ready(true);
     signal.await;
@@ -145,6 +149,22 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
     housekeeping.abort();
     Ok(())
+}
+
+fn spawn_server<L>(
+    listener: L,
+    app: Router,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<std::io::Result<()>>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    })
 }
 
 /// Periodic work that keeps memory flat: expiring cache slots.
