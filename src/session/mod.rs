@@ -45,6 +45,9 @@ pub async fn write_batch(
     }
 }
 
+/// How long to wait for the client's answer to our close frame.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Send a last text frame (if any) and a close frame, ignoring errors: the
 /// peer may already be gone.
 pub async fn close(socket: &mut WebSocket, last: Option<String>, code: u16, reason: &str) {
@@ -52,14 +55,32 @@ pub async fn close(socket: &mut WebSocket, last: Option<String>, code: u16, reas
         if let Some(text) = last {
             let _ = socket.feed(Message::Text(text.into())).await;
         }
-        let _ = socket
+        socket
             .send(Message::Close(Some(CloseFrame {
                 code,
                 reason: reason.into(),
             })))
-            .await;
+            .await
     };
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, work).await;
+    let sent = matches!(tokio::time::timeout(WRITE_TIMEOUT, work).await, Ok(Ok(())));
+    // After bad framing (1002) or an oversized message (1009) the stream
+    // may stop mid-frame: nothing more can be read from it.
+    if !sent || matches!(code, 1002 | 1009) {
+        return;
+    }
+    // Finish the closing handshake (RFC 6455 7.1.1): wait, bounded, for
+    // the client's close frame, discarding what it sent meanwhile, so the
+    // TCP connection ends after the client has read our close. Dropping it
+    // at once can reset the connection and lose the close code. A session
+    // is counted until this returns, so a shutdown drain waits for it.
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        while let Some(Ok(msg)) = socket.recv().await {
+            if matches!(msg, Message::Close(_)) {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// A fixed-window counter: at most `limit` events per second.

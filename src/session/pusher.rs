@@ -109,6 +109,8 @@ pub async fn run(node: Arc<Node>, hub: Arc<Hub>, mut socket: WebSocket) {
     conn.send(wire::connection_established(&conn.socket_id, node.config.activity_timeout).into());
 
     let end = s.run_loop(&mut socket, &mut rx).await;
+    // Leave channels first: the closing handshake may wait on the client.
+    s.cleanup();
     if let Some((code, message)) = end {
         close(
             &mut socket,
@@ -118,7 +120,6 @@ pub async fn run(node: Arc<Node>, hub: Arc<Hub>, mut socket: WebSocket) {
         )
         .await;
     }
-    s.cleanup();
     hub.release();
     metrics::count(&metrics::CONNECTIONS_CLOSED);
 }
