@@ -50,3 +50,25 @@ test('an event excluded by socket_id is still cached for others', async () => {
   const got = once(d.subscribe('cache-excl'), 'e');
   assert.equal(await got, 'cached');
 });
+
+test('a cached event expires after the app\'s cache_ttl', async () => {
+  const app = { id: 'ttl', key: 'ttl-key', secret: 'ttl-secret' };
+  const short = await startHerald({ apps: [{ ...app, cache_ttl: 1 }] });
+  try {
+    await short.server(app).trigger('cache-brief', 'e', 'soon gone');
+    const t0 = Date.now();
+    const first = short.client({}, app).subscribe('cache-brief');
+    assert.equal(await once(first, 'e'), 'soon gone');
+    // Fresh subscribers until one gets a miss: that must take about 1 s.
+    for (let i = 0; ; i++) {
+      const ch = short.client({}, app).subscribe('cache-brief');
+      const outcome = await Promise.race([once(ch, 'e').then(() => 'hit'), once(ch, 'pusher:cache_miss').then(() => 'miss')]);
+      if (outcome === 'miss') break;
+      if (i > 100) assert.fail('never expired');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.ok(Date.now() - t0 >= 900, `expired after ${Date.now() - t0} ms`);
+  } finally {
+    await short.stop();
+  }
+});

@@ -215,3 +215,34 @@ test('reserved pusher: event names and bad channel names are refused with 400', 
   const many = Array.from({ length: 101 }, (_, i) => `c${i}`);
   assert.equal((await rejection(sdk().post({ path: '/events', body: { name: 'e', data: '{}', channels: many } }))).status, 400);
 });
+
+test('channel names with every allowed punctuation work in paths and bodies', async () => {
+  const name = 'presence-a@b,c;d=e.f_g-h';
+  const c = member('p@1');
+  const ch = await subscribed(c, name);
+  const got = once(ch, 'ev');
+  const res = await sdk().trigger(name, 'ev', 'x', { info: 'user_count' });
+  assert.deepEqual(await res.json(), { channels: { [name]: { user_count: 1 } } });
+  assert.equal(await got, 'x');
+  const info = await (await sdk().get({ path: `/channels/${name}`, params: { info: 'user_count' } })).json();
+  assert.deepEqual(info, { occupied: true, user_count: 1 });
+  const encoded = await (await sdk().get({ path: `/channels/${encodeURIComponent(name)}/users` })).json();
+  assert.deepEqual(encoded, { users: [{ id: 'p@1' }] });
+});
+
+test('terminating a presence member\'s connections tells the others it left', async () => {
+  const watcher = await subscribed(member('stays'), 'presence-term');
+  const leaver = h.client({
+    channelAuthorization: channelAuth(sdk(), () => ({ user_id: 'leaves' })),
+    userAuthentication: userAuth(sdk(), { id: 'leaves' }),
+  });
+  leaver.signin();
+  await connectionState(leaver, 'connected');
+  await leaver.user.signinDonePromise;
+  const added = once(watcher, 'pusher:member_added');
+  await subscribed(leaver, 'presence-term');
+  await added;
+  const removed = once(watcher, 'pusher:member_removed');
+  await sdk().terminateUserConnections('leaves');
+  assert.equal((await removed).id, 'leaves');
+});

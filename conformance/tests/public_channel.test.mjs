@@ -35,3 +35,45 @@ test('socket_id exclusion skips the excluded client only', async () => {
   assert.equal(await aSecond, 'y');
   assert.equal(aGot, 0);
 });
+
+test('after unsubscribe no more events arrive; subscribing again works', async () => {
+  const c = h.client();
+  const ch = c.subscribe('unsub');
+  await once(ch, 'pusher:subscription_succeeded');
+  const seen = [];
+  // Bound on the connection: pusher-js drops events for channels it left,
+  // so look at what herald actually sent.
+  c.connection.bind('message', (m) => m.channel === 'unsub' && m.event === 'e' && seen.push(m.data));
+  c.unsubscribe('unsub');
+  const marker = once(c.subscribe('unsub-marker'), 'pusher:subscription_succeeded');
+  await marker;
+  // Herald handled the unsubscribe before this later subscribe.
+  const info = await (await h.server().get({ path: '/channels/unsub', params: { info: 'subscription_count' } })).json();
+  assert.deepEqual(info, { occupied: false, subscription_count: 0 });
+  await h.server().trigger('unsub', 'e', 'lost');
+  const m = once(c.channel('unsub-marker'), 'm');
+  await h.server().trigger('unsub-marker', 'm', 'x');
+  await m;
+  assert.deepEqual(seen, []);
+  const again = c.subscribe('unsub');
+  await once(again, 'pusher:subscription_succeeded');
+  const got = once(again, 'e');
+  await h.server().trigger('unsub', 'e', 'back');
+  assert.equal(await got, 'back');
+});
+
+test('event data: JSON strings are decoded, other strings are passed through', async () => {
+  const c = h.client();
+  const ch = c.subscribe('types');
+  await once(ch, 'pusher:subscription_succeeded');
+  const got = [];
+  ch.bind('t', (d) => got.push(d));
+  const done = once(ch, 'done');
+  await h.server().trigger('types', 't', { nested: { a: [1, 2] } });
+  await h.server().trigger('types', 't', 'plain text');
+  await h.server().trigger('types', 't', '"quoted"');
+  await h.server().trigger('types', 't', 'ünïcödé ✓');
+  await h.server().trigger('types', 'done', '');
+  await done;
+  assert.deepEqual(got, [{ nested: { a: [1, 2] } }, 'plain text', 'quoted', 'ünïcödé ✓']);
+});

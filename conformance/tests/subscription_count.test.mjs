@@ -24,6 +24,14 @@ test('subscribers are told the count as it goes up and down', async () => {
   assert.equal((await two).subscription_count, 2);
   assert.equal((await bCount).subscription_count, 2);
   assert.equal(ca.subscriptionCount, 2);
+  const c = h.client({}, COUNTING);
+  const three = once(ca, 'pusher:subscription_count');
+  c.subscribe('counted');
+  assert.equal((await three).subscription_count, 3);
+  // Unsubscribing and disconnecting both count down.
+  const two2 = once(ca, 'pusher:subscription_count');
+  c.unsubscribe('counted');
+  assert.equal((await two2).subscription_count, 2);
   const one = once(ca, 'pusher:subscription_count');
   b.disconnect();
   assert.equal((await one).subscription_count, 1);
