@@ -83,6 +83,13 @@ pub async fn close(socket: &mut WebSocket, last: Option<String>, code: u16, reas
     .await;
 }
 
+/// The client closed first: send the close frame tungstenite queued in
+/// answer (RFC 6455 5.5.1); without it the client sees an abnormal
+/// closure (1006) instead of its own code.
+pub async fn answer_close(socket: &mut WebSocket) {
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, socket.flush()).await;
+}
+
 /// A fixed-window counter: at most `limit` events per second.
 pub struct RateWindow {
     start: tokio::time::Instant,

@@ -1,7 +1,7 @@
 //! A Pusher Channels v7 session (`/app/{key}`): the connection handshake,
 //! keep-alive, and the mapping from client commands to hub operations.
 
-use super::{close, write_batch, RateWindow};
+use super::{answer_close, close, write_batch, RateWindow};
 use crate::connection::Connection;
 use crate::fanout::{Frame, Publication};
 use crate::hub::channel::{ChannelKind, SERVER_TO_USER_PREFIX};
@@ -160,7 +160,10 @@ impl Session {
                     match self.on_message(msg) {
                         Next::Continue => {}
                         Next::Close(code, message) => return Some((code, message)),
-                        Next::Gone => return None,
+                        Next::Gone => {
+                            answer_close(socket).await;
+                            return None;
+                        }
                     }
                 }
                 // After reads: a busy channel must not starve the client's pongs.
