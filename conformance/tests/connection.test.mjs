@@ -108,3 +108,16 @@ test('unknown paths are 404, not a WebSocket', async () => {
   assert.equal(res.status, 404);
   assert.equal((await fetch(`${h.base}/up`)).status, 200);
 });
+
+test('a close from the client is answered with a close frame (not 1006)', async () => {
+  const raw = rawClient(h);
+  await raw.established();
+  raw.ws.close(1000, 'bye');
+  // ws reports 1006 if the server drops TCP without answering the close.
+  assert.deepEqual(await raw.closed, { code: 1000, reason: 'bye' });
+  const subscribed = rawClient(h);
+  await subscribed.established();
+  await subscribed.subscribe('closing');
+  subscribed.ws.close(4321, 'app reason');
+  assert.equal((await subscribed.closed).code, 4321);
+});
