@@ -25,6 +25,7 @@
 //! `metrics` (counters for `/metrics`), and `bench` (`herald bench`).
 
 pub mod api;
+pub mod bench;
 pub mod broker;
 pub mod config;
 pub mod connection;

@@ -1,0 +1,377 @@
+//! `broadcast`: virtual users ramp up in three stages (to peak/4 over T/3,
+//! to peak over T/2, down to 0 over T/6). Each connects, subscribes to
+//! `private-benchmark` with a locally signed auth and lives 45 s; one user
+//! in five is a sender that every 200 ms, with probability 0.4, sends a
+//! `client-broadcast` event (or, with `--via http`, publishes through the
+//! HTTP API) carrying its send time. Every receiver records now − send time.
+//! Expected deliveries come from the [`Ledger`], so drops are counted.
+
+use super::client::{scan, Conn, HttpPublisher};
+use super::metrics::{Latency, Ledger, Live, Monitor, Window};
+use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// Senders send `client-broadcast` client events on their socket.
+    Ws,
+    /// Senders publish through the HTTP API (excluding their own socket).
+    Http,
+}
+
+#[derive(Debug, Clone)]
+pub struct BroadcastParams {
+    pub target: Target,
+    pub channel: String,
+    /// Peak virtual users.
+    pub peak: usize,
+    /// Total ramp time T.
+    pub duration: Duration,
+    /// How long each user lives before reconnecting.
+    pub lifetime: Duration,
+    /// One user in `sender_every` is a sender.
+    pub sender_every: usize,
+    pub send_interval: Duration,
+    pub send_probability: f64,
+    pub via: Via,
+    /// How long a leaving user keeps reading for messages sent before it left.
+    pub grace: Duration,
+    pub timeout: Duration,
+    pub progress: bool,
+    pub server_pid: Option<u32>,
+}
+
+impl BroadcastParams {
+    pub fn new(target: Target) -> BroadcastParams {
+        BroadcastParams {
+            target,
+            channel: "private-benchmark".into(),
+            peak: 1000,
+            duration: Duration::from_secs(120),
+            lifetime: Duration::from_secs(45),
+            sender_every: 5,
+            send_interval: Duration::from_millis(200),
+            send_probability: 0.4,
+            via: Via::Ws,
+            grace: Duration::from_secs(2),
+            timeout: Duration::from_secs(30),
+            progress: true,
+            server_pid: None,
+        }
+    }
+}
+
+/// Virtual users wanted `t` into a run of length `total` (k6 `stages`).
+pub fn target_vus(peak: usize, total: Duration, t: Duration) -> usize {
+    let (t, total) = (t.as_secs_f64(), total.as_secs_f64().max(1e-9));
+    let (s1, s2, s3) = (total / 3.0, total / 2.0, total / 6.0);
+    let quarter = peak as f64 / 4.0;
+    let v = if t < s1 {
+        quarter * t / s1
+    } else if t < s1 + s2 {
+        quarter + (peak as f64 - quarter) * (t - s1) / s2
+    } else if t < total {
+        peak as f64 * (1.0 - (t - s1 - s2) / s3)
+    } else {
+        0.0
+    };
+    (v.round() as usize).min(peak)
+}
+
+pub const CLIENT_EVENT: &str = "client-broadcast";
+pub const API_EVENT: &str = "broadcast";
+
+struct Shared {
+    p: BroadcastParams,
+    live: Arc<Live>,
+    latency: Arc<Latency>,
+    connecting: Latency,
+    subscribe: Latency,
+    publish_duration: Latency,
+    ledger: Ledger,
+    vus: AtomicUsize,
+    stop: AtomicBool,
+    next_conn: AtomicU64,
+    sessions: AtomicU64,
+    server_errors: AtomicU64,
+    publish_errors: AtomicU64,
+    publisher: Option<HttpPublisher>,
+    peak_connections: AtomicUsize,
+}
+
+impl Shared {
+    fn wanted(&self, idx: usize) -> bool {
+        !self.stop.load(Relaxed) && idx < self.vus.load(Relaxed)
+    }
+}
+
+async fn vu(s: Arc<Shared>, idx: usize) {
+    while s.wanted(idx) {
+        if !iteration(&s, idx).await {
+            // Failed to connect: do not hammer the server in a loop.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// One life of a virtual user. Returns false when it could not connect.
+async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
+    let p = &s.p;
+    let target = &p.target;
+    let id = s.next_conn.fetch_add(1, Relaxed);
+    let t0 = Instant::now();
+    let mut conn = match Conn::open(target, target.source_for(id as usize), p.timeout).await {
+        Ok(c) => c,
+        Err(e) => {
+            s.live.error(e.kind(), e.explain(target));
+            return false;
+        }
+    };
+    s.connecting.record_duration(id as usize, t0.elapsed());
+    s.sessions.fetch_add(1, Relaxed);
+    let t1 = Instant::now();
+    if let Err(e) = conn.subscribe(target, &[&p.channel], p.timeout).await {
+        s.live.error(e.kind(), e.explain(target));
+        conn.close().await;
+        return false;
+    }
+    s.subscribe.record_duration(id as usize, t1.elapsed());
+    let open = s.live.connections.fetch_add(1, Relaxed) + 1;
+    s.peak_connections.fetch_max(open.max(0) as usize, Relaxed);
+
+    let join = now_us();
+    let is_sender = idx % p.sender_every.max(1) == 0;
+    let mut rng = Rng::new(id + 1);
+    let mut send_tick = tokio::time::interval(p.send_interval);
+    send_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    send_tick.tick().await;
+    let mut check = tokio::time::interval(Duration::from_millis(250));
+    let end = tokio::time::sleep(p.lifetime);
+    tokio::pin!(end);
+    let mut received = 0u64;
+    let mut gone = false;
+    let on_frame = |text: &str, received: &mut u64, leave: u64| {
+        let f = scan(text);
+        if f.event == CLIENT_EVENT || f.event == API_EVENT {
+            if let Some(t) = f.stamp {
+                s.latency.record(id as usize, now_us().saturating_sub(t));
+                s.live.received.fetch_add(1, Relaxed);
+                if t >= join && t <= leave {
+                    *received += 1;
+                }
+            }
+        } else if f.event == "pusher:error" {
+            s.server_errors.fetch_add(1, Relaxed);
+        }
+    };
+    loop {
+        tokio::select! {
+            r = conn.recv() => match r {
+                Ok(text) => on_frame(&text, &mut received, u64::MAX),
+                Err(e) => {
+                    s.live.error(e.kind(), e.explain(target));
+                    gone = true;
+                    break;
+                }
+            },
+            _ = send_tick.tick(), if is_sender => {
+                if rng.next_f64() < p.send_probability {
+                    let stamp = now_us();
+                    match p.via {
+                        Via::Ws => {
+                            let frame = format!(
+                                "{{\"event\":\"{CLIENT_EVENT}\",\"channel\":\"{}\",\"data\":{{\"bench_t\":{stamp}}}}}",
+                                p.channel
+                            );
+                            if let Err(e) = conn.send(frame).await {
+                                s.live.error(e.kind(), e.explain(target));
+                                gone = true;
+                                break;
+                            }
+                            s.ledger.send(stamp, id);
+                            s.live.sent.fetch_add(1, Relaxed);
+                        }
+                        Via::Http => {
+                            let s2 = s.clone();
+                            let socket_id = conn.socket_id.clone();
+                            tokio::spawn(async move {
+                                let publisher = s2.publisher.as_ref().expect("set for --via http");
+                                let data = format!("{{\"bench_t\":{stamp}}}");
+                                let t0 = Instant::now();
+                                match publisher.publish(&s2.p.channel, API_EVENT, &data, Some(&socket_id)).await {
+                                    Ok(()) => {
+                                        s2.publish_duration.record_duration(id as usize, t0.elapsed());
+                                        s2.ledger.send(stamp, id);
+                                        s2.live.sent.fetch_add(1, Relaxed);
+                                    }
+                                    Err(_) => {
+                                        s2.publish_errors.fetch_add(1, Relaxed);
+                                    }
+                                }
+                            });
+                        }
+                    }
+                }
+            }
+            _ = check.tick() => {
+                if !s.wanted(idx) {
+                    break;
+                }
+            }
+            _ = &mut end => break,
+        }
+    }
+    let leave = now_us();
+    s.live.connections.fetch_sub(1, Relaxed);
+    if !gone {
+        // Keep reading what was sent before we left, then go.
+        let _ = tokio::time::timeout(p.grace, async {
+            while let Ok(text) = conn.recv().await {
+                on_frame(&text, &mut received, leave);
+            }
+        })
+        .await;
+        conn.close().await;
+    }
+    s.ledger.window(Window {
+        receiver: id,
+        join,
+        leave,
+        received,
+    });
+    true
+}
+
+pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
+    let mut report = Report::new("broadcast");
+    report.param("url", &p.target.url);
+    report.param("peak", p.peak);
+    report.param("duration", format!("{:?}", p.duration));
+    report.param("lifetime", format!("{:?}", p.lifetime));
+    report.param(
+        "via",
+        match p.via {
+            Via::Ws => "ws (client events)",
+            Via::Http => "http (HTTP API publishes)",
+        },
+    );
+    if let Some(w) = raise_nofile(p.peak as u64 * 2) {
+        eprintln!("herald bench: {w}");
+        report.notes.push(w);
+    }
+    preflight(&p.target, Some(&p.channel), p.via == Via::Http).await?;
+    let cpu = CpuMeter::start(p.server_pid);
+    let s = Arc::new(Shared {
+        p: p.clone(),
+        live: Arc::new(Live::default()),
+        latency: Arc::new(Latency::default()),
+        connecting: Latency::default(),
+        subscribe: Latency::default(),
+        publish_duration: Latency::default(),
+        ledger: Ledger::default(),
+        vus: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        next_conn: AtomicU64::new(0),
+        sessions: AtomicU64::new(0),
+        server_errors: AtomicU64::new(0),
+        publish_errors: AtomicU64::new(0),
+        publisher: (p.via == Via::Http).then(|| HttpPublisher::new(&p.target)),
+        peak_connections: AtomicUsize::new(0),
+    });
+    let monitor = Monitor::start(
+        "broadcast",
+        s.live.clone(),
+        Some(s.latency.clone()),
+        p.progress,
+    );
+    let started = Instant::now();
+    let mut running: Vec<bool> = vec![false; p.peak];
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let t = started.elapsed();
+        if t >= p.duration {
+            break;
+        }
+        let wanted = target_vus(p.peak, p.duration, t);
+        s.vus.store(wanted, Relaxed);
+        // Reap finished users so they can be started again if wanted.
+        while let Some(r) = tasks.try_join_next() {
+            if let Ok(idx) = r {
+                running[idx] = false;
+            }
+        }
+        for (idx, on) in running.iter_mut().enumerate().take(wanted) {
+            if !*on {
+                *on = true;
+                let s = s.clone();
+                tasks.spawn(async move {
+                    vu(s, idx).await;
+                    idx
+                });
+            }
+        }
+    }
+    s.stop.store(true, Relaxed);
+    s.vus.store(0, Relaxed);
+    while tasks.join_next().await.is_some() {}
+    // HTTP publishes still in flight.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    report.timeline = monitor.finish().await;
+    report.seconds = started.elapsed().as_secs_f64();
+
+    let d = s.ledger.tally();
+    report.counter("ws_sessions", s.sessions.load(Relaxed));
+    report.value(
+        "peak_connections",
+        Some(s.peak_connections.load(Relaxed) as f64),
+        "",
+    );
+    report.trend("ws_connecting", s.connecting.total());
+    report.trend("ws_subscribe", s.subscribe.total());
+    report.counter("ws_msgs_sent", s.ledger.sends() as u64);
+    report.counter("ws_msgs_received", s.live.received.load(Relaxed));
+    if p.via == Via::Http {
+        report.counter("http_publish_errors", s.publish_errors.load(Relaxed));
+        report.trend("http_publish_duration", s.publish_duration.total());
+    }
+    report.counter("deliveries_expected", d.expected);
+    report.counter("deliveries_received", d.received);
+    report.counter("deliveries_lost", d.lost());
+    if d.unexpected() > 0 {
+        report.counter("deliveries_unexpected", d.unexpected());
+    }
+    report.rate("delivery_success", d.received.min(d.expected), d.expected);
+    report.trend("message_latency", s.latency.total());
+    report.counter("server_errors", s.server_errors.load(Relaxed));
+    report.errors(&s.live);
+    if d.lost() > 0 {
+        report.notes.push(format!(
+            "{} of {} expected deliveries did not arrive (within {:?} of a receiver leaving)",
+            d.lost(),
+            d.expected,
+            p.grace
+        ));
+    }
+    cpu.finish(&mut report);
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages() {
+        let t = Duration::from_secs(120);
+        let at = |s: u64| target_vus(1000, t, Duration::from_secs(s));
+        assert_eq!(at(0), 0);
+        assert_eq!(at(40), 250);
+        assert_eq!(at(100), 1000);
+        assert_eq!(at(110), 500);
+        assert_eq!(at(120), 0);
+    }
+}

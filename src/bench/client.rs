@@ -1,0 +1,554 @@
+//! One benchmark client: a Pusher WebSocket connection (connect from a
+//! chosen source address, subscribe with locally signed auth, read frames)
+//! and an HTTP API publisher. Frames on the hot path are scanned for the
+//! few fields the bench needs instead of being parsed into JSON values.
+
+use super::Target;
+use crate::signing;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use std::fmt;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+use tokio_tungstenite::WebSocketStream;
+
+/// Why a client failed. [`ClientError::kind`] is the short label errors are
+/// counted under; [`ClientError::explain`] is the sentence shown to people.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientError {
+    /// The TCP connection failed (nothing listening, or refused).
+    Connect(String),
+    /// A step did not finish in time.
+    Timeout(&'static str),
+    /// The HTTP upgrade was answered with something other than 101.
+    Handshake(String),
+    /// The server answered, but not with `pusher:connection_established`.
+    NotPusher(String),
+    /// A `pusher:error` with a code (4001 unknown key, 4004 quota, ...).
+    Rejected { code: Option<u16>, message: String },
+    /// `pusher:subscription_error`.
+    Subscription {
+        status: Option<u16>,
+        message: String,
+    },
+    /// The server closed the connection.
+    Closed(String),
+    /// Any other I/O or WebSocket error.
+    Io(String),
+    /// An HTTP API call failed.
+    Http {
+        status: Option<u16>,
+        message: String,
+    },
+}
+
+impl ClientError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientError::Connect(_) => "connect",
+            ClientError::Timeout(_) => "timeout",
+            ClientError::Handshake(_) => "handshake",
+            ClientError::NotPusher(_) => "not_pusher",
+            ClientError::Rejected { .. } => "rejected",
+            ClientError::Subscription { .. } => "subscription",
+            ClientError::Closed(_) => "closed",
+            ClientError::Io(_) => "io",
+            ClientError::Http { .. } => "http",
+        }
+    }
+
+    /// A sentence that says what is probably wrong and which flag to check.
+    pub fn explain(&self, t: &Target) -> String {
+        match self {
+            ClientError::Connect(e) => format!(
+                "cannot connect to {} ({e}): is the server running there? check --url",
+                t.url
+            ),
+            ClientError::Timeout(step) => format!(
+                "{}: no answer while {step}; is it a Pusher server? check --url",
+                t.url
+            ),
+            ClientError::Handshake(e) => format!(
+                "{} did not accept a WebSocket at /app/{}: {e}; it does not look like a Pusher \
+                 server (check --url, and --key)",
+                t.url, t.key
+            ),
+            ClientError::NotPusher(e) => format!(
+                "{} accepted the WebSocket but does not speak the Pusher protocol: {e}",
+                t.url
+            ),
+            ClientError::Rejected {
+                code: Some(4001),
+                message,
+            } => format!(
+                "the server does not know app key {:?} ({message}, code 4001): check --key",
+                t.key
+            ),
+            ClientError::Rejected { code, message } => format!(
+                "the server refused the connection: {message} (code {})",
+                code.map_or("none".to_string(), |c| c.to_string())
+            ),
+            ClientError::Subscription {
+                status: Some(401),
+                message,
+            } => format!(
+                "the server rejected the locally signed channel auth ({message}): check --secret \
+                 (and --key)"
+            ),
+            ClientError::Subscription { status, message } => format!(
+                "subscription refused: {message} (status {})",
+                status.map_or("none".to_string(), |c| c.to_string())
+            ),
+            ClientError::Closed(e) => format!("the server closed the connection: {e}"),
+            ClientError::Io(e) => format!("connection error: {e}"),
+            ClientError::Http {
+                status: Some(401),
+                message,
+            } => format!(
+                "the HTTP API rejected the request signature ({message}): check --key and --secret"
+            ),
+            ClientError::Http {
+                status: Some(404),
+                message,
+            } => format!(
+                "the HTTP API answered 404 ({message}): check --app-id (and that {} serves the Pusher HTTP API)",
+                t.url
+            ),
+            ClientError::Http { status, message } => format!(
+                "HTTP API publish failed: {message}{}",
+                status.map_or(String::new(), |s| format!(" (HTTP {s})"))
+            ),
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// The few fields of a server frame the bench looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scan<'a> {
+    pub event: &'a str,
+    pub channel: Option<&'a str>,
+    /// The sender's `bench_t` (microseconds on the bench clock), if any.
+    pub stamp: Option<u64>,
+}
+
+/// The string value of the first `"name": "..."` in `text`. Pusher
+/// envelopes put `event` and `channel` before `data`, and inside a `data`
+/// string the quotes are escaped, so the first match is the envelope's.
+fn string_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let mut from = 0;
+    while let Some(i) = text[from..].find(name) {
+        let start = from + i;
+        from = start + name.len();
+        let before = text[..start].as_bytes().last();
+        let after = text[from..].trim_start();
+        if before != Some(&b'"') || !after.starts_with('"') {
+            continue;
+        }
+        let after = after[1..].trim_start();
+        let Some(after) = after.strip_prefix(':') else {
+            continue;
+        };
+        let after = after.trim_start();
+        let value = after.strip_prefix('"')?;
+        return value.find('"').map(|end| &value[..end]);
+    }
+    None
+}
+
+/// The number after `bench_t`, whether `data` is an object (client events)
+/// or a JSON-encoded string (HTTP API events, quotes escaped).
+fn stamp(text: &str) -> Option<u64> {
+    let i = text.find("bench_t")?;
+    let rest = &text[i + "bench_t".len()..];
+    let rest = rest.trim_start_matches(['\\', '"', ':', ' ']);
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+pub fn scan(text: &str) -> Scan<'_> {
+    Scan {
+        event: string_field(text, "event").unwrap_or(""),
+        channel: string_field(text, "channel"),
+        stamp: stamp(text),
+    }
+}
+
+/// The `data` of a server frame as a JSON value, whether the server sent it
+/// as an object or as a JSON-encoded string. Only for the cold path.
+pub fn data_value(text: &str) -> Value {
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    match v.get("data") {
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+        Some(other) => other.clone(),
+        None => Value::Null,
+    }
+}
+
+fn error_of(text: &str) -> ClientError {
+    let d = data_value(text);
+    let message = d
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("(no message)")
+        .to_string();
+    let code = d.get("code").and_then(Value::as_u64).map(|c| c as u16);
+    ClientError::Rejected { code, message }
+}
+
+fn subscription_error_of(text: &str) -> ClientError {
+    let d = data_value(text);
+    let message = d
+        .get("error")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| d.to_string());
+    let status = d.get("status").and_then(Value::as_u64).map(|s| s as u16);
+    ClientError::Subscription { status, message }
+}
+
+fn ws_error(e: WsError) -> ClientError {
+    match e {
+        WsError::Http(resp) => ClientError::Handshake(format!("HTTP {}", resp.status())),
+        WsError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            ClientError::Connect(e.to_string())
+        }
+        WsError::ConnectionClosed | WsError::AlreadyClosed => {
+            ClientError::Closed("connection closed".into())
+        }
+        other => ClientError::Io(other.to_string()),
+    }
+}
+
+/// Small buffers: tungstenite's defaults (128 KiB read buffer) would cost
+/// gigabytes at tens of thousands of connections.
+fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(0)
+        .max_message_size(Some(1024 * 1024))
+        .max_frame_size(Some(1024 * 1024))
+}
+
+/// Open a TCP connection from `source` (port chosen at connect time, so
+/// each source address has its own ~28k ports) to the target.
+async fn tcp_connect(target: &Target, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let socket = if target.addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(ip) = source {
+        let one: libc::c_int = 1;
+        // SAFETY: a valid fd and a pointer to a c_int of the given size.
+        // IP_BIND_ADDRESS_NO_PORT defers the port choice to connect(), so
+        // ports are shared across destinations; failure is harmless.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                &one as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        socket.bind((ip, 0).into())?;
+    }
+    let stream = socket.connect(target.addr).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// One connected Pusher client.
+pub struct Conn {
+    pub ws: WebSocketStream<TcpStream>,
+    pub socket_id: String,
+}
+
+impl Conn {
+    /// Connect and wait for `pusher:connection_established`.
+    pub async fn open(
+        target: &Target,
+        source: Option<IpAddr>,
+        timeout: Duration,
+    ) -> Result<Conn, ClientError> {
+        let open = async {
+            let stream = tcp_connect(target, source)
+                .await
+                .map_err(|e| ClientError::Connect(e.to_string()))?;
+            let (ws, _) = tokio_tungstenite::client_async_with_config(
+                target.ws_url(),
+                stream,
+                Some(ws_config()),
+            )
+            .await
+            .map_err(|e| match ws_error(e) {
+                // Anything else going wrong in the upgrade means the peer
+                // is not a WebSocket server at this path.
+                ClientError::Io(m) => ClientError::Handshake(m),
+                other => other,
+            })?;
+            Ok::<_, ClientError>(ws)
+        };
+        let mut ws = tokio::time::timeout(timeout, open)
+            .await
+            .map_err(|_| ClientError::Timeout("connecting"))??;
+        let first = tokio::time::timeout(timeout, next_text(&mut ws))
+            .await
+            .map_err(|_| ClientError::Timeout("waiting for pusher:connection_established"))?
+            .map_err(|e| match e {
+                ClientError::Closed(why) => ClientError::NotPusher(format!(
+                    "closed before pusher:connection_established ({why})"
+                )),
+                other => other,
+            })?;
+        let s = scan(&first);
+        match s.event {
+            "pusher:connection_established" => {
+                let socket_id = data_value(&first)
+                    .get("socket_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        ClientError::NotPusher("connection_established without socket_id".into())
+                    })?;
+                Ok(Conn { ws, socket_id })
+            }
+            "pusher:error" => Err(error_of(&first)),
+            _ => {
+                let shown: String = first.chars().take(120).collect();
+                Err(ClientError::NotPusher(format!(
+                    "first frame was {shown:?}, expected pusher:connection_established"
+                )))
+            }
+        }
+    }
+
+    /// Subscribe to `channels` (signing `private-` ones with the app secret)
+    /// and wait until every one is confirmed.
+    pub async fn subscribe(
+        &mut self,
+        target: &Target,
+        channels: &[&str],
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        for channel in channels {
+            let frame = if channel.starts_with("private-") {
+                let auth = signing::token(
+                    &target.key,
+                    &target.secret,
+                    &signing::channel_string(&self.socket_id, channel, None),
+                );
+                serde_json::json!({"event":"pusher:subscribe","data":{"channel":channel,"auth":auth}})
+            } else {
+                serde_json::json!({"event":"pusher:subscribe","data":{"channel":channel}})
+            };
+            self.send(frame.to_string()).await?;
+        }
+        let mut pending = channels.len();
+        let wait = async {
+            while pending > 0 {
+                let text = self.recv().await?;
+                let s = scan(&text);
+                match s.event {
+                    "pusher_internal:subscription_succeeded" => pending -= 1,
+                    "pusher:subscription_error" => return Err(subscription_error_of(&text)),
+                    "pusher:error" => return Err(error_of(&text)),
+                    _ => {}
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| ClientError::Timeout("waiting for subscription_succeeded"))?
+    }
+
+    pub async fn send(&mut self, text: String) -> Result<(), ClientError> {
+        self.ws.send(Message::text(text)).await.map_err(ws_error)
+    }
+
+    /// The next text frame, answering `pusher:ping` on the way.
+    pub async fn recv(&mut self) -> Result<Utf8Bytes, ClientError> {
+        loop {
+            let text = next_text(&mut self.ws).await?;
+            if scan(&text).event == "pusher:ping" {
+                self.send(r#"{"event":"pusher:pong","data":{}}"#.into())
+                    .await?;
+                continue;
+            }
+            return Ok(text);
+        }
+    }
+
+    /// Close politely, waiting briefly for the server's close.
+    pub async fn close(mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            if self.ws.close(None).await.is_ok() {
+                while let Some(Ok(_)) = self.ws.next().await {}
+            }
+        })
+        .await;
+    }
+}
+
+/// The next text frame; pings, pongs and binary frames are skipped (the
+/// library answers WebSocket pings itself).
+async fn next_text(ws: &mut WebSocketStream<TcpStream>) -> Result<Utf8Bytes, ClientError> {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) => return Ok(t),
+            Some(Ok(Message::Close(frame))) => {
+                let why = frame.map_or("no close frame".to_string(), |f| {
+                    format!("code {} {}", u16::from(f.code), f.reason)
+                });
+                return Err(ClientError::Closed(why));
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(ws_error(e)),
+            None => return Err(ClientError::Closed("connection reset".into())),
+        }
+    }
+}
+
+/// Publishes through the Pusher HTTP API with signed requests.
+#[derive(Clone)]
+pub struct HttpPublisher {
+    client: reqwest::Client,
+    base: String,
+    path: String,
+    key: String,
+    secret: String,
+}
+
+impl HttpPublisher {
+    pub fn new(target: &Target) -> HttpPublisher {
+        HttpPublisher {
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .pool_max_idle_per_host(64)
+                .build()
+                .expect("an HTTP client with default settings builds"),
+            base: target.http_base(),
+            path: format!("/apps/{}/events", target.app_id),
+            key: target.key.clone(),
+            secret: target.secret.clone(),
+        }
+    }
+
+    /// `POST /apps/{id}/events` with `data` as the event's data string.
+    pub async fn publish(
+        &self,
+        channel: &str,
+        event: &str,
+        data: &str,
+        exclude_socket: Option<&str>,
+    ) -> Result<(), ClientError> {
+        let mut body = serde_json::json!({"name": event, "channel": channel, "data": data});
+        if let Some(s) = exclude_socket {
+            body["socket_id"] = Value::String(s.to_string());
+        }
+        let body = body.to_string();
+        let query = crate::api::auth::sign_query(
+            &self.key,
+            &self.secret,
+            "POST",
+            &self.path,
+            body.as_bytes(),
+            &[],
+        );
+        let url = format!("{}{}?{query}", self.base, self.path);
+        let resp = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_connect() {
+                    ClientError::Connect(e.to_string())
+                } else if e.is_timeout() {
+                    ClientError::Timeout("waiting for the HTTP API")
+                } else {
+                    ClientError::Http {
+                        status: None,
+                        message: e.to_string(),
+                    }
+                }
+            })?;
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(());
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| text.chars().take(200).collect());
+        Err(ClientError::Http {
+            status: Some(status),
+            message,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_client_and_api_events() {
+        let client = r#"{"event":"client-broadcast","channel":"private-benchmark","data":{"bench_t":12345}}"#;
+        assert_eq!(
+            scan(client),
+            Scan {
+                event: "client-broadcast",
+                channel: Some("private-benchmark"),
+                stamp: Some(12345)
+            }
+        );
+        let api = r#"{"event":"bench","channel":"benchmark-fanout-3","data":"{\"bench_t\":987}"}"#;
+        assert_eq!(scan(api).stamp, Some(987));
+        assert_eq!(scan(api).channel, Some("benchmark-fanout-3"));
+        let spaced = r#"{ "data" : "{\"channel\":\"x\"}", "event" : "e", "channel" : "c" }"#;
+        assert_eq!(scan(spaced).event, "e");
+        assert_eq!(scan(spaced).channel, Some("c"));
+        assert_eq!(scan(spaced).stamp, None);
+        let est = r#"{"event":"pusher:connection_established","data":"{\"socket_id\":\"1.2\",\"activity_timeout\":120}"}"#;
+        assert_eq!(scan(est).event, "pusher:connection_established");
+        assert_eq!(data_value(est)["socket_id"], "1.2");
+    }
+
+    #[test]
+    fn errors_are_read_from_either_data_form() {
+        let e =
+            r#"{"event":"pusher:error","data":{"code":4001,"message":"App key does not exist"}}"#;
+        assert_eq!(
+            error_of(e),
+            ClientError::Rejected {
+                code: Some(4001),
+                message: "App key does not exist".into()
+            }
+        );
+        let s = r#"{"event":"pusher:subscription_error","channel":"private-x","data":"{\"type\":\"AuthError\",\"error\":\"Invalid signature\",\"status\":401}"}"#;
+        assert_eq!(
+            subscription_error_of(s),
+            ClientError::Subscription {
+                status: Some(401),
+                message: "Invalid signature".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! `connect`: a connection avalanche. N clients connect and subscribe to a
+//! public channel all at once, hold until every client has either
+//! succeeded or failed, then disconnect. `--sweep` repeats it for growing N
+//! and reports where success first drops below 100 % and 99 %.
+
+use super::client::Conn;
+use super::metrics::{Latency, Live, Monitor};
+use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct ConnectParams {
+    pub target: Target,
+    pub clients: usize,
+    pub channel: String,
+    /// Per-step timeout for each client (connect, then subscribe).
+    pub timeout: Duration,
+    pub progress: bool,
+    pub server_pid: Option<u32>,
+}
+
+impl ConnectParams {
+    pub fn new(target: Target) -> ConnectParams {
+        ConnectParams {
+            target,
+            clients: 1000,
+            channel: "benchmark-connect".into(),
+            timeout: Duration::from_secs(30),
+            progress: true,
+            server_pid: None,
+        }
+    }
+}
+
+/// Figures of one avalanche.
+struct Step {
+    connected: u64,
+    subscribed: u64,
+    connecting: Latency,
+    subscribe: Latency,
+    setup: Latency,
+    live: Arc<Live>,
+    seconds: f64,
+    all_settled_after: f64,
+}
+
+async fn avalanche(p: &ConnectParams) -> Step {
+    let live = Arc::new(Live::default());
+    let shared = Arc::new((
+        Latency::default(),
+        Latency::default(),
+        Latency::default(),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+    ));
+    let monitor = Monitor::start("connect", live.clone(), None, p.progress);
+    let barrier = Arc::new(tokio::sync::Barrier::new(p.clients));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..p.clients {
+        let (target, channel, timeout) = (p.target.clone(), p.channel.clone(), p.timeout);
+        let (live, shared, barrier) = (live.clone(), shared.clone(), barrier.clone());
+        tasks.spawn(async move {
+            let (connecting, subscribe, setup, connected, subscribed) = &*shared;
+            let t0 = Instant::now();
+            let conn = match Conn::open(&target, target.source_for(i), timeout).await {
+                Ok(mut conn) => {
+                    connecting.record_duration(i, t0.elapsed());
+                    connected.fetch_add(1, Relaxed);
+                    live.connections.fetch_add(1, Relaxed);
+                    let t1 = Instant::now();
+                    match conn.subscribe(&target, &[&channel], timeout).await {
+                        Ok(()) => {
+                            subscribe.record_duration(i, t1.elapsed());
+                            setup.record_duration(i, t0.elapsed());
+                            subscribed.fetch_add(1, Relaxed);
+                            live.received.fetch_add(1, Relaxed);
+                        }
+                        Err(e) => live.error(e.kind(), e.explain(&target)),
+                    }
+                    Some(conn)
+                }
+                Err(e) => {
+                    live.error(e.kind(), e.explain(&target));
+                    None
+                }
+            };
+            let settled = Instant::now();
+            barrier.wait().await;
+            if let Some(conn) = conn {
+                conn.close().await;
+                live.connections.fetch_sub(1, Relaxed);
+            }
+            settled
+        });
+    }
+    let mut last_settled = started;
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(t) = r {
+            last_settled = last_settled.max(t);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = monitor.finish().await;
+    let (connecting, subscribe, setup, connected, subscribed) =
+        Arc::try_unwrap(shared).unwrap_or_else(|_| unreachable!("all tasks joined"));
+    Step {
+        connected: connected.into_inner(),
+        subscribed: subscribed.into_inner(),
+        connecting,
+        subscribe,
+        setup,
+        live,
+        seconds,
+        all_settled_after: (last_settled - started).as_secs_f64(),
+    }
+}
+
+fn check_limits(p: &ConnectParams, most: usize, report: &mut Report) {
+    if let Some(w) = raise_nofile(most as u64) {
+        eprintln!("herald bench: {w}");
+        report.notes.push(w);
+    }
+    if let Some(limit) = p.server_pid.and_then(super::nofile_of) {
+        if limit < most as u64 + 64 {
+            report.notes.push(format!(
+                "the server's open-file limit is {limit}, below the {most} connections asked for"
+            ));
+        }
+    }
+}
+
+/// One avalanche of `p.clients` connections.
+pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
+    let mut report = Report::new("connect");
+    report.param("url", &p.target.url);
+    report.param("clients", p.clients);
+    report.param("channel", &p.channel);
+    check_limits(p, p.clients, &mut report);
+    preflight(&p.target, None, false).await?;
+    let cpu = CpuMeter::start(p.server_pid);
+    let s = avalanche(p).await;
+    let n = p.clients as u64;
+    report.seconds = s.seconds;
+    report.counter("ws_sessions", n);
+    report.rate("ws_connect_success", s.connected, n);
+    report.rate("ws_subscribe_success", s.subscribed, n);
+    report.trend("ws_connecting", s.connecting.total());
+    report.trend("ws_subscribe", s.subscribe.total());
+    report.trend("ws_session_setup", s.setup.total());
+    report.value("all_settled_after", Some(s.all_settled_after), "s");
+    report.errors(&s.live);
+    cpu.finish(&mut report);
+    Ok(report)
+}
+
+#[derive(Debug, Clone)]
+pub struct SweepParams {
+    pub base: ConnectParams,
+    pub steps: Vec<usize>,
+    /// Pause between steps so the previous step's sockets are gone.
+    pub pause: Duration,
+}
+
+/// Avalanches of increasing size; reports each step's success rates and
+/// latencies (tagged `{n:N}`) and where success first drops.
+pub async fn sweep(p: &SweepParams) -> Result<Report, BenchError> {
+    let mut report = Report::new("connect --sweep");
+    report.param("url", &p.base.target.url);
+    let steps: Vec<String> = p.steps.iter().map(|n| n.to_string()).collect();
+    report.param("steps", steps.join(","));
+    check_limits(
+        &p.base,
+        p.steps.iter().copied().max().unwrap_or(0),
+        &mut report,
+    );
+    preflight(&p.base.target, None, false).await?;
+    let cpu = CpuMeter::start(p.base.server_pid);
+    let started = Instant::now();
+    let (mut below_100, mut below_99) = (None, None);
+    for (i, &n) in p.steps.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(p.pause).await;
+        }
+        let params = ConnectParams {
+            clients: n,
+            ..p.base.clone()
+        };
+        let s = avalanche(&params).await;
+        let success = s.subscribed as f64 / n.max(1) as f64;
+        if success < 1.0 && below_100.is_none() {
+            below_100 = Some(n as f64);
+        }
+        if success < 0.99 && below_99.is_none() {
+            below_99 = Some(n as f64);
+        }
+        let tag = |name: &str| format!("{name}{{n:{n}}}");
+        report.rate(&tag("ws_connect_success"), s.connected, n as u64);
+        report.rate(&tag("ws_subscribe_success"), s.subscribed, n as u64);
+        report.trend(&tag("ws_connecting"), s.connecting.total());
+        report.trend(&tag("ws_session_setup"), s.setup.total());
+        report.value(&tag("all_settled_after"), Some(s.all_settled_after), "s");
+        report.counter(&tag("connection_errors"), s.live.errors.load(Relaxed));
+        for e in s.live.error_examples() {
+            report.notes.push(format!("n={n}: {e}"));
+        }
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    report.value("sweep_first_below_100pct", below_100, "");
+    report.value("sweep_first_below_99pct", below_99, "");
+    cpu.finish(&mut report);
+    Ok(report)
+}

@@ -1,0 +1,279 @@
+//! `fanout`: S subscribers spread over C public channels, P publishers
+//! publishing R requests/s in total through the HTTP API for D seconds.
+//! Reports publish-to-receive latency and, per channel, the share of the
+//! expected deliveries (accepted publishes × confirmed subscribers) that
+//! arrived.
+
+use super::client::{scan, Conn, HttpPublisher};
+use super::metrics::{Latency, Live, Monitor};
+use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const EVENT: &str = "bench-fanout";
+
+#[derive(Debug, Clone)]
+pub struct FanoutParams {
+    pub target: Target,
+    pub subscribers: usize,
+    pub channels: usize,
+    pub publishers: usize,
+    /// Publishes per second, all publishers together.
+    pub rate: f64,
+    pub duration: Duration,
+    /// Longest wait for outstanding deliveries after the last publish.
+    pub drain: Duration,
+    /// Subscribers connecting at once.
+    pub concurrency: usize,
+    pub timeout: Duration,
+    pub progress: bool,
+    pub server_pid: Option<u32>,
+}
+
+impl FanoutParams {
+    pub fn new(target: Target) -> FanoutParams {
+        FanoutParams {
+            target,
+            subscribers: 1000,
+            channels: 10,
+            publishers: 10,
+            rate: 100.0,
+            duration: Duration::from_secs(30),
+            drain: Duration::from_secs(5),
+            concurrency: 256,
+            timeout: Duration::from_secs(30),
+            progress: true,
+            server_pid: None,
+        }
+    }
+}
+
+pub fn channel_name(c: usize) -> String {
+    format!("benchmark-fanout-{c}")
+}
+
+/// The channel index of `benchmark-fanout-{c}`.
+fn channel_index(name: &str) -> Option<usize> {
+    name.strip_prefix("benchmark-fanout-")?.parse().ok()
+}
+
+struct Shared {
+    live: Arc<Live>,
+    latency: Arc<Latency>,
+    connecting: Latency,
+    publish_duration: Latency,
+    /// Confirmed subscribers, accepted publishes and deliveries, per channel.
+    subscribed: Vec<AtomicU64>,
+    accepted: Vec<AtomicU64>,
+    received: Vec<AtomicU64>,
+    publish_errors: AtomicU64,
+    dropped: AtomicU64,
+}
+
+pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
+    if p.channels == 0 || p.publishers == 0 || p.rate <= 0.0 {
+        return super::err("fanout needs at least one channel, one publisher and a positive rate");
+    }
+    let mut report = Report::new("fanout");
+    report.param("url", &p.target.url);
+    report.param("subscribers", p.subscribers);
+    report.param("channels", p.channels);
+    report.param("publishers", p.publishers);
+    report.param("rate", format!("{}/s", p.rate));
+    report.param("duration", format!("{:?}", p.duration));
+    if let Some(w) = raise_nofile(p.subscribers as u64 + p.publishers as u64) {
+        eprintln!("herald bench: {w}");
+        report.notes.push(w);
+    }
+    preflight(&p.target, None, true).await?;
+    let cpu = CpuMeter::start(p.server_pid);
+    let started = Instant::now();
+    let per_channel = || (0..p.channels).map(|_| AtomicU64::new(0)).collect();
+    let s = Arc::new(Shared {
+        live: Arc::new(Live::default()),
+        latency: Arc::new(Latency::default()),
+        connecting: Latency::default(),
+        publish_duration: Latency::default(),
+        subscribed: per_channel(),
+        accepted: per_channel(),
+        received: per_channel(),
+        publish_errors: AtomicU64::new(0),
+        dropped: AtomicU64::new(0),
+    });
+    let monitor = Monitor::start(
+        "fanout",
+        s.live.clone(),
+        Some(s.latency.clone()),
+        p.progress,
+    );
+
+    // Phase 1: every subscriber connected and confirmed.
+    let gate = Arc::new(tokio::sync::Semaphore::new(p.concurrency.max(1)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(p.subscribers.max(1));
+    let mut subscribers = tokio::task::JoinSet::new();
+    for i in 0..p.subscribers {
+        let c = i % p.channels;
+        let (s, target, timeout) = (s.clone(), p.target.clone(), p.timeout);
+        let (gate, mut stop, ready) = (gate.clone(), stop_rx.clone(), ready_tx.clone());
+        subscribers.spawn(async move {
+            let permit = gate.acquire().await;
+            let t0 = Instant::now();
+            let mut conn = match Conn::open(&target, target.source_for(i), timeout).await {
+                Ok(c) => c,
+                Err(e) => {
+                    s.live.error(e.kind(), e.explain(&target));
+                    let _ = ready.send(()).await;
+                    return;
+                }
+            };
+            s.live.connections.fetch_add(1, Relaxed);
+            let name = channel_name(c);
+            if let Err(e) = conn.subscribe(&target, &[&name], timeout).await {
+                s.live.error(e.kind(), e.explain(&target));
+                s.live.connections.fetch_sub(1, Relaxed);
+                let _ = ready.send(()).await;
+                return;
+            }
+            s.connecting.record_duration(i, t0.elapsed());
+            s.subscribed[c].fetch_add(1, Relaxed);
+            drop(permit);
+            let _ = ready.send(()).await;
+            loop {
+                tokio::select! {
+                    r = conn.recv() => match r {
+                        Ok(text) => {
+                            let f = scan(&text);
+                            if f.event != EVENT {
+                                continue;
+                            }
+                            if let (Some(t), Some(ch)) = (f.stamp, f.channel.and_then(channel_index)) {
+                                s.latency.record(i, now_us().saturating_sub(t));
+                                if let Some(r) = s.received.get(ch) {
+                                    r.fetch_add(1, Relaxed);
+                                }
+                                s.live.received.fetch_add(1, Relaxed);
+                            }
+                        }
+                        Err(e) => {
+                            s.dropped.fetch_add(1, Relaxed);
+                            s.live.error(e.kind(), e.explain(&target));
+                            s.live.connections.fetch_sub(1, Relaxed);
+                            return;
+                        }
+                    },
+                    _ = stop.changed() => break,
+                }
+            }
+            conn.close().await;
+            s.live.connections.fetch_sub(1, Relaxed);
+        });
+    }
+    drop(ready_tx);
+    for _ in 0..p.subscribers {
+        if ready_rx.recv().await.is_none() {
+            break;
+        }
+    }
+    let subscribe_seconds = started.elapsed().as_secs_f64();
+
+    // Phase 2: publishers on a fixed schedule; publish k goes to channel k % C.
+    let publisher = HttpPublisher::new(&p.target);
+    let publish_start = Instant::now();
+    let total = (p.rate * p.duration.as_secs_f64()).round() as u64;
+    let mut publishers = tokio::task::JoinSet::new();
+    for j in 0..p.publishers as u64 {
+        let (s, publisher, target) = (s.clone(), publisher.clone(), p.target.clone());
+        let (step, rate, channels) = (p.publishers as u64, p.rate, p.channels as u64);
+        publishers.spawn(async move {
+            let mut k = j;
+            while k < total {
+                let due = publish_start + Duration::from_secs_f64(k as f64 / rate);
+                tokio::time::sleep_until(due.into()).await;
+                let c = (k % channels) as usize;
+                let stamp = now_us();
+                let data = format!("{{\"bench_t\":{stamp}}}");
+                let t0 = Instant::now();
+                match publisher
+                    .publish(&channel_name(c), EVENT, &data, None)
+                    .await
+                {
+                    Ok(()) => {
+                        s.publish_duration.record_duration(j as usize, t0.elapsed());
+                        s.accepted[c].fetch_add(1, Relaxed);
+                        s.live.sent.fetch_add(1, Relaxed);
+                    }
+                    Err(e) => {
+                        s.publish_errors.fetch_add(1, Relaxed);
+                        s.live.error("publish", e.explain(&target));
+                    }
+                }
+                k += step;
+            }
+        });
+    }
+    while publishers.join_next().await.is_some() {}
+    let publish_seconds = publish_start.elapsed().as_secs_f64();
+
+    // Phase 3: wait for outstanding deliveries, then disconnect.
+    let expected_of = |c: usize| s.accepted[c].load(Relaxed) * s.subscribed[c].load(Relaxed);
+    let expected: u64 = (0..p.channels).map(expected_of).sum();
+    let drain_until = Instant::now() + p.drain;
+    while Instant::now() < drain_until {
+        let got: u64 = s.received.iter().map(|r| r.load(Relaxed)).sum();
+        if got >= expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop_tx.send(true);
+    while subscribers.join_next().await.is_some() {}
+    report.timeline = monitor.finish().await;
+    report.seconds = publish_seconds;
+
+    let received: u64 = s.received.iter().map(|r| r.load(Relaxed)).sum();
+    let accepted: u64 = s.accepted.iter().map(|a| a.load(Relaxed)).sum();
+    let confirmed: u64 = s.subscribed.iter().map(|a| a.load(Relaxed)).sum();
+    report.counter("ws_sessions", p.subscribers as u64);
+    report.rate("ws_subscribe_success", confirmed, p.subscribers as u64);
+    report.trend("ws_session_setup", s.connecting.total());
+    report.value("all_subscribed_after", Some(subscribe_seconds), "s");
+    report.counter("http_publishes", accepted);
+    report.counter("http_publish_errors", s.publish_errors.load(Relaxed));
+    report.value(
+        "http_publish_rate_achieved",
+        Some(accepted as f64 / publish_seconds.max(1e-9)),
+        "/s",
+    );
+    report.trend("http_publish_duration", s.publish_duration.total());
+    report.counter("ws_msgs_received", received);
+    report.counter("deliveries_expected", expected);
+    report.counter("deliveries_received", received);
+    report.counter("deliveries_lost", expected.saturating_sub(received));
+    if received > expected {
+        report.counter("deliveries_unexpected", received - expected);
+    }
+    report.rate("delivery_success", received.min(expected), expected);
+    for c in 0..p.channels {
+        let e = expected_of(c);
+        let r = s.received[c].load(Relaxed);
+        report.rate(
+            &format!("delivery_success{{channel:{}}}", channel_name(c)),
+            r.min(e),
+            e,
+        );
+    }
+    report.trend("message_latency", s.latency.total());
+    report.counter("connections_dropped_by_server", s.dropped.load(Relaxed));
+    report.errors(&s.live);
+    if expected > received {
+        report.notes.push(format!(
+            "{} of {expected} expected deliveries did not arrive within {:?} after the last publish",
+            expected - received,
+            p.drain
+        ));
+    }
+    cpu.finish(&mut report);
+    Ok(report)
+}

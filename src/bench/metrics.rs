@@ -1,0 +1,345 @@
+//! What the bench measures while it runs: latencies in HDR histograms,
+//! live counters, the delivery ledger (expected vs received), and the
+//! once-a-second monitor that prints the progress line and keeps the
+//! timeline.
+
+use hdrhistogram::Histogram;
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Largest latency recorded, in microseconds (larger values saturate).
+const MAX_US: u64 = 600_000_000;
+const SHARDS: usize = 16;
+
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_US, 3).expect("valid histogram bounds")
+}
+
+struct Shard {
+    total: Histogram<u64>,
+    window: Histogram<u64>,
+}
+
+/// A latency in microseconds, recorded from many tasks: sharded so the
+/// receivers of one busy channel do not queue on one lock.
+pub struct Latency {
+    shards: Vec<Mutex<Shard>>,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        total: histogram(),
+                        window: histogram(),
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Latency {
+    /// Record one value; `hint` (e.g. the connection number) picks the shard.
+    pub fn record(&self, hint: usize, micros: u64) {
+        let mut s = self.shards[hint % SHARDS].lock().unwrap();
+        let v = micros.max(1);
+        s.total.saturating_record(v);
+        s.window.saturating_record(v);
+    }
+
+    pub fn record_duration(&self, hint: usize, d: Duration) {
+        self.record(hint, d.as_micros() as u64);
+    }
+
+    /// Everything recorded since the last call (for the timeline).
+    pub fn take_window(&self) -> Histogram<u64> {
+        let mut h = histogram();
+        for s in &self.shards {
+            let mut s = s.lock().unwrap();
+            let _ = h.add(&s.window);
+            s.window.reset();
+        }
+        h
+    }
+
+    /// Everything recorded.
+    pub fn total(&self) -> Histogram<u64> {
+        let mut h = histogram();
+        for s in &self.shards {
+            let _ = h.add(&s.lock().unwrap().total);
+        }
+        h
+    }
+}
+
+/// Counters every scenario updates, read by the monitor.
+#[derive(Default)]
+pub struct Live {
+    /// Open connections (a gauge).
+    pub connections: AtomicI64,
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+    pub errors: AtomicU64,
+    /// Errors by kind (`connect`, `timeout`, ...).
+    kinds: Mutex<HashMap<&'static str, u64>>,
+    /// The first few distinct error messages, for the summary.
+    examples: Mutex<Vec<String>>,
+}
+
+impl Live {
+    pub fn error(&self, kind: &'static str, message: String) {
+        self.errors.fetch_add(1, Relaxed);
+        *self.kinds.lock().unwrap().entry(kind).or_default() += 1;
+        let mut ex = self.examples.lock().unwrap();
+        if ex.len() < 5 && !ex.contains(&message) {
+            ex.push(message);
+        }
+    }
+
+    pub fn error_kinds(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self
+            .kinds
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, n)| (*k, *n))
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn error_examples(&self) -> Vec<String> {
+        self.examples.lock().unwrap().clone()
+    }
+}
+
+/// The time one receiver was subscribed, on the bench clock, and what it
+/// received in that window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    pub receiver: u64,
+    pub join: u64,
+    pub leave: u64,
+    pub received: u64,
+}
+
+/// Expected vs received deliveries when receivers come and go (broadcast).
+///
+/// A send stamped `t` by sender `s` is expected at every receiver `r != s`
+/// whose window satisfies `join <= t <= leave`. `join` is taken after the
+/// subscription is confirmed and `leave` before the receiver stops reading
+/// (it keeps reading for a grace period after), so a server that delivers
+/// everything makes `received == expected` exactly; whatever it drops is
+/// counted as lost.
+#[derive(Default)]
+pub struct Ledger {
+    sends: Mutex<Vec<(u64, u64)>>,
+    windows: Mutex<Vec<Window>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deliveries {
+    pub expected: u64,
+    pub received: u64,
+}
+
+impl Deliveries {
+    pub fn lost(&self) -> u64 {
+        self.expected.saturating_sub(self.received)
+    }
+
+    /// Received beyond what was expected (duplicates, or deliveries of a
+    /// publish whose acknowledgement failed).
+    pub fn unexpected(&self) -> u64 {
+        self.received.saturating_sub(self.expected)
+    }
+}
+
+impl Ledger {
+    /// A send accepted for delivery at `stamp` by connection `sender`.
+    pub fn send(&self, stamp: u64, sender: u64) {
+        self.sends.lock().unwrap().push((stamp, sender));
+    }
+
+    /// A receiver's finished window.
+    pub fn window(&self, w: Window) {
+        self.windows.lock().unwrap().push(w);
+    }
+
+    pub fn sends(&self) -> usize {
+        self.sends.lock().unwrap().len()
+    }
+
+    pub fn tally(&self) -> Deliveries {
+        let mut sends = self.sends.lock().unwrap().clone();
+        sends.sort_unstable();
+        let stamps: Vec<u64> = sends.iter().map(|s| s.0).collect();
+        let mut by_sender: HashMap<u64, Vec<u64>> = HashMap::new();
+        for (t, s) in &sends {
+            by_sender.entry(*s).or_default().push(*t);
+        }
+        let in_window = |v: &[u64], w: &Window| {
+            let lo = v.partition_point(|&t| t < w.join);
+            let hi = v.partition_point(|&t| t <= w.leave);
+            hi.saturating_sub(lo) as u64
+        };
+        let mut d = Deliveries::default();
+        for w in self.windows.lock().unwrap().iter() {
+            let own = by_sender.get(&w.receiver).map_or(0, |v| in_window(v, w));
+            d.expected += in_window(&stamps, w) - own;
+            d.received += w.received;
+        }
+        d
+    }
+}
+
+/// One second of the run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tick {
+    pub second: u64,
+    pub connections: i64,
+    pub sent: u64,
+    pub received: u64,
+    pub errors: u64,
+    /// p99 of the main latency in this second, in ms (None: no samples).
+    pub p99_ms: Option<f64>,
+}
+
+/// Prints the progress line and records the timeline until stopped.
+pub struct Monitor {
+    stop: Arc<tokio::sync::Notify>,
+    handle: tokio::task::JoinHandle<Vec<Tick>>,
+}
+
+impl Monitor {
+    pub fn start(
+        label: &'static str,
+        live: Arc<Live>,
+        latency: Option<Arc<Latency>>,
+        progress: bool,
+    ) -> Monitor {
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = stop.clone();
+        let handle = tokio::spawn(async move {
+            let started = Instant::now();
+            let tty = unsafe { libc::isatty(2) } == 1;
+            let mut ticks = Vec::new();
+            let mut interval = tokio::time::interval(Duration::from_secs(1));
+            interval.tick().await;
+            let (mut last_sent, mut last_recv) = (0, 0);
+            loop {
+                tokio::select! {
+                    _ = interval.tick() => {}
+                    _ = stopped.notified() => break,
+                }
+                let sent = live.sent.load(Relaxed);
+                let received = live.received.load(Relaxed);
+                let tick = Tick {
+                    second: started.elapsed().as_secs(),
+                    connections: live.connections.load(Relaxed),
+                    sent: sent - last_sent,
+                    received: received - last_recv,
+                    errors: live.errors.load(Relaxed),
+                    p99_ms: latency.as_ref().and_then(|l| {
+                        let h = l.take_window();
+                        (!h.is_empty()).then(|| h.value_at_quantile(0.99) as f64 / 1000.0)
+                    }),
+                };
+                (last_sent, last_recv) = (sent, received);
+                if progress {
+                    let line = format!(
+                        "{label}: {:>4}s  connections {:>6}  sent {:>9}  received {:>10}  errors {:>5}{}",
+                        tick.second,
+                        tick.connections,
+                        sent,
+                        received,
+                        tick.errors,
+                        tick.p99_ms.map_or(String::new(), |p| format!("  p99 {p:.1}ms")),
+                    );
+                    let mut err = std::io::stderr().lock();
+                    if tty {
+                        let _ = write!(err, "\r{line}\x1b[K");
+                    } else {
+                        let _ = writeln!(err, "{line}");
+                    }
+                    let _ = err.flush();
+                }
+                ticks.push(tick);
+            }
+            if progress && tty {
+                let _ = writeln!(std::io::stderr());
+            }
+            ticks
+        });
+        Monitor { stop, handle }
+    }
+
+    pub async fn finish(self) -> Vec<Tick> {
+        self.stop.notify_one();
+        self.handle.await.unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(receiver: u64, join: u64, leave: u64, received: u64) -> Window {
+        Window {
+            receiver,
+            join,
+            leave,
+            received,
+        }
+    }
+
+    #[test]
+    fn ledger_counts_only_sends_inside_each_window_from_others() {
+        let l = Ledger::default();
+        // Sender 1 sends at 10, 20, 30; sender 2 at 25.
+        for (t, s) in [(10, 1), (20, 1), (30, 1), (25, 2)] {
+            l.send(t, s);
+        }
+        l.window(w(1, 0, 100, 1)); // expects only 2's send
+        l.window(w(2, 15, 100, 2)); // expects 20, 30 from 1
+        l.window(w(3, 0, 22, 2)); // expects 10, 20
+        let d = l.tally();
+        assert_eq!(d.expected, 5);
+        assert_eq!(d.received, 5);
+        assert_eq!(d.lost(), 0);
+    }
+
+    #[test]
+    fn ledger_reports_what_a_dropping_server_lost() {
+        let l = Ledger::default();
+        for t in 0..100 {
+            l.send(t, 0);
+        }
+        // Three receivers present throughout; the server dropped every 10th.
+        for r in 1..=3 {
+            l.window(w(r, 0, 1000, 90));
+        }
+        let d = l.tally();
+        assert_eq!(d.expected, 300);
+        assert_eq!(d.lost(), 30);
+        assert_eq!(d.unexpected(), 0);
+    }
+
+    #[test]
+    fn latency_shards_merge() {
+        let lat = Latency::default();
+        for i in 0..1000u64 {
+            lat.record(i as usize, 1000 + i);
+        }
+        assert_eq!(lat.total().len(), 1000);
+        assert_eq!(lat.take_window().len(), 1000);
+        assert_eq!(lat.take_window().len(), 0);
+        assert_eq!(lat.total().len(), 1000);
+    }
+}

@@ -1,0 +1,391 @@
+//! `herald bench`: a load generator for any server speaking the Pusher
+//! Channels protocol v7 and the Pusher HTTP API.
+//!
+//! ```text
+//! mod.rs      the target (URL, app credentials), errors, preflight checks,
+//!             open-file limit, source addresses, CPU and memory probes
+//! client      one WebSocket client: connect, subscribe, scan frames
+//! metrics     HDR latency histograms, live counters, the delivery ledger,
+//!             the once-a-second monitor (progress line and timeline)
+//! report      the k6-style summary, `--json` and `--html` output
+//! broadcast   ramping virtual users sending client events (or HTTP publishes)
+//! connect     connection avalanche, and `--sweep` over increasing N
+//! fanout      HTTP publishers to many subscribers over several channels
+//! idle        many idle subscribed connections; server memory per connection
+//! ```
+//!
+//! Every scenario is a library function taking a params struct and returning
+//! a [`report::Report`], so tests call them directly. Latencies are measured
+//! on one process clock ([`now_us`], microseconds since the bench started)
+//! that senders write into the payload and receivers subtract from, so there
+//! is no clock skew to correct for. Messages a server drops show up as lost
+//! deliveries (expected minus received), never hidden in an average.
+
+pub mod broadcast;
+pub mod client;
+pub mod connect;
+pub mod fanout;
+pub mod idle;
+pub mod metrics;
+pub mod report;
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use report::Report;
+
+/// A failure that stops a scenario, worded for the person running it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchError(pub String);
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+pub fn err<T>(message: impl Into<String>) -> Result<T, BenchError> {
+    Err(BenchError(message.into()))
+}
+
+/// The server under test and the app to use on it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// As given, e.g. `ws://127.0.0.1:8080`.
+    pub url: String,
+    pub host: String,
+    pub addr: SocketAddr,
+    pub app_id: String,
+    pub key: String,
+    pub secret: String,
+}
+
+impl Target {
+    /// Parse `ws://host[:port][/]`. Load goes to loopback only unless
+    /// `allow_remote` is set: a load test aimed at someone else's server
+    /// by mistake is not a small accident.
+    pub fn new(
+        url: &str,
+        app_id: &str,
+        key: &str,
+        secret: &str,
+        allow_remote: bool,
+    ) -> Result<Target, BenchError> {
+        let rest = if let Some(r) = url.strip_prefix("ws://") {
+            r
+        } else if url.starts_with("wss://") {
+            return err(format!(
+                "{url}: wss:// (TLS) is not supported by herald bench; use ws:// against the server's plain port"
+            ));
+        } else {
+            return err(format!(
+                "{url}: the URL must start with ws://, e.g. ws://127.0.0.1:8080"
+            ));
+        };
+        let authority = rest.trim_end_matches('/');
+        if authority.contains('/') {
+            return err(format!(
+                "{url}: give only the server's address (ws://host:port); the bench adds /app/{{key}} itself"
+            ));
+        }
+        let with_port = if authority.starts_with('[') {
+            if authority.contains("]:") {
+                authority.to_string()
+            } else {
+                format!("{authority}:80")
+            }
+        } else if authority.contains(':') {
+            authority.to_string()
+        } else {
+            format!("{authority}:80")
+        };
+        let addr = with_port
+            .to_socket_addrs()
+            .map_err(|e| BenchError(format!("{url}: cannot resolve the host: {e}")))?
+            .next()
+            .ok_or_else(|| BenchError(format!("{url}: the host has no address")))?;
+        if !addr.ip().is_loopback() && !allow_remote {
+            return err(format!(
+                "{url} resolves to {}, which is not a loopback address; herald bench only loads \
+                 127.0.0.0/8 or ::1 unless --allow-remote is given",
+                addr.ip()
+            ));
+        }
+        Ok(Target {
+            url: url.to_string(),
+            host: with_port,
+            addr,
+            app_id: app_id.to_string(),
+            key: key.to_string(),
+            secret: secret.to_string(),
+        })
+    }
+
+    /// The WebSocket URL a client opens.
+    pub fn ws_url(&self) -> String {
+        format!(
+            "ws://{}/app/{}?protocol=7&client=herald-bench&version={}&flash=false",
+            self.host,
+            self.key,
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+
+    /// `http://host:port`, for the HTTP API.
+    pub fn http_base(&self) -> String {
+        format!("http://{}", self.host)
+    }
+
+    /// The source address for the `i`-th connection. On IPv4 loopback the
+    /// connections are spread over 127.0.0.1–127.0.0.64 so the bench is not
+    /// limited to one address's ~28k ephemeral ports.
+    pub fn source_for(&self, i: usize) -> Option<IpAddr> {
+        match self.addr.ip() {
+            IpAddr::V4(v4) if v4.is_loopback() => Some(IpAddr::V4(Ipv4Addr::new(
+                127,
+                0,
+                0,
+                1 + (i % SOURCE_ADDRESSES) as u8,
+            ))),
+            _ => None,
+        }
+    }
+}
+
+/// How many 127.0.0.x source addresses connections are spread over.
+pub const SOURCE_ADDRESSES: usize = 64;
+
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// The one process clock: microseconds since the bench first asked.
+/// Senders put it in the payload, receivers subtract it from their own.
+pub fn now_us() -> u64 {
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+/// Raise this process's open-file limit to fit `needed` descriptors.
+/// Returns a warning when it cannot.
+pub fn raise_nofile(needed: u64) -> Option<String> {
+    let want = needed + 256;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Some("cannot read the open-file limit (getrlimit failed)".into());
+        }
+        if lim.rlim_cur >= want {
+            return None;
+        }
+        if lim.rlim_max >= want {
+            lim.rlim_cur = lim.rlim_max;
+        } else {
+            // Needs privilege (CAP_SYS_RESOURCE); try, then fall back to the hard limit.
+            let raised = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return None;
+            }
+            lim.rlim_cur = lim.rlim_max;
+        }
+        let ok = libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0;
+        if lim.rlim_cur >= want && ok {
+            None
+        } else {
+            Some(format!(
+                "open-file limit is {} but {needed} connections need about {want}; \
+                 raise it (ulimit -n {want}) or expect connection errors",
+                lim.rlim_cur
+            ))
+        }
+    }
+}
+
+/// The open-file limit of another process, from `/proc/<pid>/limits`.
+pub fn nofile_of(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// CPU seconds (user + system) used by a process, from `/proc/<pid>/stat`;
+/// `None` means this process.
+pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name (which may contain spaces) start at field 3.
+    let after = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = if ticks > 0 { ticks as f64 } else { 100.0 };
+    Some((utime + stime) / ticks)
+}
+
+/// Resident memory of a process in bytes, from `/proc/<pid>/status`.
+pub fn rss_bytes(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// CPU used by this process (and optionally the server) over a run.
+pub struct CpuMeter {
+    started: Instant,
+    self_start: Option<f64>,
+    server_pid: Option<u32>,
+    server_start: Option<f64>,
+}
+
+impl CpuMeter {
+    pub fn start(server_pid: Option<u32>) -> CpuMeter {
+        CpuMeter {
+            started: Instant::now(),
+            self_start: cpu_seconds(None),
+            server_pid,
+            server_start: server_pid.and_then(|p| cpu_seconds(Some(p))),
+        }
+    }
+
+    /// Add `generator_cpu` (and `server_cpu`) to a report: seconds used and
+    /// the share of one core over the wall time.
+    pub fn finish(&self, report: &mut Report) {
+        let wall = self.started.elapsed().as_secs_f64().max(1e-9);
+        if let (Some(a), Some(b)) = (self.self_start, cpu_seconds(None)) {
+            report.cpu("generator_cpu", b - a, wall);
+        }
+        if let (Some(pid), Some(a)) = (self.server_pid, self.server_start) {
+            if let Some(b) = cpu_seconds(Some(pid)) {
+                report.cpu("server_cpu", b - a, wall);
+            }
+        }
+    }
+}
+
+/// Parse a duration flag: `120`, `120s`, `2m`, `500ms`, `1.5s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 30s, 2m, 500ms)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !(0.0..=86_400.0).contains(&secs) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A tiny deterministic PRNG (xorshift64*), one per virtual user, so the
+/// hot loop needs neither a lock nor a thread-local generator.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Check, with one client, that the target speaks the Pusher protocol and
+/// accepts these credentials, so a wrong URL, key or secret is one clear
+/// error rather than thousands of failed connections.
+pub async fn preflight(
+    target: &Target,
+    private_channel: Option<&str>,
+    http_api: bool,
+) -> Result<(), BenchError> {
+    let timeout = Duration::from_secs(10);
+    let mut conn = client::Conn::open(target, None, timeout)
+        .await
+        .map_err(|e| BenchError(e.explain(target)))?;
+    let channel = private_channel.unwrap_or("benchmark-preflight");
+    conn.subscribe(target, &[channel], timeout)
+        .await
+        .map_err(|e| BenchError(e.explain(target)))?;
+    conn.close().await;
+    if http_api {
+        let publisher = client::HttpPublisher::new(target);
+        publisher
+            .publish("benchmark-preflight", "preflight", "{}", None)
+            .await
+            .map_err(|e| BenchError(e.explain(target)))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        let t = Target::new("ws://127.0.0.1:8080/", "a", "k", "s", false).unwrap();
+        assert_eq!(t.addr, "127.0.0.1:8080".parse().unwrap());
+        assert!(t
+            .ws_url()
+            .starts_with("ws://127.0.0.1:8080/app/k?protocol=7"));
+        assert_eq!(t.http_base(), "http://127.0.0.1:8080");
+        assert_eq!(
+            t.source_for(1),
+            Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)))
+        );
+        assert!(Target::new("http://127.0.0.1:8080", "a", "k", "s", false).is_err());
+        assert!(Target::new("wss://127.0.0.1", "a", "k", "s", false).is_err());
+        assert!(Target::new("ws://127.0.0.1:8080/app/k", "a", "k", "s", false).is_err());
+        assert!(Target::new("ws://10.1.2.3:8080", "a", "k", "s", false).is_err());
+        assert!(Target::new("ws://10.1.2.3:8080", "a", "k", "s", true).is_ok());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("120"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3d").is_err());
+    }
+
+    #[test]
+    fn proc_probes() {
+        assert!(cpu_seconds(None).is_some());
+        assert!(rss_bytes(None).unwrap() > 0);
+        let mut r = Rng::new(7);
+        let hits = (0..10_000).filter(|_| r.next_f64() < 0.4).count();
+        assert!((3_500..4_500).contains(&hits), "{hits}");
+    }
+}
