@@ -68,6 +68,7 @@ struct Shared {
     accepted: Vec<AtomicU64>,
     received: Vec<AtomicU64>,
     publish_errors: AtomicU64,
+    first_publish_error: std::sync::Mutex<Option<String>>,
     dropped: AtomicU64,
 }
 
@@ -99,6 +100,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         accepted: per_channel(),
         received: per_channel(),
         publish_errors: AtomicU64::new(0),
+        first_publish_error: Default::default(),
         dropped: AtomicU64::new(0),
     });
     let monitor = Monitor::start(
@@ -205,8 +207,9 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                         s.live.sent.fetch_add(1, Relaxed);
                     }
                     Err(e) => {
-                        s.publish_errors.fetch_add(1, Relaxed);
-                        s.live.error("publish", e.explain(&target));
+                        if s.publish_errors.fetch_add(1, Relaxed) == 0 {
+                            *s.first_publish_error.lock().unwrap() = Some(e.explain(&target));
+                        }
                     }
                 }
                 k += step;
@@ -267,6 +270,9 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     report.trend("message_latency", s.latency.total());
     report.counter("connections_dropped_by_server", s.dropped.load(Relaxed));
     report.errors(&s.live);
+    if let Some(e) = s.first_publish_error.lock().unwrap().take() {
+        report.notes.push(format!("first publish error: {e}"));
+    }
     if expected > received {
         report.notes.push(format!(
             "{} of {expected} expected deliveries did not arrive within {:?} after the last publish",
