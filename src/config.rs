@@ -152,6 +152,8 @@ pub struct Overrides {
     pub app_id: Option<String>,
     pub app_key: Option<String>,
     pub app_secret: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +220,12 @@ impl Config {
         }
         if let Some(v) = &o.log {
             self.log = v.clone();
+        }
+        if let Some(v) = &o.tls_cert {
+            self.tls_cert = Some(v.clone());
+        }
+        if let Some(v) = &o.tls_key {
+            self.tls_key = Some(v.clone());
         }
         if self.apps.is_empty() {
             self.apps.push(AppConfig::development());

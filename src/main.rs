@@ -59,6 +59,12 @@ struct ServeArgs {
     /// Secret of the single app.
     #[arg(long, env = "HERALD_APP_SECRET", hide_env_values = true)]
     app_secret: Option<String>,
+    /// PEM certificate chain: serve wss:// and https:// (needs --tls-key).
+    #[arg(long, env = "HERALD_TLS_CERT")]
+    tls_cert: Option<String>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "HERALD_TLS_KEY")]
+    tls_key: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -79,6 +85,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         app_id: args.app_id,
         app_key: args.app_key,
         app_secret: args.app_secret,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,

@@ -133,3 +133,19 @@ fn tls_cert_without_key_is_a_named_config_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tls_key"), "{err}");
 }
+
+#[test]
+fn tls_env_variables_are_read() {
+    // HERALD_TLS_KEY alone: the error names the missing tls_cert, which
+    // shows the variable reached the configuration.
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .arg("serve")
+        .env("HERALD_TLS_KEY", fixture("tls-test-key.pem"))
+        .env_remove("HERALD_TLS_CERT")
+        .env_remove("HERALD_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tls_cert"), "{err}");
+}
