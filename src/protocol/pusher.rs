@@ -328,28 +328,27 @@ pub fn subscription_succeeded(channel: &str, presence: Option<&[PresenceEntry<'_
             None,
         ),
         Some(members) => {
+            /// `hash`: user id → user_info exactly as the app signed it.
+            struct Hash<'a>(&'a [PresenceEntry<'a>]);
+            impl Serialize for Hash<'_> {
+                fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    s.collect_map(self.0.iter().map(|m| (m.user_id, m.user_info)))
+                }
+            }
             #[derive(Serialize)]
             struct P<'a> {
                 ids: Vec<&'a str>,
-                hash: serde_json::Map<String, serde_json::Value>,
+                hash: Hash<'a>,
                 count: usize,
             }
             #[derive(Serialize)]
             struct D<'a> {
                 presence: P<'a>,
             }
-            let mut hash = serde_json::Map::new();
-            for m in members {
-                let info = match m.user_info {
-                    Some(raw) => serde_json::from_str(raw.get()).unwrap_or(serde_json::Value::Null),
-                    None => serde_json::Value::Null,
-                };
-                hash.insert(m.user_id.to_owned(), info);
-            }
             let d = D {
                 presence: P {
                     ids: members.iter().map(|m| m.user_id).collect(),
-                    hash,
+                    hash: Hash(members),
                     count: members.len(),
                 },
             };
@@ -495,6 +494,28 @@ mod tests {
             ClientMessage::ClientEvent { data, .. } => assert_eq!(data.get(), "null"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn presence_hash_keeps_user_info_as_signed() {
+        let info = RawValue::from_string("{\"n\":1E605}".into()).unwrap();
+        let members = [
+            PresenceEntry {
+                user_id: "a",
+                user_info: Some(&info),
+            },
+            PresenceEntry {
+                user_id: "b",
+                user_info: None,
+            },
+        ];
+        let frame = subscription_succeeded("presence-x", Some(&members));
+        let outer: serde_json::Value = serde_json::from_str(&frame).unwrap();
+        let data = outer["data"].as_str().unwrap();
+        assert_eq!(
+            data,
+            r#"{"presence":{"ids":["a","b"],"hash":{"a":{"n":1E605},"b":null},"count":2}}"#
+        );
     }
 
     #[test]
