@@ -11,9 +11,8 @@ use crate::hub::Hub;
 use crate::metrics;
 use crate::node::Node;
 use auth::{authenticate, SignedRequest};
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{Method, StatusCode, Uri};
+use axum::extract::Path;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -65,33 +64,46 @@ pub fn router() -> Router<Arc<Node>> {
         )
 }
 
-/// Read the body (bounded) and authenticate the request.
-async fn admit(
-    node: &Node,
-    app_id: &str,
-    method: &Method,
-    uri: &Uri,
-    body: Body,
-) -> Result<(Arc<Hub>, axum::body::Bytes), ApiError> {
-    metrics::count(&metrics::API_REQUESTS);
-    let limit = node.config.max_request_size;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            413,
-            format!("Request body is larger than max_request_size ({limit} bytes)"),
-        )
-    })?;
-    let hub = authenticate(
-        node,
-        &SignedRequest {
-            app_id,
-            method: method.as_str(),
-            path: uri.path(),
-            query: uri.query().unwrap_or(""),
-            body: &bytes,
-        },
-    )?;
-    Ok((hub, bytes))
+/// An authenticated API request: the app's hub, the body (read within
+/// `max_request_size`) and the URI. As an extractor it runs before every
+/// handler, so no endpoint can forget the signature check.
+pub struct Signed {
+    hub: Arc<Hub>,
+    body: axum::body::Bytes,
+    uri: Uri,
+}
+
+impl axum::extract::FromRequest<Arc<Node>> for Signed {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, node: &Arc<Node>) -> Result<Self, ApiError> {
+        metrics::count(&metrics::API_REQUESTS);
+        let (parts, body) = req.into_parts();
+        // Routes are all `/apps/{app_id}/...`.
+        let app_id = parts.uri.path().split('/').nth(2).unwrap_or_default();
+        let limit = node.config.max_request_size;
+        let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+            ApiError::new(
+                413,
+                format!("Request body is larger than max_request_size ({limit} bytes)"),
+            )
+        })?;
+        let hub = authenticate(
+            node,
+            &SignedRequest {
+                app_id,
+                method: parts.method.as_str(),
+                path: parts.uri.path(),
+                query: parts.uri.query().unwrap_or(""),
+                body: &bytes,
+            },
+        )?;
+        Ok(Signed {
+            hub,
+            body: bytes,
+            uri: parts.uri,
+        })
+    }
 }
 
 fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -277,15 +289,8 @@ fn is_socket_id(s: &str) -> bool {
     }
 }
 
-async fn events(
-    State(node): State<Arc<Node>>,
-    Path(app_id): Path<String>,
-    method: Method,
-    uri: Uri,
-    body: Body,
-) -> ApiResult {
-    let (hub, bytes) = admit(&node, &app_id, &method, &uri, body).await?;
-    let ev: EventRequest = parse_body(&bytes)?;
+async fn events(Signed { hub, body, .. }: Signed) -> ApiResult {
+    let ev: EventRequest = parse_body(&body)?;
     let has_info = ev.info.is_some();
     let info = publish(&hub, check(&hub, ev)?);
     Ok(Json(if has_info {
@@ -301,15 +306,8 @@ struct BatchRequest {
     batch: Vec<EventRequest>,
 }
 
-async fn batch_events(
-    State(node): State<Arc<Node>>,
-    Path(app_id): Path<String>,
-    method: Method,
-    uri: Uri,
-    body: Body,
-) -> ApiResult {
-    let (hub, bytes) = admit(&node, &app_id, &method, &uri, body).await?;
-    let req: BatchRequest = parse_body(&bytes)?;
+async fn batch_events(Signed { hub, body, .. }: Signed) -> ApiResult {
+    let req: BatchRequest = parse_body(&body)?;
     if req.batch.len() > MAX_BATCH_EVENTS {
         return Err(ApiError::new(
             400,
@@ -341,14 +339,7 @@ async fn batch_events(
     }))
 }
 
-async fn channels(
-    State(node): State<Arc<Node>>,
-    Path(app_id): Path<String>,
-    method: Method,
-    uri: Uri,
-    body: Body,
-) -> ApiResult {
-    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
+async fn channels(Signed { hub, uri, .. }: Signed) -> ApiResult {
     let prefix = query_param(&uri, "filter_by_prefix").unwrap_or_default();
     let attrs = info_attributes(query_param(&uri, "info").as_deref(), &["user_count"])?;
     if !attrs.is_empty() && !prefix.starts_with("presence-") {
@@ -369,13 +360,9 @@ async fn channels(
 }
 
 async fn channel(
-    State(node): State<Arc<Node>>,
-    Path((app_id, name)): Path<(String, String)>,
-    method: Method,
-    uri: Uri,
-    body: Body,
+    Path((_, name)): Path<(String, String)>,
+    Signed { hub, uri, .. }: Signed,
 ) -> ApiResult {
-    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
     let attrs = info_attributes(
         query_param(&uri, "info").as_deref(),
         &["user_count", "subscription_count"],
@@ -392,14 +379,7 @@ async fn channel(
     Ok(Json(Value::Object(m)))
 }
 
-async fn users(
-    State(node): State<Arc<Node>>,
-    Path((app_id, name)): Path<(String, String)>,
-    method: Method,
-    uri: Uri,
-    body: Body,
-) -> ApiResult {
-    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
+async fn users(Path((_, name)): Path<(String, String)>, Signed { hub, .. }: Signed) -> ApiResult {
     if !ChannelKind::of(&name).presence {
         return Err(ApiError::new(
             400,
@@ -415,13 +395,9 @@ async fn users(
 }
 
 async fn terminate(
-    State(node): State<Arc<Node>>,
-    Path((app_id, user_id)): Path<(String, String)>,
-    method: Method,
-    uri: Uri,
-    body: Body,
+    Path((_, user_id)): Path<(String, String)>,
+    Signed { hub, .. }: Signed,
 ) -> ApiResult {
-    let (hub, _) = admit(&node, &app_id, &method, &uri, body).await?;
     hub.terminate_user(&user_id);
     Ok(Json(json!({})))
 }
