@@ -216,6 +216,7 @@ async fn wrong_credentials_are_named() {
 
 /// A WebSocket proxy in front of herald that drops every third
 /// `client-broadcast` frame on its way to a client.
+#[allow(clippy::result_large_err)] // tungstenite's handshake callback signature
 async fn dropping_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -259,7 +260,7 @@ async fn dropping_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
                         if let Message::Text(t) = &m {
                             if t.contains("client-broadcast") {
                                 n += 1;
-                                if n % 3 == 0 {
+                                if n.is_multiple_of(3) {
                                     counter.fetch_add(1, Ordering::Relaxed);
                                     continue;
                                 }

@@ -142,7 +142,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     s.peak_connections.fetch_max(open.max(0) as usize, Relaxed);
 
     let join = now_us();
-    let is_sender = idx % p.sender_every.max(1) == 0;
+    let is_sender = idx.is_multiple_of(p.sender_every.max(1));
     let mut rng = Rng::new(id + 1);
     let mut send_tick = tokio::time::interval(p.send_interval);
     send_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -156,7 +156,7 @@ fn string_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     while let Some(i) = text[from..].find(name) {
         let start = from + i;
         from = start + name.len();
-        let before = text[..start].as_bytes().last();
+        let before = text.as_bytes()[..start].last();
         let after = text[from..].trim_start();
         if before != Some(&b'"') || !after.starts_with('"') {
             continue;

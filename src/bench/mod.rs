@@ -170,7 +170,8 @@ pub fn now_us() -> u64 {
 /// Raise this process's open-file limit to fit `needed` descriptors.
 /// Returns a warning when it cannot.
 pub fn raise_nofile(needed: u64) -> Option<String> {
-    let want = needed + 256;
+    // Sockets plus stdio, the runtime's epoll and eventfd, and some slack.
+    let want = needed + 64;
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -280,7 +280,8 @@ impl Report {
         );
         if !self.timeline.is_empty() {
             out.push_str("<h2>Timeline</h2>");
-            let series: [(&str, Box<dyn Fn(&Tick) -> f64>); 4] = [
+            type Series<'a> = (&'a str, Box<dyn Fn(&Tick) -> f64>);
+            let series: [Series; 4] = [
                 (
                     "open connections",
                     Box::new(|t: &Tick| t.connections as f64),
