@@ -127,6 +127,15 @@ async fn run(config: Config) -> std::io::Result<()> {
             format!("bad address: {e}"),
         )
     })?;
+    match server::raise_open_file_limit() {
+        Some(limit) if limit < 10_000 => tracing::warn!(
+            limit,
+            "open-file limit is low: each connection needs a file descriptor; \
+             raise it (ulimit -Hn, LimitNOFILE=) to serve more clients"
+        ),
+        Some(limit) => tracing::info!(limit, "open-file limit"),
+        None => tracing::warn!("cannot read the open-file limit"),
+    }
     let listener = server::bind(addr, config.listen_backlog)
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     for app in &config.apps {

@@ -109,6 +109,33 @@ async fn pusher_ws(
         })
 }
 
+/// Raise the open-file soft limit to the hard limit. Every connection is a
+/// file descriptor, and many systems start processes with a soft limit of
+/// 1024, which would cap a server at about a thousand clients. Returns the
+/// limit now in force, if it could be read.
+pub fn raise_open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return Some(raised.rlim_cur as u64);
+            }
+        }
+    }
+    Some(lim.rlim_cur as u64)
+}
+
 /// Bind with a large listen backlog so a connection avalanche queues
 /// instead of being dropped.
 pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {

@@ -1,0 +1,76 @@
+//! `herald serve` raises its open-file soft limit to the hard limit, so a
+//! host that starts processes with a soft limit of 1024 does not cap the
+//! server at about a thousand clients.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn soft_nofile(pid: u32) -> Option<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[test]
+fn serve_raises_its_soft_open_file_limit() {
+    let mut hard = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct we pass.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) },
+        0
+    );
+    if hard.rlim_max <= 256 {
+        eprintln!(
+            "hard limit {} too low to tell a raise apart; nothing to check",
+            hard.rlim_max
+        );
+        return;
+    }
+    let port = common::free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args([
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--log",
+        "warn",
+    ])
+    .env_remove("HERALD_CONFIG")
+    .stdin(Stdio::null())
+    .stderr(Stdio::null());
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+            lim.rlim_cur = 256;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = None;
+    while Instant::now() < deadline {
+        // The limit is raised before the server listens; wait for /up.
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            seen = soft_nofile(child.id());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert_eq!(seen, Some(hard.rlim_max as u64));
+}
