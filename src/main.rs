@@ -250,6 +250,10 @@ struct ConnectArgs {
     sweep: Option<Vec<usize>>,
     #[arg(long, default_value = "benchmark-connect")]
     channel: String,
+    /// Keep every connection open until all N have settled, instead of each
+    /// client disconnecting right after its own confirmation.
+    #[arg(long)]
+    hold: bool,
 }
 
 #[derive(Args)]
@@ -339,6 +343,7 @@ fn bench(args: BenchArgs) -> ExitCode {
                 let mut p = connect::ConnectParams::new(target);
                 p.clients = common.clients.unwrap_or(p.clients);
                 p.channel = a.channel;
+                p.hold = a.hold;
                 p.timeout = common.timeout;
                 p.progress = progress;
                 p.server_pid = common.server_pid;

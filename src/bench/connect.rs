@@ -1,6 +1,6 @@
 //! `connect`: a connection avalanche. N clients connect and subscribe to a
-//! public channel all at once, hold until every client has either
-//! succeeded or failed, then disconnect. `--sweep` repeats it for growing N
+//! public channel all at once; each disconnects after its confirmation (or,
+//! with `hold`, once every client has either succeeded or failed). `--sweep` repeats it for growing N
 //! and reports where success first drops below 100 % and 99 %.
 
 use super::client::Conn;
@@ -17,6 +17,8 @@ pub struct ConnectParams {
     pub channel: String,
     /// Per-step timeout for each client (connect, then subscribe).
     pub timeout: Duration,
+    /// Keep all connections open until every client has settled.
+    pub hold: bool,
     pub progress: bool,
     pub server_pid: Option<u32>,
 }
@@ -28,6 +30,7 @@ impl ConnectParams {
             clients: 1000,
             channel: "benchmark-connect".into(),
             timeout: Duration::from_secs(30),
+            hold: false,
             progress: true,
             server_pid: None,
         }
@@ -56,7 +59,9 @@ async fn avalanche(p: &ConnectParams) -> Step {
         AtomicU64::new(0),
     ));
     let monitor = Monitor::start("connect", live.clone(), None, p.progress);
-    let barrier = Arc::new(tokio::sync::Barrier::new(p.clients));
+    let barrier = p
+        .hold
+        .then(|| Arc::new(tokio::sync::Barrier::new(p.clients)));
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..p.clients {
@@ -88,7 +93,9 @@ async fn avalanche(p: &ConnectParams) -> Step {
                 }
             };
             let settled = Instant::now();
-            barrier.wait().await;
+            if let Some(barrier) = barrier {
+                barrier.wait().await;
+            }
             if let Some(conn) = conn {
                 conn.close().await;
                 live.connections.fetch_sub(1, Relaxed);
@@ -138,6 +145,7 @@ pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
     report.param("url", &p.target.url);
     report.param("clients", p.clients);
     report.param("channel", &p.channel);
+    report.param("hold", p.hold);
     check_limits(p, p.clients, &mut report);
     preflight(&p.target, None, false).await?;
     let cpu = CpuMeter::start(p.server_pid);
