@@ -24,9 +24,9 @@ use channel::{validate_name, ChannelKind, NameError, SERVER_TO_USER_PREFIX};
 use dashmap::DashMap;
 use presence::{MemberData, MemberLimits};
 use serde_json::value::RawValue;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Why a subscription was refused; maps onto `pusher:subscription_error`.
@@ -104,6 +104,8 @@ pub struct Hub {
     users: DashMap<String, Vec<Arc<Connection>>>,
     /// Watched user id → the connections watching it.
     watchers: DashMap<String, Vec<Arc<Connection>>>,
+    /// Channels whose subscription count changed since the last flush.
+    counts_changed: Mutex<HashSet<String>>,
     connections: AtomicU32,
 }
 
@@ -117,6 +119,7 @@ impl Hub {
             cache: DashMap::new(),
             users: DashMap::new(),
             watchers: DashMap::new(),
+            counts_changed: Mutex::new(HashSet::new()),
             connections: AtomicU32::new(0),
         }
     }
@@ -226,7 +229,7 @@ impl Hub {
             self.replay_cache(conn, channel);
         }
         if self.app.subscription_count && !kind.presence {
-            self.send_subscription_count(channel, ch);
+            self.count_changed(channel);
         }
         Ok(true)
     }
@@ -297,7 +300,7 @@ impl Hub {
         }
         let empty = ch.subscribers.is_empty();
         if !empty && self.app.subscription_count && !ChannelKind::of(channel).presence {
-            self.send_subscription_count(channel, ch);
+            self.count_changed(channel);
         }
         drop(entry);
         if empty {
@@ -315,12 +318,38 @@ impl Hub {
             .and_then(|c| c.subscribers.get(&conn.id).map(|s| s.user_id.clone()))
     }
 
-    fn send_subscription_count(&self, channel: &str, ch: &Channel) {
-        let mut event = EncodeOnce::new(CoreEvent::SubscriptionCount {
-            channel,
-            count: ch.subscribers.len(),
-        });
-        send_to_all(ch, None, &mut event);
+    /// Note that `channel`'s count changed. Counts are sent in batches by
+    /// [`Hub::flush_subscription_counts`]: sending on every change would make
+    /// N clients joining one channel cost N² frames, and turn a reconnect
+    /// storm into a storm of count updates.
+    fn count_changed(&self, channel: &str) {
+        let mut changed = self
+            .counts_changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !changed.contains(channel) {
+            changed.insert(channel.to_owned());
+        }
+    }
+
+    /// Send `pusher_internal:subscription_count` to the subscribers of every
+    /// channel whose count changed since the last call (run periodically).
+    pub fn flush_subscription_counts(&self) {
+        let changed = std::mem::take(
+            &mut *self
+                .counts_changed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for channel in &changed {
+            if let Some(ch) = self.channels.get(channel) {
+                let mut event = EncodeOnce::new(CoreEvent::SubscriptionCount {
+                    channel,
+                    count: ch.subscribers.len(),
+                });
+                send_to_all(&ch, None, &mut event);
+            }
+        }
     }
 
     // ----- publishing ------------------------------------------------------
@@ -539,5 +568,56 @@ fn send_to_all(ch: &Channel, except: Option<ConnId>, event: &mut EncodeOnce<'_>)
         if Some(*id) != except {
             sub.conn.send(event.frame(sub.conn.protocol));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::local::LocalBroker;
+    use crate::protocol::Protocol;
+
+    fn hub(app: AppConfig) -> Hub {
+        Hub::new(app, 1, Arc::new(LocalBroker::new()))
+    }
+
+    #[test]
+    fn subscription_counts_are_coalesced_per_flush() {
+        let hub = hub(AppConfig {
+            subscription_count: true,
+            ..AppConfig::development()
+        });
+        let mut queues = Vec::new();
+        for i in 0..50u64 {
+            let (conn, rx) = Connection::new(i, format!("1.{i}"), Protocol::Pusher, 16);
+            let conn = Arc::new(conn);
+            assert_eq!(hub.subscribe(&conn, "room", None, None).unwrap(), true);
+            queues.push((conn, rx));
+        }
+        hub.flush_subscription_counts();
+        hub.flush_subscription_counts(); // nothing changed since: sends nothing
+        for (_, rx) in &mut queues {
+            let mut frames = Vec::new();
+            while let Ok(f) = rx.try_recv() {
+                frames.push(f.to_string());
+            }
+            // subscription_succeeded, then exactly one count, the final one.
+            assert_eq!(frames.len(), 2, "{frames:?}");
+            assert!(frames[0].contains("subscription_succeeded"));
+            assert!(frames[1].contains("subscription_count"));
+            assert!(
+                frames[1].contains(r#"\"subscription_count\":50"#),
+                "{}",
+                frames[1]
+            );
+        }
+    }
+
+    #[test]
+    fn counts_are_not_tracked_when_disabled() {
+        let hub = hub(AppConfig::development());
+        let (conn, _rx) = Connection::new(1, "1.1".into(), Protocol::Pusher, 16);
+        hub.subscribe(&Arc::new(conn), "room", None, None).unwrap();
+        assert!(hub.counts_changed.lock().unwrap().is_empty());
     }
 }

@@ -197,13 +197,18 @@ where
     })
 }
 
-/// Periodic work that keeps memory flat: expiring cache slots.
+/// How often changed subscription counts are sent (coalesced).
+pub const SUBSCRIPTION_COUNT_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Periodic work: expiring cache slots (so memory stays flat) and sending
+/// coalesced subscription counts.
 async fn housekeeping(node: Arc<Node>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(30));
+    let mut cache = tokio::time::interval(Duration::from_secs(30));
+    let mut counts = tokio::time::interval(SUBSCRIPTION_COUNT_INTERVAL);
     loop {
-        tick.tick().await;
-        for hub in node.hubs() {
-            hub.expire_cache();
+        tokio::select! {
+            _ = cache.tick() => node.hubs().for_each(|hub| hub.expire_cache()),
+            _ = counts.tick() => node.hubs().for_each(|hub| hub.flush_subscription_counts()),
         }
     }
 }
