@@ -22,6 +22,7 @@
 //! deliveries (expected minus received), never hidden in an average.
 
 pub mod broadcast;
+pub mod cli;
 pub mod client;
 pub mod connect;
 pub mod fanout;

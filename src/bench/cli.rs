@@ -1,0 +1,266 @@
+//! The `herald bench` command line: clap arguments for each scenario and
+//! the glue from flags to a scenario's params struct and its report files.
+//! Kept out of `main.rs` so the binary's entry point stays a dispatcher.
+
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    scenario: BenchScenario,
+}
+
+#[derive(Subcommand)]
+enum BenchScenario {
+    /// Ramping users on one private channel; one in five sends (default
+    /// --clients 1000 peak users, --duration 120s).
+    Broadcast(BroadcastArgs),
+    /// Connection avalanche: N clients connect and subscribe at once
+    /// (default --clients 1000); --sweep 1000,2000,... for increasing N.
+    Connect(ConnectArgs),
+    /// HTTP publishers to subscribers over several channels (default
+    /// --clients 1000 subscribers, --duration 30s).
+    Fanout(FanoutArgs),
+    /// Many idle subscribed connections; server memory per connection
+    /// with --server-pid (default --clients 1000, --duration 10s hold).
+    Idle(IdleArgs),
+}
+
+#[derive(Args, Clone)]
+struct BenchCommon {
+    /// Server to load (loopback only unless --allow-remote).
+    #[arg(long, default_value = "ws://127.0.0.1:8080")]
+    url: String,
+    #[arg(long, default_value = crate::config::DEV_APP_ID)]
+    app_id: String,
+    #[arg(long, default_value = crate::config::DEV_APP_KEY)]
+    key: String,
+    #[arg(long, default_value = crate::config::DEV_APP_SECRET)]
+    secret: String,
+    /// Clients: peak users (broadcast), N (connect, idle), subscribers (fanout).
+    #[arg(long)]
+    clients: Option<usize>,
+    /// Ramp time (broadcast), publishing time (fanout), hold time (idle).
+    #[arg(long, value_parser = super::parse_duration)]
+    duration: Option<std::time::Duration>,
+    /// Write every figure as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an HTML report (histograms, timeline) to this file.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// The server's pid: report its CPU and memory from /proc.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Seconds each client may take to connect, and to subscribe.
+    #[arg(long, default_value = "30s", value_parser = super::parse_duration)]
+    timeout: std::time::Duration,
+    /// No progress line on stderr.
+    #[arg(long)]
+    no_progress: bool,
+    /// Allow a target that is not a loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ViaArg {
+    Ws,
+    Http,
+}
+
+#[derive(Args)]
+struct BroadcastArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// How senders send: client events (ws) or HTTP API publishes (http).
+    #[arg(long, value_enum, default_value = "ws")]
+    via: ViaArg,
+    /// How long each user lives before reconnecting.
+    #[arg(long, default_value = "45s", value_parser = super::parse_duration)]
+    lifetime: std::time::Duration,
+    /// One user in this many is a sender.
+    #[arg(long, default_value_t = 5)]
+    sender_every: usize,
+    /// A sender's tick.
+    #[arg(long, default_value = "200ms", value_parser = super::parse_duration)]
+    send_interval: std::time::Duration,
+    /// Chance a sender sends on each tick.
+    #[arg(long, default_value_t = 0.4)]
+    send_probability: f64,
+    #[arg(long, default_value = "private-benchmark")]
+    channel: String,
+}
+
+#[derive(Args)]
+struct ConnectArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Run increasing N, e.g. 1000,2000,5000,10000,20000.
+    #[arg(long, value_delimiter = ',')]
+    sweep: Option<Vec<usize>>,
+    #[arg(long, default_value = "benchmark-connect")]
+    channel: String,
+    /// Keep every connection open until all N have settled, instead of each
+    /// client disconnecting right after its own confirmation.
+    #[arg(long)]
+    hold: bool,
+}
+
+#[derive(Args)]
+struct FanoutArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Channels the subscribers are spread over.
+    #[arg(long, default_value_t = 10)]
+    channels: usize,
+    /// Concurrent HTTP publishers.
+    #[arg(long, default_value_t = 10)]
+    publishers: usize,
+    /// Publishes per second, all publishers together.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// Longest wait for outstanding deliveries after the last publish.
+    #[arg(long, default_value = "5s", value_parser = super::parse_duration)]
+    drain: std::time::Duration,
+}
+
+#[derive(Args)]
+struct IdleArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Channels each connection subscribes to (K).
+    #[arg(long, default_value_t = 1)]
+    channels: usize,
+    /// Distinct channel names the subscriptions are spread over.
+    #[arg(long, default_value_t = 100)]
+    channel_pool: usize,
+    /// Connections opened at once.
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+}
+
+/// Run `herald bench <scenario>`: parse-free entry for `main`.
+pub fn run(args: BenchArgs) -> ExitCode {
+    use super::{broadcast, connect, fanout, idle, Target};
+    let common = match &args.scenario {
+        BenchScenario::Broadcast(a) => a.common.clone(),
+        BenchScenario::Connect(a) => a.common.clone(),
+        BenchScenario::Fanout(a) => a.common.clone(),
+        BenchScenario::Idle(a) => a.common.clone(),
+    };
+    let target = match Target::new(
+        &common.url,
+        &common.app_id,
+        &common.key,
+        &common.secret,
+        common.allow_remote,
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("herald bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("herald bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let progress = !common.no_progress;
+    let result = runtime.block_on(async {
+        super::now_us();
+        match args.scenario {
+            BenchScenario::Broadcast(a) => {
+                let mut p = broadcast::BroadcastParams::new(target);
+                p.peak = common.clients.unwrap_or(p.peak);
+                p.duration = common.duration.unwrap_or(p.duration);
+                p.lifetime = a.lifetime;
+                p.sender_every = a.sender_every;
+                p.send_interval = a.send_interval;
+                p.send_probability = a.send_probability;
+                p.channel = a.channel;
+                p.via = match a.via {
+                    ViaArg::Ws => broadcast::Via::Ws,
+                    ViaArg::Http => broadcast::Via::Http,
+                };
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                broadcast::run(&p).await
+            }
+            BenchScenario::Connect(a) => {
+                let mut p = connect::ConnectParams::new(target);
+                p.clients = common.clients.unwrap_or(p.clients);
+                p.channel = a.channel;
+                p.hold = a.hold;
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                match a.sweep {
+                    Some(steps) => {
+                        connect::sweep(&connect::SweepParams {
+                            base: p,
+                            steps,
+                            pause: std::time::Duration::from_secs(3),
+                        })
+                        .await
+                    }
+                    None => connect::run(&p).await,
+                }
+            }
+            BenchScenario::Fanout(a) => {
+                let mut p = fanout::FanoutParams::new(target);
+                p.subscribers = common.clients.unwrap_or(p.subscribers);
+                p.duration = common.duration.unwrap_or(p.duration);
+                p.channels = a.channels;
+                p.publishers = a.publishers;
+                p.rate = a.rate;
+                p.drain = a.drain;
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                fanout::run(&p).await
+            }
+            BenchScenario::Idle(a) => {
+                let mut p = idle::IdleParams::new(target);
+                p.clients = common.clients.unwrap_or(p.clients);
+                p.hold = common.duration.unwrap_or(p.hold);
+                p.channels_per_client = a.channels;
+                p.channel_pool = a.channel_pool;
+                p.concurrency = a.concurrency;
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                idle::run(&p).await
+            }
+        }
+    });
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("herald bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", report.summary());
+    let mut code = ExitCode::SUCCESS;
+    if let Some(path) = &common.json {
+        let text = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("herald bench: cannot write {}: {e}", path.display());
+            code = ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = &common.html {
+        if let Err(e) = std::fs::write(path, report.html()) {
+            eprintln!("herald bench: cannot write {}: {e}", path.display());
+            code = ExitCode::FAILURE;
+        }
+    }
+    code
+}
