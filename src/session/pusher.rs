@@ -140,13 +140,19 @@ impl Session {
         tokio::pin!(timer);
         let conn = self.conn.clone();
         let node = self.node.clone();
+        // Created once, not per loop turn: registering a waiter takes the
+        // Notify's lock, and this loop turns once per delivered batch.
+        let close_requested = conn.close_requested();
+        tokio::pin!(close_requested);
+        let shutdown = node.shutdown.cancelled();
+        tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 biased;
-                code = conn.close_requested() => {
+                code = &mut close_requested => {
                     return Some((code, close_message(code).into()));
                 }
-                _ = node.shutdown.cancelled() => {
+                _ = &mut shutdown => {
                     return Some((code::RECONNECT, close_message(code::RECONNECT).into()));
                 }
                 msg = socket.recv() => {
