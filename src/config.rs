@@ -95,6 +95,8 @@ pub struct AppConfig {
     pub cache_ttl: u64,
     /// Frames queued for one connection before it is closed as too slow.
     pub outbound_queue: usize,
+    /// Bytes queued for one connection before it is closed as too slow.
+    pub outbound_bytes: usize,
 }
 
 impl Default for AppConfig {
@@ -119,6 +121,7 @@ impl Default for AppConfig {
             subscription_count: false,
             cache_ttl: 1800,
             outbound_queue: 1024,
+            outbound_bytes: 1024 * 1024,
         }
     }
 }
@@ -316,11 +319,18 @@ impl Config {
                 ("max_presence_user_info", app.max_presence_user_info),
                 ("max_presence_user_id", app.max_presence_user_id),
                 ("outbound_queue", app.outbound_queue),
+                ("outbound_bytes", app.outbound_bytes),
             ];
             for (field, value) in positive {
                 if value == 0 {
                     return Err(invalid(k(field), "must be positive"));
                 }
+            }
+            if app.outbound_bytes < 64 * 1024 {
+                return Err(invalid(
+                    k("outbound_bytes"),
+                    "must be at least 65536 (it must hold the largest frame sent, e.g. a full presence member list)",
+                ));
             }
             if app.max_frame_size < 1024 {
                 return Err(invalid(k("max_frame_size"), "must be at least 1024 bytes"));

@@ -4,18 +4,26 @@
 //!
 //! The handle is deliberately small; everything only the session needs
 //! (subscriptions, rate counters, the socket itself) lives in the session
-//! task, not here. A full queue means the client reads slower than we
-//! publish: rather than buffer without bound, the connection is closed with
-//! the protocol's "over capacity" code and the client reconnects.
+//! task, not here. The queue is bounded twice, in frames and in bytes: a
+//! full queue means the client reads slower than we publish, and rather than
+//! buffer without bound the connection is closed with the protocol's "over
+//! capacity" code and the client reconnects.
 
 use crate::fanout::Frame;
 use crate::protocol::pusher::code;
 use crate::protocol::Protocol;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use tokio::sync::{mpsc, Notify};
 
 /// Process-unique connection number; the key in every registry.
 pub type ConnId = u64;
+
+/// How much may wait in one connection's outbound queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimit {
+    pub frames: usize,
+    pub bytes: usize,
+}
 
 pub struct Connection {
     pub id: ConnId,
@@ -23,6 +31,9 @@ pub struct Connection {
     pub socket_id: Box<str>,
     pub protocol: Protocol,
     tx: mpsc::Sender<Frame>,
+    /// Bytes of the frames queued and not yet taken by the writer.
+    queued_bytes: AtomicUsize,
+    max_bytes: usize,
     close: Notify,
     /// 0 while open; otherwise the close code somebody asked for (first wins).
     close_code: AtomicU16,
@@ -34,32 +45,53 @@ impl Connection {
         id: ConnId,
         socket_id: String,
         protocol: Protocol,
-        queue: usize,
+        limit: QueueLimit,
     ) -> (Connection, mpsc::Receiver<Frame>) {
-        let (tx, rx) = mpsc::channel(queue);
+        let (tx, rx) = mpsc::channel(limit.frames);
         let conn = Connection {
             id,
             socket_id: socket_id.into_boxed_str(),
             protocol,
             tx,
+            queued_bytes: AtomicUsize::new(0),
+            max_bytes: limit.bytes,
             close: Notify::new(),
             close_code: AtomicU16::new(0),
         };
         (conn, rx)
     }
 
-    /// Queue a frame without waiting. A full queue closes the connection as
-    /// too slow; returns whether the frame was queued.
+    /// Queue a frame without waiting. A full queue (in frames or bytes)
+    /// closes the connection as too slow; returns whether it was queued.
     pub fn send(&self, frame: Frame) -> bool {
+        let len = frame.len();
+        if self.queued_bytes.fetch_add(len, Ordering::AcqRel) + len > self.max_bytes {
+            self.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+            self.too_slow();
+            return false;
+        }
         match self.tx.try_send(frame) {
             Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                crate::metrics::count(&crate::metrics::SLOW_CLIENTS_CLOSED);
-                self.close(code::OVER_CAPACITY);
+            Err(e) => {
+                self.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+                if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                    self.too_slow();
+                }
                 false
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
+    }
+
+    /// The writer took `frame` off the queue.
+    pub fn dequeued(&self, frame: &Frame) {
+        self.queued_bytes.fetch_sub(frame.len(), Ordering::AcqRel);
+    }
+
+    fn too_slow(&self) {
+        if self.close_code.load(Ordering::Acquire) == 0 {
+            crate::metrics::count(&crate::metrics::SLOW_CLIENTS_CLOSED);
+        }
+        self.close(code::OVER_CAPACITY);
     }
 
     /// Ask the session to close with `code`. Only the first request counts.
@@ -82,5 +114,43 @@ impl Connection {
             }
             self.close.notified().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(n: usize) -> Frame {
+        "x".repeat(n).into()
+    }
+
+    #[tokio::test]
+    async fn queue_is_bounded_in_bytes() {
+        let limit = QueueLimit {
+            frames: 16,
+            bytes: 100,
+        };
+        let (conn, mut rx) = Connection::new(1, "1.1".into(), Protocol::Pusher, limit);
+        assert!(conn.send(frame(60)));
+        assert!(!conn.send(frame(60)), "160 bytes exceed the 100-byte bound");
+        assert_eq!(conn.close_requested().await, code::OVER_CAPACITY);
+        // Bytes taken by the writer free room again.
+        let f = rx.recv().await.unwrap();
+        conn.dequeued(&f);
+        assert!(conn.send(frame(90)));
+    }
+
+    #[tokio::test]
+    async fn queue_is_bounded_in_frames() {
+        let limit = QueueLimit {
+            frames: 2,
+            bytes: 1 << 20,
+        };
+        let (conn, _rx) = Connection::new(1, "1.1".into(), Protocol::Pusher, limit);
+        assert!(conn.send(frame(1)));
+        assert!(conn.send(frame(1)));
+        assert!(!conn.send(frame(1)));
+        assert_eq!(conn.close_requested().await, code::OVER_CAPACITY);
     }
 }

@@ -575,7 +575,13 @@ fn send_to_all(ch: &Channel, except: Option<ConnId>, event: &mut EncodeOnce<'_>)
 mod tests {
     use super::*;
     use crate::broker::local::LocalBroker;
+    use crate::connection::QueueLimit;
     use crate::protocol::Protocol;
+
+    const LIMIT: QueueLimit = QueueLimit {
+        frames: 16,
+        bytes: 1 << 20,
+    };
 
     fn hub(app: AppConfig) -> Hub {
         Hub::new(app, 1, Arc::new(LocalBroker::new()))
@@ -589,7 +595,7 @@ mod tests {
         });
         let mut queues = Vec::new();
         for i in 0..50u64 {
-            let (conn, rx) = Connection::new(i, format!("1.{i}"), Protocol::Pusher, 16);
+            let (conn, rx) = Connection::new(i, format!("1.{i}"), Protocol::Pusher, LIMIT);
             let conn = Arc::new(conn);
             assert_eq!(hub.subscribe(&conn, "room", None, None).unwrap(), true);
             queues.push((conn, rx));
@@ -616,7 +622,7 @@ mod tests {
     #[test]
     fn counts_are_not_tracked_when_disabled() {
         let hub = hub(AppConfig::development());
-        let (conn, _rx) = Connection::new(1, "1.1".into(), Protocol::Pusher, 16);
+        let (conn, _rx) = Connection::new(1, "1.1".into(), Protocol::Pusher, LIMIT);
         hub.subscribe(&Arc::new(conn), "room", None, None).unwrap();
         assert!(hub.counts_changed.lock().unwrap().is_empty());
     }

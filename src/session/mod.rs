@@ -9,6 +9,7 @@
 
 pub mod pusher;
 
+use crate::connection::Connection;
 use crate::fanout::Frame;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::SinkExt;
@@ -26,14 +27,19 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Write `first` and whatever else is already queued, then flush.
 pub async fn write_batch(
     socket: &mut WebSocket,
+    conn: &Connection,
     first: Frame,
     rx: &mut mpsc::Receiver<Frame>,
 ) -> Result<(), ()> {
     let work = async {
+        conn.dequeued(&first);
         socket.feed(Message::Text(first)).await?;
         for _ in 1..MAX_BATCH {
             match rx.try_recv() {
-                Ok(frame) => socket.feed(Message::Text(frame)).await?,
+                Ok(frame) => {
+                    conn.dequeued(&frame);
+                    socket.feed(Message::Text(frame)).await?
+                }
                 Err(_) => break,
             }
         }

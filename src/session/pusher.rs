@@ -2,7 +2,7 @@
 //! keep-alive, and the mapping from client commands to hub operations.
 
 use super::{answer_close, close, write_batch, RateWindow};
-use crate::connection::Connection;
+use crate::connection::{Connection, QueueLimit};
 use crate::fanout::{Frame, Publication};
 use crate::hub::channel::{ChannelKind, SERVER_TO_USER_PREFIX};
 use crate::hub::Hub;
@@ -94,7 +94,11 @@ enum Next {
 /// Run an admitted connection until it closes.
 pub async fn run(node: Arc<Node>, hub: Arc<Hub>, mut socket: WebSocket) {
     let (id, socket_id) = node.next_connection();
-    let (conn, mut rx) = Connection::new(id, socket_id, Protocol::Pusher, hub.app.outbound_queue);
+    let limit = QueueLimit {
+        frames: hub.app.outbound_queue,
+        bytes: hub.app.outbound_bytes,
+    };
+    let (conn, mut rx) = Connection::new(id, socket_id, Protocol::Pusher, limit);
     let conn = Arc::new(conn);
     metrics::count(&metrics::CONNECTIONS_OPENED);
     let mut s = Session {
@@ -175,7 +179,7 @@ impl Session {
                 // After reads: a busy channel must not starve the client's pongs.
                 frame = rx.recv() => {
                     let frame = frame?;
-                    if write_batch(socket, frame, rx).await.is_err() {
+                    if write_batch(socket, &conn, frame, rx).await.is_err() {
                         return None;
                     }
                 }
