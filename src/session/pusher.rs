@@ -124,8 +124,7 @@ pub async fn run(node: Arc<Node>, hub: Arc<Hub>, mut socket: WebSocket) {
         )
         .await;
     }
-    hub.release();
-    metrics::count(&metrics::CONNECTIONS_CLOSED);
+    // Dropping `s` releases the connection (see `Drop for Session`).
 }
 
 impl Session {
@@ -414,6 +413,7 @@ impl Session {
     }
 
     /// Leave every channel and sign out, so no registry keeps this socket.
+    /// Idempotent: runs early (before the closing handshake) and again on drop.
     fn cleanup(&mut self) {
         for channel in std::mem::take(&mut self.channels) {
             self.hub.unsubscribe(&self.conn, &channel);
@@ -421,6 +421,17 @@ impl Session {
         if let Some((user, watchlist)) = self.user.take() {
             self.hub.sign_out(&self.conn, &user, &watchlist);
         }
+    }
+}
+
+/// Unregistering happens on drop, so even a session that ends abnormally
+/// (a panic, an aborted task) leaves no stale entry in the hub and gives its
+/// connection slot back.
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.cleanup();
+        self.hub.release();
+        metrics::count(&metrics::CONNECTIONS_CLOSED);
     }
 }
 
