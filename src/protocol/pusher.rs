@@ -167,6 +167,11 @@ fn decode_data<T: serde::de::DeserializeOwned>(
 /// Parse one client text frame.
 pub fn parse(text: &str) -> Result<ClientMessage, ParseError> {
     let env: Envelope = serde_json::from_str(text).map_err(|e| ParseError::Json(e.to_string()))?;
+    // serde also accepts a struct written as a JSON array; the protocol's
+    // frames are objects.
+    if !text.trim_start().starts_with('{') {
+        return Err(ParseError::Shape("a frame must be a JSON object".into()));
+    }
     let event = env
         .event
         .ok_or_else(|| ParseError::Shape("missing `event`".into()))?;
@@ -462,6 +467,10 @@ mod tests {
     fn rejects_bad_shapes() {
         assert!(matches!(parse("nope"), Err(ParseError::Json(_))));
         assert!(matches!(parse("[]"), Err(ParseError::Json(_))));
+        assert!(matches!(
+            parse(r#"["client-x","private-a",{}]"#),
+            Err(ParseError::Shape(_))
+        ));
         assert!(matches!(parse(r#"{"data":1}"#), Err(ParseError::Shape(_))));
         assert!(matches!(
             parse(r#"{"event":"pusher:subscribe"}"#),
