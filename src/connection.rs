@@ -63,7 +63,13 @@ impl Connection {
 
     /// Queue a frame without waiting. A full queue (in frames or bytes)
     /// closes the connection as too slow; returns whether it was queued.
+    /// A connection asked to close takes nothing more: the client must see
+    /// the close reason right after what was queued before it, not after
+    /// frames published since (and they would be wasted work anyway).
     pub fn send(&self, frame: Frame) -> bool {
+        if self.close_code.load(Ordering::Acquire) != 0 {
+            return false;
+        }
         let len = frame.len();
         if self.queued_bytes.fetch_add(len, Ordering::AcqRel) + len > self.max_bytes {
             self.queued_bytes.fetch_sub(len, Ordering::AcqRel);
@@ -135,10 +141,25 @@ mod tests {
         assert!(conn.send(frame(60)));
         assert!(!conn.send(frame(60)), "160 bytes exceed the 100-byte bound");
         assert_eq!(conn.close_requested().await, code::OVER_CAPACITY);
-        // Bytes taken by the writer free room again.
+        // Bytes taken by the writer free room, but a connection that is
+        // closing takes nothing more.
         let f = rx.recv().await.unwrap();
         conn.dequeued(&f);
-        assert!(conn.send(frame(90)));
+        assert!(!conn.send(frame(10)));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn taken_bytes_free_room() {
+        let limit = QueueLimit {
+            frames: 16,
+            bytes: 100,
+        };
+        let (conn, mut rx) = Connection::new(1, "1.1".into(), Protocol::Pusher, limit);
+        assert!(conn.send(frame(60)));
+        let f = rx.recv().await.unwrap();
+        conn.dequeued(&f);
+        assert!(conn.send(frame(90)), "the writer took the first 60 bytes");
     }
 
     #[tokio::test]

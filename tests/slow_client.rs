@@ -11,7 +11,9 @@ use serde_json::json;
 async fn a_client_that_stops_reading_is_closed_and_others_get_everything() {
     // A frame bound far above what is sent: only the byte bound can trip.
     let s = Server::start_with("", "outbound_bytes = 262144\noutbound_queue = 100000").await;
-    let mut slow = s.client().await;
+    // A small fixed receive buffer: what the kernel may hold for a client
+    // that reads nothing must stay small whatever the machine's sysctls.
+    let mut slow = s.client_with_recv_buffer(64 * 1024).await;
     slow.subscribe_raw("firehose", None, None).await;
     slow.expect("pusher_internal:subscription_succeeded", Some("firehose"))
         .await;
@@ -34,12 +36,19 @@ async fn a_client_that_stops_reading_is_closed_and_others_get_everything() {
         }
     });
 
-    // 30 MB: far more than the kernel's socket buffers plus the 256 KiB
-    // queue can hold for a client that reads nothing. `slow` is not read
-    // from during this loop.
+    // Publish 100 KB batches until the server reports the slow client
+    // closed: the kernel's buffers (the slow client's 64 KiB receive
+    // buffer, the server's send buffer of at most `net.ipv4.tcp_wmem`'s
+    // maximum, 4 MiB by default) and the 256 KiB queue fill after a few
+    // megabytes. `slow` is not read from during this loop.
     let payload = "x".repeat(10_000);
     let path = format!("/apps/{APP_ID}/batch_events");
-    for _ in 0..300 {
+    let mut sent = 0;
+    while slow_clients_closed(&s).await == 0 {
+        assert!(
+            sent < 3000,
+            "the slow client was never cut off after {sent} events"
+        );
         let batch: Vec<_> = (0..10)
             .map(|_| json!({ "channel": "firehose", "name": "bulk", "data": payload }))
             .collect();
@@ -47,11 +56,12 @@ async fn a_client_that_stops_reading_is_closed_and_others_get_everything() {
             .api("POST", &path, &json!({ "batch": batch }).to_string())
             .await;
         assert_eq!(status, 200, "{reply}");
+        sent += 10;
     }
     s.trigger("firehose", "done", "{}").await;
     assert_eq!(
         reader.await.unwrap(),
-        3000,
+        sent,
         "the healthy client lost messages"
     );
 
@@ -69,16 +79,18 @@ async fn a_client_that_stops_reading_is_closed_and_others_get_everything() {
             _ => panic!("unexpected frame {f}"),
         }
     }
-    assert!(bulk < 3000, "the slow client was never cut off");
+    assert!(bulk < sent, "the slow client was never cut off");
     slow.expect_close(4100).await;
+    assert_eq!(slow_clients_closed(&s).await, 1);
+}
 
+/// `herald_slow_clients_closed_total` from the server's metrics.
+async fn slow_clients_closed(s: &Server) -> u64 {
     let (status, metrics) = s.raw_api("GET", "/metrics", "", "").await;
     assert_eq!(status, 200);
     let text = metrics.as_str().unwrap_or_default().to_owned();
-    let closed: u64 = text
-        .lines()
+    text.lines()
         .find_map(|l| l.strip_prefix("herald_slow_clients_closed_total "))
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(closed >= 1, "{text}");
+        .unwrap_or_else(|| panic!("no herald_slow_clients_closed_total in {text}"))
 }

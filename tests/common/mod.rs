@@ -151,6 +151,13 @@ impl Server {
         Client::connect(&self.ws_url(APP_KEY, "?protocol=7&client=js&version=8.4.0")).await
     }
 
+    /// A Pusher client on the test app with a small, fixed kernel receive
+    /// buffer (see [`Client::connect_with_recv_buffer`]).
+    pub async fn client_with_recv_buffer(&self, bytes: u32) -> Client {
+        let url = self.ws_url(APP_KEY, "?protocol=7&client=js&version=8.4.0");
+        Client::connect_with_recv_buffer(&url, bytes).await
+    }
+
     /// A raw WebSocket, before any Pusher frame was read.
     pub async fn raw_ws(&self, key: &str, query: &str) -> Ws {
         let (ws, _) = tokio::time::timeout(
@@ -261,10 +268,41 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(url: &str) -> Client {
-        let (mut ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(url))
+        let (ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(url))
             .await
             .expect("connect timed out")
             .expect("connect");
+        Client::established(ws).await
+    }
+
+    /// A client whose socket has a fixed kernel receive buffer of about
+    /// `bytes`. Setting it turns off the kernel's receive-buffer autotuning,
+    /// which on some machines (`net.ipv4.tcp_rmem` max 32 MiB) would let a
+    /// client that never reads absorb tens of megabytes: tests of slow
+    /// clients must not depend on the machine's sysctls.
+    pub async fn connect_with_recv_buffer(url: &str, bytes: u32) -> Client {
+        let addr = url
+            .strip_prefix("ws://")
+            .and_then(|rest| rest.split('/').next())
+            .expect("a ws:// URL");
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        let stream = tokio::time::timeout(TIMEOUT, socket.connect(addr.parse().expect("addr")))
+            .await
+            .expect("connect timed out")
+            .expect("connect");
+        let (ws, _) = tokio::time::timeout(
+            TIMEOUT,
+            tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream)),
+        )
+        .await
+        .expect("handshake timed out")
+        .expect("handshake");
+        Client::established(ws).await
+    }
+
+    /// Read `connection_established` on a fresh socket.
+    async fn established(mut ws: Ws) -> Client {
         let established = match next(&mut ws).await {
             Next::Frame(f) => f,
             Next::Close(c) => panic!("closed ({c:?}) before connection_established"),
