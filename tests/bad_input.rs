@@ -1,6 +1,7 @@
 //! Hostile or broken client input. Each case checks what the offending
 //! client sees, then that a healthy client on the same server still gets a
-//! broadcast (the server neither crashed nor wedged).
+//! broadcast (the server neither crashed nor wedged); the oversize-frame and
+//! invalid-channel cases also check that `/metrics` counted them.
 
 mod common;
 
@@ -10,22 +11,6 @@ use serde_json::json;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::Message;
-
-/// A subscribed client that must keep receiving broadcasts.
-async fn bystander(server: &Server) -> Client {
-    let mut c = server.client().await;
-    c.subscribe("healthy").await;
-    c
-}
-
-async fn still_healthy(server: &Server, c: &mut Client) {
-    server.trigger("healthy", "still-here", "ok").await;
-    let f = c.expect("still-here", Some("healthy")).await;
-    assert_eq!(f["data"], "ok");
-    // And new clients can still connect and subscribe.
-    let mut fresh = server.client().await;
-    fresh.subscribe("healthy").await;
-}
 
 #[tokio::test]
 async fn non_json_and_wrong_shapes_get_pusher_error_and_keep_the_connection() {
@@ -87,9 +72,15 @@ async fn oversize_message_closes_with_1009() {
     let server = Server::start_with("", "max_frame_size = 4096").await;
     let mut healthy = bystander(&server).await;
     let mut bad = server.client().await;
+    let before = server.metric("herald_bad_messages_total").await;
     let big = json!({ "event": "client-x", "channel": "private-a", "data": "x".repeat(5000) });
     bad.send(big).await;
     expect_close_code(&mut bad, 1009).await;
+    assert_eq!(
+        server.metric("herald_bad_messages_total").await,
+        before + 1,
+        "the oversize frame is counted once"
+    );
     still_healthy(&server, &mut healthy).await;
 }
 
@@ -148,19 +139,27 @@ async fn subscribe_garbage_channels_get_subscription_errors() {
     let server = Server::start().await;
     let mut healthy = bystander(&server).await;
     let mut bad = server.client().await;
-    for name in [
+    let before = server.metric("herald_subscription_errors_total").await;
+    let names = [
         "#server-to-user-someone",
         "presence-",
         "\u{202e}rtl",
         "a\u{0}b",
+        "has space",
         &"é".repeat(100),
         &"x".repeat(10_000),
-    ] {
+    ];
+    for name in names {
         bad.subscribe_raw(name, Some("k:sig"), Some("{}")).await;
         let f = bad.expect("pusher:subscription_error", None).await;
         let shown = f["channel"].as_str().unwrap_or("");
         assert!(shown.chars().count() <= 200, "echoed name is bounded");
     }
+    assert_eq!(
+        server.metric("herald_subscription_errors_total").await,
+        before + names.len() as u64,
+        "each refused subscription is counted"
+    );
     still_healthy(&server, &mut healthy).await;
 }
 

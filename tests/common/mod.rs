@@ -201,6 +201,17 @@ impl Server {
         (status, value)
     }
 
+    /// The current value of a `/metrics` counter or gauge.
+    pub async fn metric(&self, name: &str) -> u64 {
+        let (status, body) = self.raw_api("GET", "/metrics", "", "").await;
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        let text = body.as_str().unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    }
+
     /// Publish `data` (a string) as `event` on `channel`; asserts 200.
     pub async fn trigger(&self, channel: &str, event: &str, data: &str) {
         let body = json!({ "name": event, "channel": channel, "data": data }).to_string();
@@ -428,6 +439,25 @@ impl Client {
     }
 }
 
+/// A client subscribed to `healthy` that must keep receiving broadcasts
+/// while other clients misbehave.
+pub async fn bystander(server: &Server) -> Client {
+    let mut c = server.client().await;
+    c.subscribe("healthy").await;
+    c
+}
+
+/// The bystander still gets a broadcast, and a new client can connect and
+/// subscribe: the server neither crashed nor wedged.
+pub async fn still_healthy(server: &Server, c: &mut Client) {
+    server.trigger("healthy", "still-here", "ok").await;
+    let f = c.expect("still-here", Some("healthy")).await;
+    assert_eq!(f["data"], "ok");
+    // And new clients can still connect and subscribe.
+    let mut fresh = server.client().await;
+    fresh.subscribe("healthy").await;
+}
+
 pub fn private_auth(socket_id: &str, channel: &str) -> String {
     herald::signing::token(
         APP_KEY,
@@ -447,4 +477,91 @@ pub fn presence_auth(socket_id: &str, channel: &str, channel_data: &str) -> Stri
 /// A close code as tungstenite reports it.
 pub fn close_code(c: CloseCode) -> u16 {
     u16::from(c)
+}
+
+// ----- a herald started by hand ------------------------------------------------
+
+/// A `herald serve` with exactly the given flags and `HERALD_*` variables
+/// (every other `HERALD_*` variable of the test's environment removed), its
+/// stderr in `dir/herald.log`; killed on drop. For tests of how the process
+/// reads its configuration; [`Server`] covers everything else.
+pub struct Spawned {
+    pub child: Child,
+    dir: PathBuf,
+}
+
+impl Spawned {
+    pub fn serve(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Spawned {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+        cmd.arg("serve").args(args);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("HERALD_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("herald.log")).expect("create log"));
+        Spawned {
+            child: cmd.spawn().expect("spawn herald"),
+            dir: dir.to_owned(),
+        }
+    }
+
+    /// The process's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("herald.log")).unwrap_or_default()
+    }
+
+    /// Wait until `host:port` answers `/ready` with 200. `Err` with the log
+    /// if the process exits first (most likely it lost its port to another
+    /// process: the caller retries with a new one); panics on timeout,
+    /// naming which of the `other` addresses answer instead.
+    pub async fn ready_on(
+        &mut self,
+        host: &str,
+        port: u16,
+        other: &[(&str, u16)],
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("herald exited ({status}):\n{}", self.log()));
+            }
+            if is_ready(host, port).await {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut elsewhere = Vec::new();
+        for &(h, p) in other {
+            if is_ready(h, p).await {
+                elsewhere.push(format!("{h}:{p}"));
+            }
+        }
+        panic!(
+            "herald is not serving on {host}:{port} (answering instead: {elsewhere:?}); log:\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a herald on `host:port` answers `/ready` with 200.
+pub async fn is_ready(host: &str, port: u16) -> bool {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("HTTP client");
+    matches!(
+        client.get(format!("http://{host}:{port}/ready")).send().await,
+        Ok(r) if r.status() == 200
+    )
 }
