@@ -86,10 +86,12 @@ test('binary frame → close 1003', async () => {
 });
 
 test('message over max_frame_size → close 1009', async () => {
+  const before = await metric(h, 'herald_bad_messages_total');
   const raw = rawClient(h, { key: STRICT.key });
   await raw.established();
   raw.send({ event: 'pusher:ping', data: { pad: 'x'.repeat(5000) } });
   assert.equal((await raw.closed).code, 1009);
+  assert.ok((await metric(h, 'herald_bad_messages_total')) > before, 'counted as a bad message');
   // Just under the limit is fine.
   const ok = rawClient(h, { key: STRICT.key });
   await ok.established();
@@ -115,6 +117,7 @@ test('invalid UTF-8 in a text frame → close 1007', async () => {
 });
 
 test('invalid channel names → pusher:subscription_error InvalidChannel 400', async () => {
+  const before = await metric(h, 'herald_subscription_errors_total');
   const raw = rawClient(h);
   await raw.established();
   for (const name of ['', 'has space', 'emoji-😀', 'slash/channel', 'x'.repeat(165), 'private-', 'presence-']) {
@@ -128,6 +131,7 @@ test('invalid channel names → pusher:subscription_error InvalidChannel 400', a
       assert.equal(err.data.status, 400, name);
     }
   }
+  assert.ok((await metric(h, 'herald_subscription_errors_total')) >= before + 7, 'each refusal is counted');
   // 164 characters is the limit and is accepted.
   const ok = await raw.subscribe('y'.repeat(164));
   assert.equal(ok.event, 'pusher_internal:subscription_succeeded');
