@@ -225,8 +225,13 @@ async fn malformed_requests_are_400() {
             json!({ "name": "e", "channel": "a", "data": "x", "socket_id": "abc" }).to_string(),
         ),
         (
-            "unknown field",
-            json!({ "name": "e", "channel": "a", "data": "x", "extra": 1 }).to_string(),
+            "subscription_count while counting is off",
+            json!({ "name": "e", "channel": "a", "data": "x", "info": "subscription_count" })
+                .to_string(),
+        ),
+        (
+            "multi-byte event name of 201 characters",
+            json!({ "name": "é".repeat(201), "channel": "a", "data": "x" }).to_string(),
         ),
         (
             "unknown info",
@@ -274,8 +279,52 @@ async fn batch_is_validated_before_anything_is_published() {
 }
 
 #[tokio::test]
-async fn channel_queries() {
+async fn unknown_body_fields_are_ignored_as_pusher_does() {
     let server = Server::start().await;
+    let mut c = server.client().await;
+    c.subscribe("tolerant").await;
+    // Names are limited in characters, not bytes: 200 two-byte characters pass.
+    let name = "é".repeat(200);
+    let body = json!({
+        "name": name, "channel": "tolerant", "data": "x",
+        "some_future_field": { "a": 1 }, "async": true,
+    })
+    .to_string();
+    let (status, reply) = server.api("POST", &events_path(), &body).await;
+    assert_eq!(status, 200, "{reply}");
+    c.expect(&name, Some("tolerant")).await;
+}
+
+#[tokio::test]
+async fn subscription_count_is_refused_while_counting_is_off() {
+    // Pusher: asking for subscription_count when the app has subscription
+    // counting disabled is an error.
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    a.subscribe("news").await;
+    for (rel, extra) in [
+        ("/channels/news", vec![("info", "subscription_count")]),
+        ("/channels", vec![("info", "subscription_count")]),
+    ] {
+        let (status, reply) = api_get(&server, rel, &extra).await;
+        assert_eq!(status, 400, "{rel}: {reply}");
+        assert!(
+            reply["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("subscription_count"),
+            "{reply}"
+        );
+    }
+    // The rest of the API still answers.
+    let (status, reply) = api_get(&server, "/channels/news", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(reply, json!({ "occupied": true }));
+}
+
+#[tokio::test]
+async fn channel_queries() {
+    let server = Server::start_with("", "subscription_count = true").await;
     let mut a = server.client().await;
     a.subscribe("news").await;
     a.subscribe_presence("presence-x", "u1", json!({})).await;
@@ -305,6 +354,16 @@ async fn channel_queries() {
     assert_eq!(
         reply,
         json!({ "channels": { "presence-x": { "user_count": 1 } } })
+    );
+
+    let (status, reply) = api_get(&server, "/channels", &[("info", "subscription_count")]).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply,
+        json!({ "channels": {
+            "news": { "subscription_count": 2 },
+            "presence-x": { "subscription_count": 1 },
+        } })
     );
 
     let (status, reply) = api_get(&server, "/channels/empty", &[]).await;

@@ -235,7 +235,7 @@ proptest! {
         let text = d.to_string();
         let limits = MemberLimits { max_user_id: max_id, max_user_info: max_info };
         let info_len = info.as_ref().map_or(0, |i| i.to_string().len());
-        let should = !user_id.is_empty() && user_id.len() <= max_id && info_len <= max_info;
+        let should = !user_id.is_empty() && user_id.chars().count() <= max_id && info_len <= max_info;
         match parse_channel_data(&text, &limits) {
             Ok(m) => {
                 prop_assert!(should, "accepted {}", text);

@@ -2,11 +2,13 @@
 // pusher-js clients.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once, connectionState } from '../lib/herald.mjs';
+import { startHerald, DEV_APP, once, connectionState } from '../lib/herald.mjs';
 import { channelAuth, collect, userAuth } from '../lib/raw.mjs';
 
 let h;
-before(async () => { h = await startHerald(); });
+// The development app's credentials with subscription counting on: these
+// tests read `info=subscription_count`, which Pusher answers only then.
+before(async () => { h = await startHerald({ apps: [{ ...DEV_APP, subscription_count: true }] }); });
 after(async () => { await h.stop(); });
 
 const sdk = () => h.server();
@@ -130,6 +132,15 @@ test('GET /channels lists occupied channels, with filter_by_prefix and info=user
   assert.deepEqual(presence, { channels: { 'presence-list': { user_count: 2 } } });
   const err = await rejection(sdk().get({ path: '/channels', params: { info: 'user_count' } }));
   assert.equal(err.status, 400, 'user_count needs a presence- prefix');
+  // subscription_count (on for this app) needs no prefix.
+  const counted = await (
+    await sdk().get({ path: '/channels', params: { filter_by_prefix: 'list-', info: 'subscription_count' } })
+  ).json();
+  assert.deepEqual(counted, { channels: { 'list-x': { subscription_count: 1 } } });
+  const both = await (
+    await sdk().get({ path: '/channels', params: { filter_by_prefix: 'presence-list', info: 'user_count,subscription_count' } })
+  ).json();
+  assert.deepEqual(both, { channels: { 'presence-list': { user_count: 2, subscription_count: 3 } } });
 });
 
 test('GET /channels/{name}: occupied, user_count, subscription_count', async () => {

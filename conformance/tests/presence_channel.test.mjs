@@ -2,12 +2,14 @@
 // first socket only, member_removed on its last socket only, counts.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once, connectionState } from '../lib/herald.mjs';
+import { startHerald, DEV_APP, once, connectionState } from '../lib/herald.mjs';
 import { createHmac } from 'node:crypto';
 import { channelAuth, collect, rawClient } from '../lib/raw.mjs';
 
 let h;
-before(async () => { h = await startHerald(); });
+// The development app's credentials with subscription counting on: these
+// tests read `info=subscription_count`, which Pusher answers only then.
+before(async () => { h = await startHerald({ apps: [{ ...DEV_APP, subscription_count: true }] }); });
 after(async () => { await h.stop(); });
 
 const as = (user_id, user_info) => channelAuth(h.server(), () => ({ user_id, user_info }));

@@ -2,11 +2,13 @@
 // with the `pusher` SDK's authorizeChannel; a wrong signature is refused.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once } from '../lib/herald.mjs';
+import { startHerald, DEV_APP, once } from '../lib/herald.mjs';
 import { channelAuth } from '../lib/raw.mjs';
 
 let h;
-before(async () => { h = await startHerald(); });
+// The development app's credentials with subscription counting on: these
+// tests read `info=subscription_count`, which Pusher answers only then.
+before(async () => { h = await startHerald({ apps: [{ ...DEV_APP, subscription_count: true }] }); });
 after(async () => { await h.stop(); });
 
 test('a correctly signed private subscription receives events', async () => {

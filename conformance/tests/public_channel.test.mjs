@@ -1,10 +1,12 @@
 // Public channels with pusher-js and the official `pusher` server SDK.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once } from '../lib/herald.mjs';
+import { startHerald, DEV_APP, once } from '../lib/herald.mjs';
 
 let h;
-before(async () => { h = await startHerald(); });
+// The development app's credentials with subscription counting on: these
+// tests read `info=subscription_count`, which Pusher answers only then.
+before(async () => { h = await startHerald({ apps: [{ ...DEV_APP, subscription_count: true }] }); });
 after(async () => { await h.stop(); });
 
 test('pusher-js receives an event triggered through the HTTP API', async () => {

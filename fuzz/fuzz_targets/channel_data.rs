@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(m) = parse_channel_data(text, &limits) {
         assert!(!m.user_id.is_empty());
-        assert!(m.user_id.len() <= limits.max_user_id);
+        assert!(m.user_id.chars().count() <= limits.max_user_id);
         if let Some(info) = &m.user_info {
             assert!(info.get().len() <= limits.max_user_info);
             // Grammar only: `1E605` is valid JSON that `serde_json::Value`

@@ -5,6 +5,7 @@
 
 pub mod auth;
 
+use crate::config::AppConfig;
 use crate::fanout::{json_string, Publication};
 use crate::hub::channel::{validate_publish_name, ChannelKind};
 use crate::hub::Hub;
@@ -116,8 +117,14 @@ fn query_param(uri: &Uri, name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-/// The attributes asked for with `info=a,b`.
-fn info_attributes(info: Option<&str>, allowed: &[&str]) -> Result<Vec<String>, ApiError> {
+/// The attributes asked for with `info=a,b`. `subscription_count` is only
+/// answered for apps with subscription counting on: Pusher documents that
+/// asking for it while the feature is disabled is an error.
+fn info_attributes(
+    app: &AppConfig,
+    info: Option<&str>,
+    allowed: &[&str],
+) -> Result<Vec<String>, ApiError> {
     let mut out = Vec::new();
     for attr in info
         .unwrap_or("")
@@ -134,14 +141,22 @@ fn info_attributes(info: Option<&str>, allowed: &[&str]) -> Result<Vec<String>, 
                 ),
             ));
         }
+        if attr == "subscription_count" && !app.subscription_count {
+            return Err(ApiError::new(
+                400,
+                "info=subscription_count needs subscription counting, which is off for this app \
+                 (set subscription_count = true in its config)",
+            ));
+        }
         out.push(attr.to_owned());
     }
     Ok(out)
 }
 
 /// One event to publish, as in `events` and each `batch_events` item.
+/// Unknown fields are ignored, as Pusher does: server SDKs add their own
+/// (and may add more), and refusing them would break a drop-in switch.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct EventRequest {
     name: String,
     data: Value,
@@ -152,22 +167,48 @@ struct EventRequest {
 }
 
 /// An event that passed validation, ready to publish.
-struct Checked {
-    name: String,
-    data: Box<serde_json::value::RawValue>,
-    channels: Vec<String>,
-    socket_id: Option<String>,
-    attrs: Vec<String>,
+#[derive(Debug)]
+pub struct Checked {
+    pub name: String,
+    /// `data` encoded once as a JSON string, as it goes on the wire.
+    pub data: Box<serde_json::value::RawValue>,
+    pub channels: Vec<String>,
+    pub socket_id: Option<String>,
+    /// The `info` attributes asked for.
+    pub attrs: Vec<String>,
 }
 
-/// Validate an event against the app's limits without publishing it, so a
-/// batch with one bad item publishes nothing.
-fn check(hub: &Hub, ev: EventRequest) -> Result<Checked, ApiError> {
-    let app = &hub.app;
+/// Parse and validate a `POST events` body against the app's limits.
+/// Pure (publishes nothing), so property tests and fuzzing can drive it.
+pub fn parse_event(app: &AppConfig, body: &[u8]) -> Result<Checked, ApiError> {
+    check(app, parse_body(body)?)
+}
+
+/// Parse and validate a whole `POST batch_events` body; one bad item fails
+/// the batch before anything is published.
+pub fn parse_batch(app: &AppConfig, body: &[u8]) -> Result<Vec<Checked>, ApiError> {
+    let req: BatchRequest = parse_body(body)?;
+    if req.batch.len() > MAX_BATCH_EVENTS {
+        return Err(ApiError::new(
+            400,
+            format!("A batch may hold at most {MAX_BATCH_EVENTS} events"),
+        ));
+    }
+    if req.batch.iter().any(|e| e.channels.is_some()) {
+        return Err(ApiError::new(
+            400,
+            "Batch events take `channel`, not `channels`",
+        ));
+    }
+    req.batch.into_iter().map(|ev| check(app, ev)).collect()
+}
+
+/// Validate an event against the app's limits without publishing it.
+fn check(app: &AppConfig, ev: EventRequest) -> Result<Checked, ApiError> {
     if ev.name.is_empty() {
         return Err(ApiError::new(400, "Event name must not be empty"));
     }
-    if ev.name.len() > app.max_event_name {
+    if ev.name.chars().count() > app.max_event_name {
         return Err(ApiError::new(
             400,
             format!(
@@ -225,7 +266,11 @@ fn check(hub: &Hub, ev: EventRequest) -> Result<Checked, ApiError> {
             return Err(ApiError::new(400, format!("Invalid socket_id {sid:?}")));
         }
     }
-    let attrs = info_attributes(ev.info.as_deref(), &["user_count", "subscription_count"])?;
+    let attrs = info_attributes(
+        app,
+        ev.info.as_deref(),
+        &["user_count", "subscription_count"],
+    )?;
     Ok(Checked {
         name: ev.name,
         data: json_string(&data),
@@ -290,9 +335,9 @@ fn is_socket_id(s: &str) -> bool {
 }
 
 async fn events(Signed { hub, body, .. }: Signed) -> ApiResult {
-    let ev: EventRequest = parse_body(&body)?;
-    let has_info = ev.info.is_some();
-    let info = publish(&hub, check(&hub, ev)?);
+    let ev = parse_event(&hub.app, &body)?;
+    let has_info = !ev.attrs.is_empty();
+    let info = publish(&hub, ev);
     Ok(Json(if has_info {
         json!({ "channels": info })
     } else {
@@ -301,31 +346,13 @@ async fn events(Signed { hub, body, .. }: Signed) -> ApiResult {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct BatchRequest {
     batch: Vec<EventRequest>,
 }
 
 async fn batch_events(Signed { hub, body, .. }: Signed) -> ApiResult {
-    let req: BatchRequest = parse_body(&body)?;
-    if req.batch.len() > MAX_BATCH_EVENTS {
-        return Err(ApiError::new(
-            400,
-            format!("A batch may hold at most {MAX_BATCH_EVENTS} events"),
-        ));
-    }
-    if req.batch.iter().any(|e| e.channels.is_some()) {
-        return Err(ApiError::new(
-            400,
-            "Batch events take `channel`, not `channels`",
-        ));
-    }
-    let any_info = req.batch.iter().any(|e| e.info.is_some());
-    let checked = req
-        .batch
-        .into_iter()
-        .map(|ev| check(&hub, ev))
-        .collect::<Result<Vec<_>, _>>()?;
+    let checked = parse_batch(&hub.app, &body)?;
+    let any_info = checked.iter().any(|e| !e.attrs.is_empty());
     let mut replies = Vec::with_capacity(checked.len());
     for ev in checked {
         let channel = ev.channels[0].clone();
@@ -341,8 +368,12 @@ async fn batch_events(Signed { hub, body, .. }: Signed) -> ApiResult {
 
 async fn channels(Signed { hub, uri, .. }: Signed) -> ApiResult {
     let prefix = query_param(&uri, "filter_by_prefix").unwrap_or_default();
-    let attrs = info_attributes(query_param(&uri, "info").as_deref(), &["user_count"])?;
-    if !attrs.is_empty() && !prefix.starts_with("presence-") {
+    let attrs = info_attributes(
+        &hub.app,
+        query_param(&uri, "info").as_deref(),
+        &["user_count", "subscription_count"],
+    )?;
+    if attrs.iter().any(|a| a == "user_count") && !prefix.starts_with("presence-") {
         return Err(ApiError::new(
             400,
             "info=user_count requires filter_by_prefix=presence-",
@@ -351,8 +382,13 @@ async fn channels(Signed { hub, uri, .. }: Signed) -> ApiResult {
     let mut out = Map::new();
     for (name, info) in hub.channels(&prefix) {
         let mut m = Map::new();
-        if !attrs.is_empty() {
-            m.insert("user_count".into(), json!(info.user_count));
+        for a in &attrs {
+            let n = if a == "user_count" {
+                info.user_count
+            } else {
+                info.subscription_count
+            };
+            m.insert(a.clone(), json!(n));
         }
         out.insert(name, Value::Object(m));
     }
@@ -364,6 +400,7 @@ async fn channel(
     Signed { hub, uri, .. }: Signed,
 ) -> ApiResult {
     let attrs = info_attributes(
+        &hub.app,
         query_param(&uri, "info").as_deref(),
         &["user_count", "subscription_count"],
     )?;

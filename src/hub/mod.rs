@@ -21,12 +21,12 @@ use crate::protocol::pusher::{code, PresenceEntry};
 use crate::protocol::{CoreEvent, EncodeOnce};
 use crate::signing;
 use channel::{validate_name, ChannelKind, NameError, SERVER_TO_USER_PREFIX};
-use dashmap::DashMap;
+use dashmap::{DashMap, DashSet};
 use presence::{MemberData, MemberLimits};
 use serde_json::value::RawValue;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Why a subscription was refused; maps onto `pusher:subscription_error`.
@@ -105,7 +105,9 @@ pub struct Hub {
     /// Watched user id → the connections watching it.
     watchers: DashMap<String, Vec<Arc<Connection>>>,
     /// Channels whose subscription count changed since the last flush.
-    counts_changed: Mutex<HashSet<String>>,
+    /// Sharded like the channel map: a join storm on many channels must not
+    /// queue on one app-wide lock.
+    counts_changed: DashSet<String>,
     connections: AtomicU32,
 }
 
@@ -119,7 +121,7 @@ impl Hub {
             cache: DashMap::new(),
             users: DashMap::new(),
             watchers: DashMap::new(),
-            counts_changed: Mutex::new(HashSet::new()),
+            counts_changed: DashSet::new(),
             connections: AtomicU32::new(0),
         }
     }
@@ -323,24 +325,20 @@ impl Hub {
     /// N clients joining one channel cost N² frames, and turn a reconnect
     /// storm into a storm of count updates.
     fn count_changed(&self, channel: &str) {
-        let mut changed = self
-            .counts_changed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if !changed.contains(channel) {
-            changed.insert(channel.to_owned());
+        if !self.counts_changed.contains(channel) {
+            self.counts_changed.insert(channel.to_owned());
         }
     }
 
     /// Send `pusher_internal:subscription_count` to the subscribers of every
     /// channel whose count changed since the last call (run periodically).
     pub fn flush_subscription_counts(&self) {
-        let changed = std::mem::take(
-            &mut *self
-                .counts_changed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+        let changed: Vec<String> = self.counts_changed.iter().map(|c| c.clone()).collect();
+        // Unmark before reading the count: a change after this point marks
+        // the channel again and goes out with the next flush.
+        for channel in &changed {
+            self.counts_changed.remove(channel);
+        }
         for channel in &changed {
             if let Some(ch) = self.channels.get(channel) {
                 let mut event = EncodeOnce::new(CoreEvent::SubscriptionCount {
@@ -624,6 +622,6 @@ mod tests {
         let hub = hub(AppConfig::development());
         let (conn, _rx) = Connection::new(1, "1.1".into(), Protocol::Pusher, LIMIT);
         hub.subscribe(&Arc::new(conn), "room", None, None).unwrap();
-        assert!(hub.counts_changed.lock().unwrap().is_empty());
+        assert!(hub.counts_changed.is_empty());
     }
 }

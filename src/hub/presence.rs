@@ -37,7 +37,8 @@ pub fn parse_channel_data(text: &str, limits: &MemberLimits) -> Result<MemberDat
     if user_id.is_empty() {
         return Err("channel_data.user_id must not be empty".into());
     }
-    if user_id.len() > limits.max_user_id {
+    // Pusher counts characters, not bytes.
+    if user_id.chars().count() > limits.max_user_id {
         return Err(format!(
             "channel_data.user_id is longer than {} characters",
             limits.max_user_id

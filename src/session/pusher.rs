@@ -337,7 +337,7 @@ impl Session {
         if !app.client_events {
             return self.error("Client events are disabled for this app");
         }
-        if event.len() > app.max_event_name {
+        if event.chars().count() > app.max_event_name {
             return self.error(&format!(
                 "Event name is longer than {} characters",
                 app.max_event_name
@@ -448,7 +448,8 @@ fn parse_user_data(text: &str, max_id: usize) -> Result<(String, Vec<String>), S
         Some(Value::Number(n)) => n.to_string(),
         _ => return Err("user_data.id must be a non-empty string".into()),
     };
-    if id.len() > max_id {
+    // Pusher counts characters, not bytes: a non-ASCII id is not penalized.
+    if id.chars().count() > max_id {
         return Err(format!("user_data.id is longer than {max_id} characters"));
     }
     let watchlist = match value.get("watchlist") {
@@ -465,7 +466,7 @@ fn parse_user_data(text: &str, max_id: usize) -> Result<(String, Vec<String>), S
                     _ => None,
                 })
                 .map(|id| match id {
-                    Some(id) if !id.is_empty() && id.len() <= max_id => Ok(id),
+                    Some(id) if !id.is_empty() && id.chars().count() <= max_id => Ok(id),
                     _ => Err("watchlist entries must be user ids".to_string()),
                 })
                 .collect::<Result<_, _>>()?
@@ -550,10 +551,13 @@ mod tests {
 
     fn check_user_data(text: &str, max: usize) {
         if let Ok((id, watchlist)) = parse_user_data(text, max) {
-            assert!(!id.is_empty() && id.len() <= max, "{id:?}");
+            assert!(!id.is_empty() && id.chars().count() <= max, "{id:?}");
             assert!(watchlist.len() <= MAX_WATCHLIST);
             for w in watchlist {
-                assert!(!w.is_empty() && w.len() <= max, "watchlist entry {w:?}");
+                assert!(
+                    !w.is_empty() && w.chars().count() <= max,
+                    "watchlist entry {w:?}"
+                );
             }
         }
     }
