@@ -430,3 +430,147 @@ fn api_signature_of_pusher_docs_example() {
         "da454824c97ba181a32ccc17a72625ba02771f50b50e1e7430e47a1f3f457e6c"
     );
 }
+
+/// `POST events` / `batch_events` bodies (`herald::api::parse_event`,
+/// `parse_batch`): never panic, and what they accept is within every limit
+/// of the app they check against.
+mod api_body {
+    use super::*;
+    use herald::api::{
+        parse_batch, parse_event, Checked, MAX_BATCH_EVENTS, MAX_CHANNELS_PER_EVENT,
+    };
+
+    /// Small limits, so generated input crosses them often.
+    fn app(subscription_count: bool) -> AppConfig {
+        AppConfig {
+            max_event_name: 8,
+            max_payload: 16,
+            max_channel_name: 12,
+            subscription_count,
+            ..AppConfig::development()
+        }
+    }
+
+    /// Every property an accepted event must have.
+    fn assert_within_limits(app: &AppConfig, ev: &Checked) -> Result<(), TestCaseError> {
+        prop_assert!(!ev.name.is_empty() && ev.name.chars().count() <= app.max_event_name);
+        prop_assert!(!ev.name.starts_with("pusher:") && !ev.name.starts_with("pusher_internal:"));
+        let data: String = serde_json::from_str(ev.data.get()).expect("data is a JSON string");
+        prop_assert!(data.len() <= app.max_payload);
+        prop_assert!((1..=MAX_CHANNELS_PER_EVENT).contains(&ev.channels.len()));
+        for c in &ev.channels {
+            prop_assert!(
+                validate_publish_name(c, app.max_channel_name).is_ok(),
+                "{}",
+                c
+            );
+        }
+        if let Some(s) = &ev.socket_id {
+            let (a, b) = s.split_once('.').expect("socket id has a dot");
+            prop_assert!(
+                a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok(),
+                "{}",
+                s
+            );
+        }
+        for a in &ev.attrs {
+            prop_assert!(
+                a == "user_count" || (a == "subscription_count" && app.subscription_count)
+            );
+        }
+        Ok(())
+    }
+
+    fn event_json() -> impl Strategy<Value = Value> {
+        let name = prop_oneof![
+            "[a-z]{0,10}",
+            Just("pusher:x".to_string()),
+            Just("é".repeat(8)),
+            Just("é".repeat(9)),
+        ];
+        let data = prop_oneof!["[a-z\"\\\\]{0,20}".prop_map(Value::String), json_value(),];
+        let channel = prop_oneof!["[a-z\\-]{1,14}", "[ -~]{0,6}"];
+        (
+            name,
+            data,
+            proptest::option::of(channel.clone()),
+            proptest::option::of(prop::collection::vec(channel, 0..4)),
+            proptest::option::of(prop_oneof!["[0-9]{1,4}\\.[0-9]{1,4}", "[ -~]{0,6}"]),
+            proptest::option::of(prop_oneof![
+                Just("user_count"),
+                Just("subscription_count"),
+                Just("bogus"),
+                Just("user_count,subscription_count"),
+            ]),
+        )
+            .prop_map(|(name, data, channel, channels, socket_id, info)| {
+                let mut ev = json!({ "name": name, "data": data });
+                if let Some(c) = channel {
+                    ev["channel"] = json!(c);
+                }
+                if let Some(cs) = channels {
+                    ev["channels"] = json!(cs);
+                }
+                if let Some(s) = socket_id {
+                    ev["socket_id"] = json!(s);
+                }
+                if let Some(i) = info {
+                    ev["info"] = json!(i);
+                }
+                ev
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..256), counting in any::<bool>()) {
+            let app = app(counting);
+            if let Ok(ev) = parse_event(&app, &body) { assert_within_limits(&app, &ev)?; }
+            if let Ok(evs) = parse_batch(&app, &body) {
+                prop_assert!(evs.len() <= MAX_BATCH_EVENTS);
+                for ev in &evs { assert_within_limits(&app, ev)?; }
+            }
+        }
+
+        #[test]
+        fn accepted_events_are_within_limits(ev in event_json(), counting in any::<bool>()) {
+            let app = app(counting);
+            if let Ok(checked) = parse_event(&app, ev.to_string().as_bytes()) {
+                assert_within_limits(&app, &checked)?;
+            }
+        }
+
+        #[test]
+        fn batches_are_all_or_nothing(evs in prop::collection::vec(event_json(), 0..13)) {
+            let app = app(true);
+            let body = json!({ "batch": evs }).to_string();
+            let singles: Vec<bool> = evs.iter().map(|e| {
+                e.get("channels").is_none() && parse_event(&app, e.to_string().as_bytes()).is_ok()
+            }).collect();
+            match parse_batch(&app, body.as_bytes()) {
+                Ok(checked) => {
+                    prop_assert!(checked.len() <= MAX_BATCH_EVENTS);
+                    prop_assert!(singles.iter().all(|ok| *ok), "a batch with a bad item was accepted");
+                    for ev in &checked { assert_within_limits(&app, ev)?; }
+                }
+                Err(e) => prop_assert!(
+                    evs.len() > MAX_BATCH_EVENTS || singles.iter().any(|ok| !ok),
+                    "a batch of {} good events was refused: {}", evs.len(), e.message
+                ),
+            }
+        }
+
+        #[test]
+        fn well_formed_events_within_limits_are_accepted(
+            name in "[a-z]{1,8}",
+            data in "[a-z\"]{0,16}",
+            channels in prop::collection::vec("[a-z\\-]{1,12}", 1..5),
+        ) {
+            let body = json!({ "name": name, "data": data, "channels": channels }).to_string();
+            let ev = parse_event(&app(false), body.as_bytes())
+                .map_err(|e| TestCaseError::fail(format!("{body}: {}", e.message)))?;
+            prop_assert_eq!(ev.channels, channels);
+            prop_assert_eq!(serde_json::from_str::<String>(ev.data.get()).unwrap(), data);
+        }
+    }
+}
