@@ -12,9 +12,9 @@
 //!   an accepted one reaches a subscriber once per channel, except the
 //!   socket named by `socket_id`.
 //!
-//! `tests/parsers_prop.rs` checks `api::parse_event`/`parse_batch` on their
-//! own; this file checks the handlers around them (signature, reply shape,
-//! what gets published) by driving `herald::server::router`.
+//! Driving `herald::server::router` covers `api::parse_event`/`parse_batch`
+//! and the handlers around them (signature, reply shape, what gets
+//! published); the `api_body` fuzz target drives the parsers directly.
 
 use axum::body::Body;
 use axum::http::Request;
