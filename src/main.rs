@@ -39,13 +39,13 @@ struct ServeArgs {
     #[arg(long, env = "HERALD_HOST")]
     host: Option<String>,
     /// Port to listen on (default 8080).
-    #[arg(long, env = "HERALD_PORT")]
+    #[arg(long, env = "HERALD_PORT", value_parser = port)]
     port: Option<u16>,
     /// Seconds of client silence before a ping (default 120).
-    #[arg(long, env = "HERALD_ACTIVITY_TIMEOUT")]
+    #[arg(long, env = "HERALD_ACTIVITY_TIMEOUT", value_parser = seconds("HERALD_ACTIVITY_TIMEOUT"))]
     activity_timeout: Option<u64>,
     /// Seconds clients get to leave on shutdown (default 10).
-    #[arg(long, env = "HERALD_SHUTDOWN_GRACE")]
+    #[arg(long, env = "HERALD_SHUTDOWN_GRACE", value_parser = seconds("HERALD_SHUTDOWN_GRACE"))]
     shutdown_grace: Option<u64>,
     /// Log filter, e.g. `info` or `herald=debug`.
     #[arg(long, env = "HERALD_LOG")]
@@ -65,6 +65,21 @@ struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "HERALD_TLS_KEY")]
     tls_key: Option<String>,
+}
+
+/// `--port` / `HERALD_PORT`. clap names only the flag in its errors; a
+/// value from the environment deserves its variable's name too.
+fn port(s: &str) -> Result<u16, String> {
+    s.parse()
+        .map_err(|_| format!("{s:?} is not a port number (0-65535; from --port or HERALD_PORT)"))
+}
+
+/// A whole number of seconds, from a flag or the environment variable `env`.
+fn seconds(env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
+    move |s: &str| {
+        s.parse()
+            .map_err(|_| format!("{s:?} is not a whole number of seconds (from the flag or {env})"))
+    }
 }
 
 fn main() -> ExitCode {

@@ -82,3 +82,30 @@ fn invalid_toml_and_missing_file_fail() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/herald.toml"));
 }
+
+#[test]
+fn bad_environment_values_name_their_variable() {
+    for (var, value) in [
+        ("HERALD_PORT", "abc"),
+        ("HERALD_PORT", "70000"),
+        ("HERALD_ACTIVITY_TIMEOUT", "soon"),
+        ("HERALD_SHUTDOWN_GRACE", "-1"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+            .arg("serve")
+            .env_remove("HERALD_CONFIG")
+            .env(var, value)
+            .output()
+            .expect("run herald");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{var}={value} accepted: {stderr}"
+        );
+        assert!(
+            stderr.contains(var),
+            "{var}={value}: error does not name it: {stderr}"
+        );
+    }
+}
