@@ -94,6 +94,14 @@ async fn connect_and_sweep() {
     assert_eq!(r.count("connection_errors"), 0);
     assert_eq!(r.latency("ws_connecting").unwrap().count, 20);
     assert!(r.figure("generator_cpu").is_some());
+    // The avalanche's timeline is kept: its per-second `received` counts
+    // (confirmed subscriptions) add up to the run's total.
+    assert!(!r.timeline.is_empty(), "{}", r.summary());
+    assert_eq!(r.timeline.iter().map(|t| t.received).sum::<u64>(), 20);
+    assert_eq!(r.timeline.iter().map(|t| t.errors).sum::<u64>(), 0);
+    let j = r.json();
+    assert!(!j["timeline"].as_array().unwrap().is_empty(), "{j}");
+    assert!(r.html().contains("<h2>Timeline</h2>"));
 
     let s = connect::sweep(&SweepParams {
         base: p,
@@ -108,6 +116,35 @@ async fn connect_and_sweep() {
     let j = s.json();
     assert_eq!(j["metrics"]["ws_connect_success{n:10}"], 1.0);
     assert!(j["metrics"]["sweep_first_below_99pct"].is_null());
+    // One timeline for the sweep: every tick tagged with its step, seconds
+    // strictly increasing across steps, each step's subscriptions complete.
+    assert!(
+        s.timeline.iter().all(|t| t.step.is_some()),
+        "{:?}",
+        s.timeline
+    );
+    assert!(
+        s.timeline.windows(2).all(|w| w[0].second < w[1].second),
+        "{:?}",
+        s.timeline
+    );
+    for n in [5u64, 10] {
+        let got: u64 = s
+            .timeline
+            .iter()
+            .filter(|t| t.step == Some(n))
+            .map(|t| t.received)
+            .sum();
+        assert_eq!(got, n, "{:?}", s.timeline);
+    }
+    let steps: Vec<_> = j["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps.first(), Some(&5));
+    assert_eq!(steps.last(), Some(&10));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -199,10 +199,17 @@ impl Ledger {
     }
 }
 
-/// One second of the run.
+/// One second of the run. `sent`, `received` and `errors` are counts in
+/// this second (not running totals); `connections` is the gauge at its end.
+/// The last tick of a run covers only what remained of its last second,
+/// so a run shorter than a second still has a timeline.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tick {
+    /// Seconds since the run started, at the end of this tick.
     pub second: u64,
+    /// In a `connect --sweep`, the step's N (each step has its own monitor
+    /// and its seconds count from the sweep's start).
+    pub step: Option<u64>,
     pub connections: i64,
     pub sent: u64,
     pub received: u64,
@@ -232,34 +239,55 @@ impl Monitor {
             let mut ticks = Vec::new();
             let mut interval = tokio::time::interval(Duration::from_secs(1));
             interval.tick().await;
-            let (mut last_sent, mut last_recv) = (0, 0);
+            let (mut last_sent, mut last_recv, mut last_errors) = (0, 0, 0);
             loop {
-                tokio::select! {
-                    _ = interval.tick() => {}
-                    _ = stopped.notified() => break,
-                }
+                let stopping = tokio::select! {
+                    _ = interval.tick() => false,
+                    _ = stopped.notified() => true,
+                };
                 let sent = live.sent.load(Relaxed);
                 let received = live.received.load(Relaxed);
+                let errors = live.errors.load(Relaxed);
+                let elapsed = started.elapsed();
                 let tick = Tick {
-                    second: started.elapsed().as_secs(),
+                    // The final, partial tick is rounded up (and kept after
+                    // the one before it) so no two ticks share a second.
+                    second: if stopping {
+                        let last = ticks.last().map_or(0, |t: &Tick| t.second);
+                        (elapsed.as_secs_f64().ceil() as u64).max(last + 1)
+                    } else {
+                        elapsed.as_secs()
+                    },
+                    step: None,
                     connections: live.connections.load(Relaxed),
                     sent: sent - last_sent,
                     received: received - last_recv,
-                    errors: live.errors.load(Relaxed),
+                    errors: errors - last_errors,
                     p99_ms: latency.as_ref().and_then(|l| {
                         let h = l.take_window();
                         (!h.is_empty()).then(|| h.value_at_quantile(0.99) as f64 / 1000.0)
                     }),
                 };
-                (last_sent, last_recv) = (sent, received);
+                (last_sent, last_recv, last_errors) = (sent, received, errors);
+                if stopping {
+                    // Worth a point only if something happened since the
+                    // last full second, or the run was shorter than one.
+                    let busy = tick.sent > 0 || tick.received > 0 || tick.errors > 0;
+                    if busy || ticks.is_empty() {
+                        ticks.push(tick);
+                    }
+                    break;
+                }
                 if progress {
+                    // The progress line shows running totals; the timeline
+                    // keeps per-second counts.
                     let line = format!(
                         "{label}: {:>4}s  connections {:>6}  sent {:>9}  received {:>10}  errors {:>5}{}",
                         tick.second,
                         tick.connections,
                         sent,
                         received,
-                        tick.errors,
+                        errors,
                         tick.p99_ms.map_or(String::new(), |p| format!("  p99 {p:.1}ms")),
                     );
                     let mut err = std::io::stderr().lock();

@@ -250,8 +250,12 @@ impl Report {
             .timeline
             .iter()
             .map(|t| {
-                json!({"second": t.second, "connections": t.connections, "sent": t.sent,
-                       "received": t.received, "errors": t.errors, "p99": t.p99_ms})
+                let mut v = json!({"second": t.second, "connections": t.connections, "sent": t.sent,
+                       "received": t.received, "errors": t.errors, "p99": t.p99_ms});
+                if let Some(n) = t.step {
+                    v["step"] = json!(n);
+                }
+                v
             })
             .collect();
         json!({
@@ -281,7 +285,7 @@ impl Report {
         if !self.timeline.is_empty() {
             out.push_str("<h2>Timeline</h2>");
             type Series<'a> = (&'a str, Box<dyn Fn(&Tick) -> f64>);
-            let series: [Series; 4] = [
+            let series: [Series; 5] = [
                 (
                     "open connections",
                     Box::new(|t: &Tick| t.connections as f64),
@@ -291,6 +295,7 @@ impl Report {
                     "receives per second",
                     Box::new(|t: &Tick| t.received as f64),
                 ),
+                ("errors per second", Box::new(|t: &Tick| t.errors as f64)),
                 (
                     "p99 latency per second (ms)",
                     Box::new(|t: &Tick| t.p99_ms.unwrap_or(0.0)),
