@@ -76,6 +76,19 @@ fn tiny_broadcast(port: u16) -> BroadcastParams {
     p
 }
 
+/// 20 subscribers over 4 channels, 2 publishers, 40 publishes in 2 s:
+/// 10 publishes per channel, 5 subscribers per channel.
+fn tiny_fanout(port: u16) -> FanoutParams {
+    let mut p = FanoutParams::new(target(port));
+    p.subscribers = 20;
+    p.channels = 4;
+    p.publishers = 2;
+    p.rate = 20.0;
+    p.duration = Duration::from_secs(2);
+    p.progress = false;
+    p
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_and_sweep() {
     let server = start_server().await;
@@ -94,14 +107,17 @@ async fn connect_and_sweep() {
     assert_eq!(r.count("connection_errors"), 0);
     assert_eq!(r.latency("ws_connecting").unwrap().count, 20);
     assert!(r.figure("generator_cpu").is_some());
-    // The avalanche's timeline is kept: its per-second `received` counts
-    // (confirmed subscriptions) add up to the run's total.
-    assert!(!r.timeline.is_empty(), "{}", r.summary());
-    assert_eq!(r.timeline.iter().map(|t| t.received).sum::<u64>(), 20);
+    // The timeline is kept even for an avalanche shorter than a second:
+    // its `received` column counts confirmed subscriptions, every one once.
+    let confirmed: u64 = r.timeline.iter().map(|t| t.received).sum();
+    assert_eq!(confirmed, 20, "{:?}", r.timeline);
+    assert_eq!(
+        r.json()["timeline"].as_array().unwrap().len(),
+        r.timeline.len()
+    );
+    let html = r.html();
+    assert!(html.contains("<h2>Timeline</h2>") && html.contains("<svg"));
     assert_eq!(r.timeline.iter().map(|t| t.errors).sum::<u64>(), 0);
-    let j = r.json();
-    assert!(!j["timeline"].as_array().unwrap().is_empty(), "{j}");
-    assert!(r.html().contains("<h2>Timeline</h2>"));
 
     let s = connect::sweep(&SweepParams {
         base: p,
@@ -116,27 +132,22 @@ async fn connect_and_sweep() {
     let j = s.json();
     assert_eq!(j["metrics"]["ws_connect_success{n:10}"], 1.0);
     assert!(j["metrics"]["sweep_first_below_99pct"].is_null());
-    // One timeline for the sweep: every tick tagged with its step, seconds
-    // strictly increasing across steps, each step's subscriptions complete.
-    assert!(
-        s.timeline.iter().all(|t| t.step.is_some()),
-        "{:?}",
-        s.timeline
-    );
-    assert!(
-        s.timeline.windows(2).all(|w| w[0].second < w[1].second),
-        "{:?}",
-        s.timeline
-    );
+    // The sweep's timeline is the steps' end to end, each tagged with its N.
     for n in [5u64, 10] {
-        let got: u64 = s
+        let confirmed: u64 = s
             .timeline
             .iter()
             .filter(|t| t.step == Some(n))
             .map(|t| t.received)
             .sum();
-        assert_eq!(got, n, "{:?}", s.timeline);
+        assert_eq!(confirmed, n, "{:?}", s.timeline);
     }
+    // Seconds count from the sweep's start and keep increasing across steps.
+    assert!(
+        s.timeline.windows(2).all(|w| w[0].second < w[1].second),
+        "{:?}",
+        s.timeline
+    );
     let steps: Vec<_> = j["timeline"]
         .as_array()
         .unwrap()
@@ -158,6 +169,8 @@ async fn broadcast_delivers_everything_by_client_events_and_http() {
         assert!(r.count("ws_msgs_sent") > 0, "{text}");
         assert!(r.count("deliveries_expected") > 0, "{text}");
         assert_eq!(r.count("deliveries_lost"), 0, "{text}");
+        assert_eq!(r.count("deliveries_duplicated"), 0, "{text}");
+        assert_eq!(r.count("deliveries_unexpected"), 0, "{text}");
         assert_eq!(
             r.count("deliveries_received"),
             r.count("deliveries_expected"),
@@ -173,20 +186,15 @@ async fn broadcast_delivers_everything_by_client_events_and_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fanout_counts_every_channel() {
     let server = start_server().await;
-    let mut p = FanoutParams::new(target(server.port));
-    p.subscribers = 20;
-    p.channels = 4;
-    p.publishers = 2;
-    p.rate = 20.0;
-    p.duration = Duration::from_secs(2);
-    p.progress = false;
-    let r = fanout::run(&p).await.unwrap();
+    let r = fanout::run(&tiny_fanout(server.port)).await.unwrap();
     let text = r.summary();
     // 40 publishes, 10 per channel, 5 subscribers per channel.
     assert_eq!(r.count("http_publishes"), 40, "{text}");
     assert_eq!(r.count("deliveries_expected"), 200, "{text}");
     assert_eq!(r.count("deliveries_received"), 200, "{text}");
     assert_eq!(r.count("deliveries_lost"), 0, "{text}");
+    assert_eq!(r.count("deliveries_duplicated"), 0, "{text}");
+    assert_eq!(r.count("deliveries_unexpected"), 0, "{text}");
     for c in 0..4 {
         let name = format!("delivery_success{{channel:benchmark-fanout-{c}}}");
         assert_eq!(r.fraction(&name), Some(1.0), "{text}");
@@ -251,21 +259,103 @@ async fn wrong_credentials_are_named() {
     assert!(e.contains("--url"), "{e}");
 }
 
-/// A WebSocket proxy in front of herald that drops every third
-/// `client-broadcast` frame on its way to a client.
+/// `herald bench ARGS` as a child process: exit code and stderr.
+async fn bench_cli(args: &[&str]) -> (Option<i32>, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+            .arg("bench")
+            .args(args)
+            .arg("--no-progress")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("herald bench finished")
+    .expect("run herald bench");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn connect_refuses_a_duration_instead_of_ignoring_it() {
+    let (code, stderr) = bench_cli(&["connect", "--clients", "1", "--duration", "5s"]).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--duration"), "{stderr}");
+}
+
+/// What the faulty proxy does with the n-th bench message (n = 1, 2, ...)
+/// it forwards to one client.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    Pass,
+    Drop,
+    Duplicate,
+}
+
+/// Every third bench message dropped.
+fn drop_every_third(n: u64) -> Fault {
+    if n.is_multiple_of(3) {
+        Fault::Drop
+    } else {
+        Fault::Pass
+    }
+}
+
+/// Every third dropped and every third duplicated: as many frames arrive
+/// as were sent, so only exact accounting can see the losses.
+fn drop_and_duplicate(n: u64) -> Fault {
+    match n % 3 {
+        0 => Fault::Drop,
+        1 => Fault::Duplicate,
+        _ => Fault::Pass,
+    }
+}
+
+/// What the proxy did, over all connections.
+#[derive(Default)]
+struct Faults {
+    dropped: AtomicU64,
+    duplicated: AtomicU64,
+}
+
+/// A proxy in front of herald. WebSocket connections (`GET`) are proxied
+/// frame by frame, applying `fault` to the bench's messages (frames with a
+/// `bench_t`) on their way to the client; anything else (the HTTP API's
+/// `POST`s) is piped through untouched, so HTTP publishers and WebSocket
+/// subscribers can share the proxy's one address as they share a server's.
 #[allow(clippy::result_large_err)] // tungstenite's handshake callback signature
-async fn dropping_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
+async fn faulty_proxy(upstream: u16, fault: fn(u64) -> Fault) -> (u16, Arc<Faults>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let dropped = Arc::new(AtomicU64::new(0));
-    let counter = dropped.clone();
+    let faults = Arc::new(Faults::default());
+    let counts = faults.clone();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
-            let counter = counter.clone();
+            let counts = counts.clone();
             tokio::spawn(async move {
+                let mut first = [0u8; 4];
+                loop {
+                    match stream.peek(&mut first).await {
+                        Ok(4) => break,
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+                if &first != b"GET " {
+                    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                        return;
+                    };
+                    let mut stream = stream;
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut server).await;
+                    return;
+                }
                 let mut path = String::new();
                 let Ok(client) = tokio_tungstenite::accept_hdr_async(
                     stream,
@@ -294,17 +384,27 @@ async fn dropping_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
                 let down = async {
                     let mut n = 0u64;
                     while let Some(Ok(m)) = s_rx.next().await {
+                        let mut copies = 1;
                         if let Message::Text(t) = &m {
-                            if t.contains("client-broadcast") {
+                            if t.contains("bench_t") {
                                 n += 1;
-                                if n.is_multiple_of(3) {
-                                    counter.fetch_add(1, Ordering::Relaxed);
-                                    continue;
+                                match fault(n) {
+                                    Fault::Pass => {}
+                                    Fault::Drop => {
+                                        counts.dropped.fetch_add(1, Ordering::Relaxed);
+                                        copies = 0;
+                                    }
+                                    Fault::Duplicate => {
+                                        counts.duplicated.fetch_add(1, Ordering::Relaxed);
+                                        copies = 2;
+                                    }
                                 }
                             }
                         }
-                        if c_tx.send(m).await.is_err() {
-                            break;
+                        for _ in 0..copies {
+                            if c_tx.send(m.clone()).await.is_err() {
+                                return;
+                            }
                         }
                     }
                 };
@@ -312,22 +412,84 @@ async fn dropping_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
             });
         }
     });
-    (port, dropped)
+    (port, faults)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_drops_messages_shows_lost_deliveries() {
-    let server = start_server().await;
-    let (port, dropped) = dropping_proxy(server.port).await;
-    let mut p = tiny_broadcast(server.port);
-    p.target = target(port);
-    let r = broadcast::run(&p).await.unwrap();
+/// Deliveries add up: every expected message is either received or lost,
+/// and at least one was lost.
+fn assert_losses_counted(r: &herald::bench::Report, faults: &Faults) {
     let text = r.summary();
     let expected = r.count("deliveries_expected");
     let lost = r.count("deliveries_lost");
     assert!(expected > 0, "{text}");
     assert!(lost > 0, "{text}");
-    assert!(dropped.load(Ordering::Relaxed) >= lost, "{text}");
+    assert!(faults.dropped.load(Ordering::Relaxed) >= lost, "{text}");
     assert_eq!(r.count("deliveries_received") + lost, expected, "{text}");
     assert!(r.fraction("delivery_success").unwrap() < 1.0, "{text}");
+    let j = r.json();
+    assert_eq!(j["metrics"]["deliveries_lost"], lost, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_drops_messages_shows_lost_deliveries() {
+    let server = start_server().await;
+    let (port, faults) = faulty_proxy(server.port, drop_every_third).await;
+    let mut p = tiny_broadcast(server.port);
+    p.target = target(port);
+    let r = broadcast::run(&p).await.unwrap();
+    assert_losses_counted(&r, &faults);
+    assert_eq!(r.count("deliveries_duplicated"), 0, "{}", r.summary());
+}
+
+/// A server that drops some messages and duplicates others delivers as
+/// many frames as it should; the losses must still show, and the
+/// duplicates be counted apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_do_not_hide_lost_deliveries() {
+    let server = start_server().await;
+    let (port, faults) = faulty_proxy(server.port, drop_and_duplicate).await;
+    let mut p = tiny_broadcast(server.port);
+    p.target = target(port);
+    let r = broadcast::run(&p).await.unwrap();
+    let text = r.summary();
+    assert_losses_counted(&r, &faults);
+    let duplicated = r.count("deliveries_duplicated");
+    assert!(duplicated > 0, "{text}");
+    assert!(
+        duplicated <= faults.duplicated.load(Ordering::Relaxed),
+        "{text}"
+    );
+    assert_eq!(r.count("deliveries_unexpected"), 0, "{text}");
+    assert!(r.json()["metrics"]["deliveries_duplicated"].is_u64());
+
+    // The same server under fanout: each subscriber counts each publish
+    // once, per channel.
+    let mut f = tiny_fanout(port);
+    f.drain = Duration::from_secs(1);
+    let dropped_before = faults.dropped.load(Ordering::Relaxed);
+    let before = faults.duplicated.load(Ordering::Relaxed);
+    let r = fanout::run(&f).await.unwrap();
+    let text = r.summary();
+    assert_eq!(r.count("http_publishes"), 40, "{text}");
+    assert_eq!(r.count("deliveries_expected"), 200, "{text}");
+    // Each subscriber gets its channel's 10 publishes: 3 dropped, 4 doubled.
+    assert_eq!(r.count("deliveries_lost"), 60, "{text}");
+    assert_eq!(
+        faults.dropped.load(Ordering::Relaxed) - dropped_before,
+        60,
+        "{text}"
+    );
+    assert_eq!(
+        r.count("deliveries_received") + r.count("deliveries_lost"),
+        200,
+        "{text}"
+    );
+    let duplicated = r.count("deliveries_duplicated");
+    assert!(duplicated > 0, "{text}");
+    assert_eq!(
+        duplicated,
+        faults.duplicated.load(Ordering::Relaxed) - before,
+        "{text}"
+    );
+    assert!(r.count("ws_msgs_received") > r.count("deliveries_received"));
 }

@@ -5,8 +5,10 @@
 //! mod.rs      the target (URL, app credentials), errors, preflight checks,
 //!             open-file limit, source addresses, CPU and memory probes
 //! client      one WebSocket client: connect, subscribe, scan frames
-//! metrics     HDR latency histograms, live counters, the delivery ledger,
-//!             the once-a-second monitor (progress line and timeline)
+//! metrics     HDR latency histograms, live counters, the once-a-second
+//!             monitor (progress line and timeline)
+//! ledger      message ids and exact delivery accounting (lost, duplicated,
+//!             unexpected)
 //! report      the k6-style summary, `--json` and `--html` output
 //! broadcast   ramping virtual users sending client events (or HTTP publishes)
 //! connect     connection avalanche, and `--sweep` over increasing N
@@ -18,8 +20,10 @@
 //! a [`report::Report`], so tests call them directly. Latencies are measured
 //! on one process clock ([`now_us`], microseconds since the bench started)
 //! that senders write into the payload and receivers subtract from, so there
-//! is no clock skew to correct for. Messages a server drops show up as lost
-//! deliveries (expected minus received), never hidden in an average.
+//! is no clock skew to correct for. Every message carries a unique id, so
+//! messages a server drops show up as lost deliveries (expected minus
+//! distinct expected ids received), never hidden in an average or made up
+//! for by duplicates.
 
 pub mod broadcast;
 pub mod cli;
@@ -27,6 +31,7 @@ pub mod client;
 pub mod connect;
 pub mod fanout;
 pub mod idle;
+pub mod ledger;
 pub mod metrics;
 pub mod report;
 

@@ -1,6 +1,7 @@
 //! Results: the k6-style summary, `--json` (every figure under the same
 //! metric names) and `--html` (latency histograms and a timeline as SVG).
 
+use super::ledger::Deliveries;
 use super::metrics::{Live, Tick};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
@@ -112,6 +113,32 @@ impl Report {
         }
         for e in live.error_examples() {
             self.notes.push(format!("error: {e}"));
+        }
+    }
+
+    /// Delivery accounting under the same names in every scenario:
+    /// `deliveries_received` counts distinct expected messages, so
+    /// `deliveries_duplicated` and `deliveries_unexpected` are reported
+    /// beside `deliveries_lost`, never netted against it.
+    pub fn deliveries(&mut self, d: &Deliveries) {
+        self.counter("deliveries_expected", d.expected);
+        self.counter("deliveries_received", d.received);
+        self.counter("deliveries_lost", d.lost());
+        self.counter("deliveries_duplicated", d.duplicated);
+        self.counter("deliveries_unexpected", d.unexpected);
+        self.rate("delivery_success", d.received, d.expected);
+        if d.duplicated > 0 {
+            self.notes.push(format!(
+                "{} deliveries were duplicates of a message the receiver already had",
+                d.duplicated
+            ));
+        }
+        if d.unexpected > 0 {
+            self.notes.push(format!(
+                "{} deliveries were not expected where they arrived (echo of the receiver's \
+                 own message, a failed publish delivered anyway, or a frame without a bench id)",
+                d.unexpected
+            ));
         }
     }
 
