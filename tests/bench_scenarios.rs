@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -325,10 +326,15 @@ struct Faults {
 /// A proxy in front of herald. WebSocket connections (`GET`) are proxied
 /// frame by frame, applying `fault` to the bench's messages (frames with a
 /// `bench_t`) on their way to the client; anything else (the HTTP API's
-/// `POST`s) is piped through untouched, so HTTP publishers and WebSocket
-/// subscribers can share the proxy's one address as they share a server's.
+/// `POST`s) is piped through, each chunk of the server's answers held back
+/// `http_delay`, so HTTP publishers and WebSocket subscribers can share the
+/// proxy's one address as they share a server's.
 #[allow(clippy::result_large_err)] // tungstenite's handshake callback signature
-async fn faulty_proxy(upstream: u16, fault: fn(u64) -> Fault) -> (u16, Arc<Faults>) {
+async fn faulty_proxy(
+    upstream: u16,
+    fault: fn(u64) -> Fault,
+    http_delay: Duration,
+) -> (u16, Arc<Faults>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let faults = Arc::new(Faults::default());
@@ -349,11 +355,22 @@ async fn faulty_proxy(upstream: u16, fault: fn(u64) -> Fault) -> (u16, Arc<Fault
                     }
                 }
                 if &first != b"GET " {
-                    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                         return;
                     };
-                    let mut stream = stream;
-                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut server).await;
+                    let (mut cr, mut cw) = stream.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::io::copy(&mut cr, &mut sw);
+                    let down = async {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                            tokio::time::sleep(http_delay).await;
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::select! { _ = up => {}, _ = down => {} }
                     return;
                 }
                 let mut path = String::new();
@@ -433,7 +450,7 @@ fn assert_losses_counted(r: &herald::bench::Report, faults: &Faults) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_drops_messages_shows_lost_deliveries() {
     let server = start_server().await;
-    let (port, faults) = faulty_proxy(server.port, drop_every_third).await;
+    let (port, faults) = faulty_proxy(server.port, drop_every_third, Duration::ZERO).await;
     let mut p = tiny_broadcast(server.port);
     p.target = target(port);
     let r = broadcast::run(&p).await.unwrap();
@@ -447,7 +464,7 @@ async fn a_server_that_drops_messages_shows_lost_deliveries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_do_not_hide_lost_deliveries() {
     let server = start_server().await;
-    let (port, faults) = faulty_proxy(server.port, drop_and_duplicate).await;
+    let (port, faults) = faulty_proxy(server.port, drop_and_duplicate, Duration::ZERO).await;
     let mut p = tiny_broadcast(server.port);
     p.target = target(port);
     let r = broadcast::run(&p).await.unwrap();
@@ -492,4 +509,39 @@ async fn duplicates_do_not_hide_lost_deliveries() {
         "{text}"
     );
     assert!(r.count("ws_msgs_received") > r.count("deliveries_received"));
+}
+
+/// A publisher that cannot keep its schedule (every HTTP answer held back
+/// 100 ms, one closed-loop publisher asked for 40/s) must not hide the
+/// backlog: latency counts from the scheduled time, the lag is reported,
+/// and the summary says the asked rate was not reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_publishers_behind_schedule_show_in_latency_and_summary() {
+    let server = start_server().await;
+    let (port, _) = faulty_proxy(server.port, |_| Fault::Pass, Duration::from_millis(100)).await;
+    let mut p = tiny_fanout(port);
+    p.subscribers = 4;
+    p.channels = 2;
+    p.publishers = 1;
+    p.rate = 40.0;
+    p.duration = Duration::from_secs(1);
+    let r = fanout::run(&p).await.unwrap();
+    let text = r.summary();
+    assert_eq!(r.count("http_publishes"), 40, "{text}");
+    assert_eq!(r.count("deliveries_lost"), 0, "{text}");
+    // At least 100 ms per publish: at most 10/s, against 40/s asked.
+    assert_eq!(r.figure("http_publish_rate_asked"), Some(40.0), "{text}");
+    assert!(
+        r.figure("http_publish_rate_achieved").unwrap() <= 10.5,
+        "{text}"
+    );
+    assert!(text.contains("publishers fell behind"), "{text}");
+    // Publish 39 was due at 0.975 s and could not go out before 3.9 s.
+    let lag = r.latency("publish_lag").unwrap();
+    assert_eq!(lag.count, 40, "{text}");
+    assert!(lag.max >= 2900.0, "{text}");
+    // Every delivery is at least as late as its publish went out.
+    let latency = r.latency("message_latency").unwrap();
+    assert!(latency.max >= lag.max * 0.99, "{text}");
+    assert!(latency.max >= 2900.0, "{text}");
 }
