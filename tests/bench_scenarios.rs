@@ -9,10 +9,12 @@ use herald::bench::connect::{self, ConnectParams, SweepParams};
 use herald::bench::fanout::{self, FanoutParams};
 use herald::bench::idle::{self, IdleParams};
 use herald::bench::Target;
+use std::collections::BTreeSet;
 use std::net::TcpListener as StdListener;
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -544,4 +546,48 @@ async fn fanout_publishers_behind_schedule_show_in_latency_and_summary() {
     let latency = r.latency("message_latency").unwrap();
     assert!(latency.max >= lag.max * 0.99, "{text}");
     assert!(latency.max >= 2900.0, "{text}");
+}
+
+/// A plain TCP relay in front of herald that records the source address of
+/// every connection it accepts.
+async fn recording_relay(upstream: u16) -> (u16, Arc<Mutex<BTreeSet<IpAddr>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let peers = Arc::new(Mutex::new(BTreeSet::new()));
+    let seen = peers.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, peer)) = listener.accept().await {
+            seen.lock().unwrap().insert(peer.ip());
+            tokio::spawn(async move {
+                if let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut server).await;
+                }
+            });
+        }
+    });
+    (port, peers)
+}
+
+/// The connections of one run come from several 127.0.0.x addresses, not
+/// just 127.0.0.1: that is what lets a run go past one address's ports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_spread_over_loopback_source_addresses() {
+    let server = start_server().await;
+    let (port, peers) = recording_relay(server.port).await;
+    let mut p = ConnectParams::new(target(port));
+    p.clients = 20;
+    p.progress = false;
+    let r = connect::run(&p).await.unwrap();
+    assert_eq!(
+        r.fraction("ws_subscribe_success"),
+        Some(1.0),
+        "{}",
+        r.summary()
+    );
+    // Client i connects from 127.0.0.(1 + i); the preflight from the
+    // kernel's choice, 127.0.0.1.
+    let expected: BTreeSet<IpAddr> = (1..=20u8)
+        .map(|x| IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
+        .collect();
+    assert_eq!(*peers.lock().unwrap(), expected);
 }

@@ -378,6 +378,33 @@ mod tests {
     }
 
     #[test]
+    fn source_addresses_cycle_over_64_loopback_addresses() {
+        let t = Target::new("ws://127.0.0.1:8080", "a", "k", "s", false).unwrap();
+        let picked: Vec<IpAddr> = (0..200).map(|i| t.source_for(i).unwrap()).collect();
+        let distinct: std::collections::BTreeSet<IpAddr> = picked.iter().copied().collect();
+        assert_eq!(distinct.len(), SOURCE_ADDRESSES);
+        let first = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+        let last = IpAddr::V4(Ipv4Addr::new(127, 0, 0, SOURCE_ADDRESSES as u8));
+        assert_eq!(distinct.first(), Some(&first));
+        assert_eq!(distinct.last(), Some(&last));
+        // Consecutive connections use different addresses, so even a small
+        // run is spread, and the spread wraps around.
+        assert_ne!(picked[0], picked[1]);
+        assert_eq!(picked[0], picked[SOURCE_ADDRESSES]);
+        // Another loopback target (127.0.0.5) is spread the same way.
+        let t = Target::new("ws://127.0.0.5:8080", "a", "k", "s", false).unwrap();
+        assert_eq!(
+            t.source_for(3),
+            Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4)))
+        );
+        // IPv6 and remote targets: the kernel picks the source.
+        let t = Target::new("ws://[::1]:8080", "a", "k", "s", false).unwrap();
+        assert_eq!(t.source_for(3), None);
+        let t = Target::new("ws://10.1.2.3:8080", "a", "k", "s", true).unwrap();
+        assert_eq!(t.source_for(3), None);
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("120"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
