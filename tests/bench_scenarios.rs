@@ -41,9 +41,31 @@ fn free_port() -> u16 {
 }
 
 async fn start_server() -> Server {
+    start_server_with(None).await
+}
+
+/// Herald with the development app's credentials and `app_settings` (TOML
+/// lines for its `[[apps]]` entry), e.g. a connection limit.
+async fn start_server_with(app_settings: Option<&str>) -> Server {
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--port", &port.to_string(), "--log", "warn"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args(["serve", "--port", &port.to_string(), "--log", "warn"]);
+    if let Some(settings) = app_settings {
+        let path = std::env::temp_dir().join(format!(
+            "herald-bench-test-{}-{port}.toml",
+            std::process::id()
+        ));
+        std::fs::write(
+            &path,
+            format!(
+                "[[apps]]\nid = \"app-id\"\nkey = \"app-key\"\nsecret = \"app-secret\"\n{settings}\n"
+            ),
+        )
+        .unwrap();
+        cmd.arg("--config").arg(&path);
+    }
+    let child = cmd
+        .env_remove("HERALD_CONFIG")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -264,7 +286,16 @@ async fn wrong_credentials_are_named() {
 
 /// `herald bench ARGS` as a child process: exit code and stderr.
 async fn bench_cli(args: &[&str]) -> (Option<i32>, String) {
-    let out = tokio::time::timeout(
+    let out = bench_cli_output(args).await;
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `herald bench ARGS` as a child process, with its whole output.
+async fn bench_cli_output(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
         Duration::from_secs(60),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
             .arg("bench")
@@ -276,11 +307,7 @@ async fn bench_cli(args: &[&str]) -> (Option<i32>, String) {
     )
     .await
     .expect("herald bench finished")
-    .expect("run herald bench");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    .expect("run herald bench")
 }
 
 #[tokio::test]
@@ -590,4 +617,83 @@ async fn connections_are_spread_over_loopback_source_addresses() {
         .map(|x| IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
         .collect();
     assert_eq!(*peers.lock().unwrap(), expected);
+}
+
+/// A sweep against a server that admits at most 10 connections: with
+/// `hold`, every step's clients are open at once, so the step of 40 cannot
+/// pass more than 10 of them, and the sweep reports where it dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_reports_where_a_connection_limit_makes_success_drop() {
+    let server = start_server_with(Some("max_connections = 10")).await;
+    let mut base = ConnectParams::new(target(server.port));
+    base.hold = true;
+    base.progress = false;
+    let s = connect::sweep(&SweepParams {
+        base,
+        steps: vec![4, 40],
+        pause: Duration::from_millis(200),
+    })
+    .await
+    .unwrap();
+    let text = s.summary();
+    assert_eq!(s.fraction("ws_subscribe_success{n:4}"), Some(1.0), "{text}");
+    assert!(
+        s.fraction("ws_subscribe_success{n:40}").unwrap() <= 0.25,
+        "{text}"
+    );
+    assert!(s.count("connection_errors{n:40}") >= 30, "{text}");
+    assert_eq!(s.figure("sweep_first_below_100pct"), Some(40.0), "{text}");
+    assert_eq!(s.figure("sweep_first_below_99pct"), Some(40.0), "{text}");
+    // The server's refusal (4004, over quota) is what the notes show.
+    assert!(s.notes.iter().any(|n| n.contains("4004")), "{text}");
+    let j = s.json();
+    assert_eq!(j["metrics"]["sweep_first_below_100pct"], 40.0);
+}
+
+/// A relay that refuses every connection from 127.0.0.64, i.e. client i
+/// of a step where i % 64 == 63: exactly one failure in a step of 100 (99 %,
+/// below 100 % but not below 99 %) and two in a step of 150 (98.7 %).
+async fn relay_refusing_source_64(upstream: u16) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let refused = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 64));
+    tokio::spawn(async move {
+        while let Ok((mut stream, peer)) = listener.accept().await {
+            if peer.ip() == refused {
+                continue; // dropped: the client sees the connection close
+            }
+            tokio::spawn(async move {
+                if let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut server).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_tells_below_100_from_below_99() {
+    let server = start_server().await;
+    let port = relay_refusing_source_64(server.port).await;
+    let mut base = ConnectParams::new(target(port));
+    base.progress = false;
+    base.timeout = Duration::from_secs(10);
+    let s = connect::sweep(&SweepParams {
+        base,
+        steps: vec![50, 100, 150],
+        pause: Duration::from_millis(100),
+    })
+    .await
+    .unwrap();
+    let text = s.summary();
+    assert_eq!(s.fraction("ws_connect_success{n:50}"), Some(1.0), "{text}");
+    assert_eq!(
+        s.fraction("ws_connect_success{n:100}"),
+        Some(0.99),
+        "{text}"
+    );
+    assert_eq!(s.count("connection_errors{n:150}"), 2, "{text}");
+    assert_eq!(s.figure("sweep_first_below_100pct"), Some(100.0), "{text}");
+    assert_eq!(s.figure("sweep_first_below_99pct"), Some(150.0), "{text}");
 }
