@@ -697,3 +697,66 @@ async fn sweep_tells_below_100_from_below_99() {
     assert_eq!(s.figure("sweep_first_below_100pct"), Some(100.0), "{text}");
     assert_eq!(s.figure("sweep_first_below_99pct"), Some(150.0), "{text}");
 }
+
+/// A server that answers every connection with a plain HTTP page.
+async fn plain_http_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
+                          content-length: 5\r\nconnection: close\r\n\r\nhello",
+                    )
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+/// A WebSocket server that greets with "hello" instead of
+/// `pusher:connection_established`.
+async fn hello_websocket_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                    return;
+                };
+                let _ = ws.send(Message::text("hello")).await;
+                while let Some(Ok(_)) = ws.next().await {}
+            });
+        }
+    });
+    port
+}
+
+/// Pointed at something that is not a Pusher server, the bench stops with
+/// one sentence that says so, and a non-zero exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_does_not_speak_the_protocol_is_a_clear_error() {
+    let http = plain_http_server().await;
+    let ws = hello_websocket_server().await;
+    for (port, says) in [
+        (http, "does not look like a Pusher server"),
+        (ws, "does not speak the Pusher protocol"),
+    ] {
+        let url = format!("ws://127.0.0.1:{port}");
+        for scenario in ["connect", "fanout", "broadcast"] {
+            let out = bench_cli_output(&[scenario, "--url", &url, "--clients", "2"]).await;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{scenario}: {stderr}");
+            assert!(stderr.contains(says), "{scenario}: {stderr}");
+            assert!(stderr.contains(&url), "{scenario}: {stderr}");
+            // No summary: nothing was measured.
+            assert!(out.stdout.is_empty(), "{scenario}: {stderr}");
+        }
+    }
+}
