@@ -479,12 +479,38 @@ fn assert_losses_counted(r: &herald::bench::Report, faults: &Faults) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_drops_messages_shows_lost_deliveries() {
     let server = start_server().await;
+    // broadcast, by client events and by HTTP API publishes (which the
+    // proxy passes through to herald; the drops are on the way out).
+    for via in [Via::Ws, Via::Http] {
+        let (port, faults) = faulty_proxy(server.port, drop_every_third, Duration::ZERO).await;
+        let mut p = tiny_broadcast(server.port);
+        p.target = target(port);
+        p.via = via;
+        let r = broadcast::run(&p).await.unwrap();
+        assert_losses_counted(&r, &faults);
+        assert_eq!(r.count("deliveries_duplicated"), 0, "{}", r.summary());
+        assert_eq!(r.count("deliveries_unexpected"), 0, "{}", r.summary());
+    }
+
+    // fanout: each subscriber gets its channel's 10 publishes and loses
+    // the 3rd, 6th and 9th; every channel shows it.
     let (port, faults) = faulty_proxy(server.port, drop_every_third, Duration::ZERO).await;
-    let mut p = tiny_broadcast(server.port);
-    p.target = target(port);
-    let r = broadcast::run(&p).await.unwrap();
+    let mut f = tiny_fanout(port);
+    f.drain = Duration::from_secs(1);
+    let r = fanout::run(&f).await.unwrap();
+    let text = r.summary();
+    assert_eq!(r.count("deliveries_expected"), 200, "{text}");
+    assert_eq!(r.count("deliveries_lost"), 60, "{text}");
+    assert_eq!(faults.dropped.load(Ordering::Relaxed), 60, "{text}");
     assert_losses_counted(&r, &faults);
-    assert_eq!(r.count("deliveries_duplicated"), 0, "{}", r.summary());
+    for c in 0..4 {
+        let name = format!("delivery_success{{channel:benchmark-fanout-{c}}}");
+        assert_eq!(r.fraction(&name), Some(0.7), "{text}");
+    }
+    assert!(
+        text.contains("60 of 200 expected deliveries did not arrive"),
+        "{text}"
+    );
 }
 
 /// A server that drops some messages and duplicates others delivers as
