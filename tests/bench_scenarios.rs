@@ -786,3 +786,88 @@ async fn a_server_that_does_not_speak_the_protocol_is_a_clear_error() {
         }
     }
 }
+
+/// The command line end to end: `--json` has every figure under the
+/// summary's metric names, `--html` the charts as embedded SVG.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_writes_json_and_html_reports() {
+    let server = start_server().await;
+    let url = format!("ws://127.0.0.1:{}", server.port);
+    let dir = std::env::temp_dir();
+    let stem = format!("herald-bench-cli-{}-{}", std::process::id(), server.port);
+    for (scenario, extra) in [
+        (
+            "fanout",
+            &[
+                "--clients",
+                "4",
+                "--channels",
+                "2",
+                "--publishers",
+                "1",
+                "--rate",
+                "10",
+                "--duration",
+                "1s",
+            ][..],
+        ),
+        ("connect", &["--clients", "5"][..]),
+    ] {
+        let json_path = dir.join(format!("{stem}-{scenario}.json"));
+        let html_path = dir.join(format!("{stem}-{scenario}.html"));
+        let mut args = vec![scenario, "--url", &url];
+        args.extend_from_slice(extra);
+        let (json_arg, html_arg) = (json_path.to_str().unwrap(), html_path.to_str().unwrap());
+        args.extend_from_slice(&["--json", json_arg, "--html", html_arg]);
+        let out = bench_cli_output(&args).await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+        let html = std::fs::read_to_string(&html_path).unwrap();
+        let _ = std::fs::remove_file(&json_path);
+        let _ = std::fs::remove_file(&html_path);
+
+        let metrics = json["metrics"].as_object().unwrap();
+        // Every JSON metric is a line of the printed summary, by name.
+        for name in metrics.keys() {
+            assert!(stdout.contains(&format!(" {name}.")), "{name}: {stdout}");
+        }
+        assert!(!json["timeline"].as_array().unwrap().is_empty(), "{json}");
+        assert!(html.contains("<svg") && html.contains("<h2>Timeline</h2>"));
+        assert!(html.contains("<h2>Latency histograms</h2>"));
+        if scenario == "fanout" {
+            // 10 publishes, 5 per channel, 2 subscribers per channel.
+            assert_eq!(json["metrics"]["http_publishes"], 10, "{json}");
+            assert_eq!(json["metrics"]["deliveries_expected"], 20, "{json}");
+            assert_eq!(json["metrics"]["deliveries_received"], 20, "{json}");
+            for name in [
+                "deliveries_lost",
+                "deliveries_duplicated",
+                "deliveries_unexpected",
+            ] {
+                assert_eq!(json["metrics"][name], 0, "{name}: {json}");
+            }
+            assert_eq!(json["metrics"]["delivery_success"], 1.0, "{json}");
+            for name in ["message_latency", "publish_lag", "http_publish_duration"] {
+                for key in ["avg", "min", "med", "max", "p90", "p95", "p99"] {
+                    assert!(json["metrics"][name][key].is_number(), "{name}.{key}");
+                }
+            }
+            assert_eq!(json["metrics"]["message_latency"]["count"], 20, "{json}");
+            assert_eq!(json["metrics"]["http_publish_rate_asked"], 10.0, "{json}");
+            assert!(html.contains("message_latency"));
+        } else {
+            assert_eq!(json["metrics"]["ws_sessions"], 5, "{json}");
+            assert_eq!(json["metrics"]["ws_subscribe_success"], 1.0, "{json}");
+            let confirmed: u64 = json["timeline"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["received"].as_u64().unwrap())
+                .sum();
+            assert_eq!(confirmed, 5, "{json}");
+        }
+    }
+}
