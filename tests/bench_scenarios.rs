@@ -670,6 +670,19 @@ async fn sweep_reports_where_a_connection_limit_makes_success_drop() {
     assert!(s.count("connection_errors{n:40}") >= 30, "{text}");
     assert_eq!(s.figure("sweep_first_below_100pct"), Some(40.0), "{text}");
     assert_eq!(s.figure("sweep_first_below_99pct"), Some(40.0), "{text}");
+    // The timeline's errors are per second: they add up to the step's total.
+    let errors: u64 = s
+        .timeline
+        .iter()
+        .filter(|t| t.step == Some(40))
+        .map(|t| t.errors)
+        .sum();
+    assert_eq!(
+        errors,
+        s.count("connection_errors{n:40}"),
+        "{:?}",
+        s.timeline
+    );
     // The server's refusal (4004, over quota) is what the notes show.
     assert!(s.notes.iter().any(|n| n.contains("4004")), "{text}");
     let j = s.json();
@@ -870,4 +883,34 @@ async fn cli_writes_json_and_html_reports() {
             assert_eq!(confirmed, 5, "{json}");
         }
     }
+}
+
+/// A user that has left keeps its socket open for the grace period, reading
+/// what was sent before it left; until it closes, it is an open connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_users_count_as_connected_until_closed() {
+    let server = start_server().await;
+    let mut p = tiny_broadcast(server.port);
+    p.peak = 4;
+    p.duration = Duration::from_secs(1);
+    p.lifetime = Duration::from_secs(10);
+    p.grace = Duration::from_millis(2500);
+    let r = broadcast::run(&p).await.unwrap();
+    let text = r.summary();
+    assert_eq!(r.count("connection_errors"), 0, "{text}");
+    assert_eq!(r.figure("peak_connections"), Some(4.0), "{text}");
+    // The ramp ends at 1 s and every user leaves within a check interval
+    // (250 ms); their sockets stay open until at least 3.5 s.
+    let at_2s = r
+        .timeline
+        .iter()
+        .find(|t| t.second == 2)
+        .expect("a tick at 2 s");
+    assert_eq!(at_2s.connections, 4, "{:?}", r.timeline);
+    assert_eq!(
+        r.timeline.last().unwrap().connections,
+        0,
+        "{:?}",
+        r.timeline
+    );
 }

@@ -237,9 +237,10 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
         }
     }
     let leave = now_us();
-    s.live.connections.fetch_sub(1, Relaxed);
     if !gone {
-        // Keep reading what was sent before we left, then go.
+        // Keep reading what was sent before we left, then go. The socket
+        // is still open (and subscribed) meanwhile, so it still counts in
+        // the connections gauge until it is closed.
         let _ = tokio::time::timeout(p.grace, async {
             while let Ok(text) = conn.recv().await {
                 on_frame(&text, &mut seen);
@@ -248,6 +249,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
         .await;
         conn.close().await;
     }
+    s.live.connections.fetch_sub(1, Relaxed);
     s.ledger.window(Window {
         receiver: id,
         join,

@@ -208,9 +208,13 @@ impl Monitor {
                 let tick = sampler.tick(&live, latency.as_deref(), second);
                 if stopping {
                     // Worth a point only if something happened since the
-                    // last full second, or the run was shorter than one.
+                    // last full second (counts, or connections closing), or
+                    // the run was shorter than one.
                     let busy = tick.sent > 0 || tick.received > 0 || tick.errors > 0;
-                    if busy || ticks.is_empty() {
+                    let moved = ticks
+                        .last()
+                        .is_none_or(|t: &Tick| t.connections != tick.connections);
+                    if busy || moved {
                         ticks.push(tick);
                     }
                     break;
