@@ -190,7 +190,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
             _ = send_tick.tick(), if is_sender => {
                 if rng.next_f64() < p.send_probability {
                     let stamp = now_us();
-                                        let msg = MsgId { sender: id, seq: next_seq };
+                    let msg = MsgId { sender: id, seq: next_seq };
                     next_seq += 1;
                     let data = bench_data(stamp, msg);
                     match p.via {
