@@ -3,11 +3,15 @@
 //! `private-benchmark` with a locally signed auth and lives 45 s; one user
 //! in five is a sender that every 200 ms, with probability 0.4, sends a
 //! `client-broadcast` event (or, with `--via http`, publishes through the
-//! HTTP API) carrying its send time. Every receiver records now − send time.
-//! Expected deliveries come from the [`Ledger`], so drops are counted.
+//! HTTP API) carrying its send time and a unique id (the sender's connection
+//! number and its own sequence number). Every receiver records now − send
+//! time for each id it sees first, and keeps the ids it saw; the [`Ledger`]
+//! then counts, per receiver, the distinct expected ids that arrived, so
+//! drops are counted and duplicates cannot hide them.
 
-use super::client::{scan, Conn, HttpPublisher};
-use super::metrics::{Latency, Ledger, Live, Monitor, Window};
+use super::client::{bench_data, scan, Conn, HttpPublisher};
+use super::ledger::{Ledger, MsgId, Receipt, Seen, Window};
+use super::metrics::{Latency, Live, Monitor};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -150,16 +154,23 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let mut check = tokio::time::interval(Duration::from_millis(250));
     let end = tokio::time::sleep(p.lifetime);
     tokio::pin!(end);
-    let mut received = 0u64;
+    // Ids seen by this receiver; which of them were expected is decided
+    // by the ledger at the end, once every send's fate is known.
+    let mut seen = Seen::default();
+    let mut next_seq = 0u64;
     let mut gone = false;
-    let on_frame = |text: &str, received: &mut u64, leave: u64| {
+    let on_frame = |text: &str, seen: &mut Seen| {
         let f = scan(text);
         if f.event == CLIENT_EVENT || f.event == API_EVENT {
             if let Some(t) = f.stamp {
-                s.latency.record(id as usize, now_us().saturating_sub(t));
+                // Every stamped frame, duplicates included (ws_msgs_received).
                 s.live.received.fetch_add(1, Relaxed);
-                if t >= join && t <= leave {
-                    *received += 1;
+                match f.id.map(|m| seen.record(m)) {
+                    // Latency of first arrivals only: a duplicate's age says
+                    // nothing about how fast messages are delivered.
+                    Some(Receipt::New) => s.latency.record(id as usize, now_us().saturating_sub(t)),
+                    Some(Receipt::Duplicate | Receipt::Unexpected) => {}
+                    None => seen.garbled(),
                 }
             }
         } else if f.event == "pusher:error" {
@@ -169,7 +180,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     loop {
         tokio::select! {
             r = conn.recv() => match r {
-                Ok(text) => on_frame(&text, &mut received, u64::MAX),
+                Ok(text) => on_frame(&text, &mut seen),
                 Err(e) => {
                     s.live.error(e.kind(), e.explain(target));
                     gone = true;
@@ -179,10 +190,13 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
             _ = send_tick.tick(), if is_sender => {
                 if rng.next_f64() < p.send_probability {
                     let stamp = now_us();
+                    let msg = MsgId { sender: id, seq: next_seq };
+                    next_seq += 1;
+                    let data = bench_data(stamp, msg);
                     match p.via {
                         Via::Ws => {
                             let frame = format!(
-                                "{{\"event\":\"{CLIENT_EVENT}\",\"channel\":\"{}\",\"data\":{{\"bench_t\":{stamp}}}}}",
+                                "{{\"event\":\"{CLIENT_EVENT}\",\"channel\":\"{}\",\"data\":{data}}}",
                                 p.channel
                             );
                             if let Err(e) = conn.send(frame).await {
@@ -190,7 +204,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                                 gone = true;
                                 break;
                             }
-                            s.ledger.send(stamp, id);
+                            s.ledger.send(stamp, msg);
                             s.live.sent.fetch_add(1, Relaxed);
                         }
                         Via::Http => {
@@ -198,12 +212,11 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                             let socket_id = conn.socket_id.clone();
                             tokio::spawn(async move {
                                 let publisher = s2.publisher.as_ref().expect("set for --via http");
-                                let data = format!("{{\"bench_t\":{stamp}}}");
                                 let t0 = Instant::now();
                                 match publisher.publish(&s2.p.channel, API_EVENT, &data, Some(&socket_id)).await {
                                     Ok(()) => {
                                         s2.publish_duration.record_duration(id as usize, t0.elapsed());
-                                        s2.ledger.send(stamp, id);
+                                        s2.ledger.send(stamp, msg);
                                         s2.live.sent.fetch_add(1, Relaxed);
                                     }
                                     Err(_) => {
@@ -224,22 +237,24 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
         }
     }
     let leave = now_us();
-    s.live.connections.fetch_sub(1, Relaxed);
     if !gone {
-        // Keep reading what was sent before we left, then go.
+        // Keep reading what was sent before we left, then go. The socket
+        // is still open (and subscribed) meanwhile, so it still counts in
+        // the connections gauge until it is closed.
         let _ = tokio::time::timeout(p.grace, async {
             while let Ok(text) = conn.recv().await {
-                on_frame(&text, &mut received, leave);
+                on_frame(&text, &mut seen);
             }
         })
         .await;
         conn.close().await;
     }
+    s.live.connections.fetch_sub(1, Relaxed);
     s.ledger.window(Window {
         receiver: id,
         join,
         leave,
-        received,
+        seen: seen.freeze(),
     });
     true
 }
@@ -338,13 +353,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         report.counter("http_publish_errors", s.publish_errors.load(Relaxed));
         report.trend("http_publish_duration", s.publish_duration.total());
     }
-    report.counter("deliveries_expected", d.expected);
-    report.counter("deliveries_received", d.received);
-    report.counter("deliveries_lost", d.lost());
-    if d.unexpected() > 0 {
-        report.counter("deliveries_unexpected", d.unexpected());
-    }
-    report.rate("delivery_success", d.received.min(d.expected), d.expected);
+    report.deliveries(&d);
     report.trend("message_latency", s.latency.total());
     report.counter("server_errors", s.server_errors.load(Relaxed));
     report.errors(&s.live);

@@ -42,7 +42,8 @@ struct BenchCommon {
     /// Clients: peak users (broadcast), N (connect, idle), subscribers (fanout).
     #[arg(long)]
     clients: Option<usize>,
-    /// Ramp time (broadcast), publishing time (fanout), hold time (idle).
+    /// Ramp time (broadcast), publishing time (fanout), hold time (idle);
+    /// connect refuses it.
     #[arg(long, value_parser = super::parse_duration)]
     duration: Option<std::time::Duration>,
     /// Write every figure as JSON to this file.
@@ -151,6 +152,15 @@ pub fn run(args: BenchArgs) -> ExitCode {
         BenchScenario::Fanout(a) => a.common.clone(),
         BenchScenario::Idle(a) => a.common.clone(),
     };
+    if matches!(args.scenario, BenchScenario::Connect(_)) && common.duration.is_some() {
+        // An avalanche ends when every client has settled; silently
+        // ignoring a duration would let someone think they set one.
+        eprintln!(
+            "herald bench: connect has no --duration: each avalanche lasts until every client \
+             has connected and subscribed (or failed); use --clients or --sweep to size it"
+        );
+        return ExitCode::from(2);
+    }
     let target = match Target::new(
         &common.url,
         &common.app_id,

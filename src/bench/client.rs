@@ -3,6 +3,7 @@
 //! and an HTTP API publisher. Frames on the hot path are scanned for the
 //! few fields the bench needs instead of being parsed into JSON values.
 
+use super::ledger::MsgId;
 use super::Target;
 use crate::signing;
 use futures_util::{SinkExt, StreamExt};
@@ -146,6 +147,8 @@ pub struct Scan<'a> {
     pub channel: Option<&'a str>,
     /// The sender's `bench_t` (microseconds on the bench clock), if any.
     pub stamp: Option<u64>,
+    /// The message's id (`bench_s`, `bench_q`), if any.
+    pub id: Option<MsgId>,
 }
 
 /// The string value of the first `"name": "..."` in `text`. Pusher
@@ -172,22 +175,58 @@ fn string_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     None
 }
 
-/// The number after `bench_t`, whether `data` is an object (client events)
-/// or a JSON-encoded string (HTTP API events, quotes escaped). Searched
-/// from the end, where `data` usually is, with a byte loop: `str::find`
-/// sets up a substring searcher per call, which showed in profiles.
-fn stamp(text: &str) -> Option<u64> {
-    const NEEDLE: &[u8] = b"bench_t";
+/// The data of every message the bench sends: its send time and its id.
+/// `bench_t` is microseconds on the bench clock, `bench_s` the sender and
+/// `bench_q` the sender's sequence number ([`MsgId`]).
+pub fn bench_data(stamp: u64, id: MsgId) -> String {
+    format!(
+        "{{\"bench_t\":{stamp},\"bench_s\":{},\"bench_q\":{}}}",
+        id.sender, id.seq
+    )
+}
+
+/// The numbers after `bench_t`, `bench_s` and `bench_q`, whether `data` is
+/// an object (client events) or a JSON-encoded string (HTTP API events,
+/// quotes escaped), in any order. One backward byte loop from the end,
+/// where `data` usually is: `str::find` sets up a substring searcher per
+/// call, which showed in profiles.
+fn bench_fields(text: &str) -> (Option<u64>, Option<MsgId>) {
+    const NEEDLE: &[u8] = b"bench_";
     let b = text.as_bytes();
-    let i = (0..b.len().saturating_sub(NEEDLE.len() - 1))
-        .rev()
-        .find(|&i| b[i] == b'b' && b[i..].starts_with(NEEDLE))?;
-    let rest = &text[i + NEEDLE.len()..];
-    let rest = rest.trim_start_matches(['\\', '"', ':', ' ']);
-    let end = rest
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(rest.len());
-    rest[..end].parse().ok()
+    if b.len() <= NEEDLE.len() {
+        return (None, None);
+    }
+    let (mut t, mut s, mut q) = (None, None, None);
+    let mut i = b.len() - NEEDLE.len() - 1;
+    loop {
+        if b[i] == b'b' && b[i..].starts_with(NEEDLE) {
+            let field = match b.get(i + NEEDLE.len()) {
+                Some(b't') => &mut t,
+                Some(b's') => &mut s,
+                Some(b'q') => &mut q,
+                _ => &mut None,
+            };
+            if field.is_none() {
+                let rest = text[i + NEEDLE.len() + 1..].trim_start_matches(['\\', '"', ':', ' ']);
+                let end = rest
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(rest.len());
+                *field = rest[..end].parse().ok();
+            }
+            if t.is_some() && s.is_some() && q.is_some() {
+                break;
+            }
+        }
+        if i == 0 {
+            break;
+        }
+        i -= 1;
+    }
+    let id = match (s, q) {
+        (Some(sender), Some(seq)) => Some(MsgId { sender, seq }),
+        _ => None,
+    };
+    (t, id)
 }
 
 pub fn scan(text: &str) -> Scan<'_> {
@@ -199,18 +238,22 @@ pub fn scan(text: &str) -> Scan<'_> {
                 .strip_prefix("\",\"channel\":\"")
                 .and_then(|c| c.find('"').map(|e| &c[..e]));
             if let Some(channel) = channel {
+                let (stamp, id) = bench_fields(text);
                 return Scan {
                     event,
                     channel: Some(channel),
-                    stamp: stamp(text),
+                    stamp,
+                    id,
                 };
             }
         }
     }
+    let (stamp, id) = bench_fields(text);
     Scan {
         event: string_field(text, "event").unwrap_or(""),
         channel: string_field(text, "channel"),
-        stamp: stamp(text),
+        stamp,
+        id,
     }
 }
 
@@ -539,18 +582,36 @@ mod tests {
 
     #[test]
     fn scans_client_and_api_events() {
-        let client = r#"{"event":"client-broadcast","channel":"private-benchmark","data":{"bench_t":12345}}"#;
+        let id = MsgId { sender: 42, seq: 7 };
+        let data = bench_data(12345, id);
+        let client = format!(
+            r#"{{"event":"client-broadcast","channel":"private-benchmark","data":{data}}}"#
+        );
         assert_eq!(
-            scan(client),
+            scan(&client),
             Scan {
                 event: "client-broadcast",
                 channel: Some("private-benchmark"),
-                stamp: Some(12345)
+                stamp: Some(12345),
+                id: Some(id),
             }
         );
-        let api = r#"{"event":"bench","channel":"benchmark-fanout-3","data":"{\"bench_t\":987}"}"#;
-        assert_eq!(scan(api).stamp, Some(987));
-        assert_eq!(scan(api).channel, Some("benchmark-fanout-3"));
+        // HTTP API events: data is a string, quotes escaped.
+        let api = serde_json::json!({"event": "bench", "channel": "benchmark-fanout-3",
+                                     "data": bench_data(987, id)})
+        .to_string();
+        assert_eq!(scan(&api).stamp, Some(987));
+        assert_eq!(scan(&api).id, Some(id));
+        assert_eq!(scan(&api).channel, Some("benchmark-fanout-3"));
+        // A server that re-serialises data with its keys sorted.
+        let sorted = r#"{"event":"e","channel":"c","data":{"bench_q":3,"bench_s":2,"bench_t":1}}"#;
+        assert_eq!(scan(sorted).stamp, Some(1));
+        assert_eq!(scan(sorted).id, Some(MsgId { sender: 2, seq: 3 }));
+        // A stamp without an id.
+        let old = r#"{"event":"e","channel":"c","data":{"bench_t":5}}"#;
+        assert_eq!((scan(old).stamp, scan(old).id), (Some(5), None));
+        assert_eq!(scan("").stamp, None);
+        assert_eq!(scan("bench_").id, None);
         let spaced = r#"{ "data" : "{\"channel\":\"x\"}", "event" : "e", "channel" : "c" }"#;
         assert_eq!(scan(spaced).event, "e");
         assert_eq!(scan(spaced).channel, Some("c"));

@@ -1,10 +1,13 @@
 //! `connect`: a connection avalanche. N clients connect and subscribe to a
 //! public channel all at once; each disconnects after its confirmation (or,
-//! with `hold`, once every client has either succeeded or failed). `--sweep` repeats it for growing N
-//! and reports where success first drops below 100 % and 99 %.
+//! with `hold`, once every client has either succeeded or failed).
+//! `--sweep` repeats it for growing N and reports where success first drops
+//! below 100 % and 99 %. The monitor's per-second timeline (connections,
+//! confirmed subscriptions, errors) goes into the report, so `--json` and
+//! `--html` show how the avalanche unfolded.
 
 use super::client::Conn;
-use super::metrics::{Latency, Live, Monitor};
+use super::metrics::{Latency, Live, Monitor, Tick};
 use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -47,6 +50,9 @@ struct Step {
     live: Arc<Live>,
     seconds: f64,
     all_settled_after: f64,
+    /// Per second: open connections, confirmed subscriptions (`received`),
+    /// errors.
+    timeline: Vec<Tick>,
 }
 
 async fn avalanche(p: &ConnectParams) -> Step {
@@ -110,7 +116,7 @@ async fn avalanche(p: &ConnectParams) -> Step {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let _ = monitor.finish().await;
+    let timeline = monitor.finish().await;
     let (connecting, subscribe, setup, connected, subscribed) =
         Arc::try_unwrap(shared).unwrap_or_else(|_| unreachable!("all tasks joined"));
     Step {
@@ -122,6 +128,7 @@ async fn avalanche(p: &ConnectParams) -> Step {
         live,
         seconds,
         all_settled_after: (last_settled - started).as_secs_f64(),
+        timeline,
     }
 }
 
@@ -152,6 +159,7 @@ pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
     let s = avalanche(p).await;
     let n = p.clients as u64;
     report.seconds = s.seconds;
+    report.timeline = s.timeline;
     report.counter("ws_sessions", n);
     report.rate("ws_connect_success", s.connected, n);
     report.rate("ws_subscribe_success", s.subscribed, n);
@@ -173,7 +181,8 @@ pub struct SweepParams {
 }
 
 /// Avalanches of increasing size; reports each step's success rates and
-/// latencies (tagged `{n:N}`) and where success first drops.
+/// latencies (tagged `{n:N}`) and where success first drops. The timeline
+/// is the steps' timelines end to end, each tick tagged with its step.
 pub async fn sweep(p: &SweepParams) -> Result<Report, BenchError> {
     let mut report = Report::new("connect --sweep");
     report.param("url", &p.base.target.url);
@@ -196,7 +205,22 @@ pub async fn sweep(p: &SweepParams) -> Result<Report, BenchError> {
             clients: n,
             ..p.base.clone()
         };
+        // One timeline for the whole sweep: each step's seconds are shifted
+        // to count from the sweep's start and tagged with the step's N.
+        let offset = started.elapsed().as_secs();
         let s = avalanche(&params).await;
+        let mut previous = report.timeline.last().map_or(0, |t| t.second);
+        for tick in &s.timeline {
+            // Keep seconds increasing even when a short pause makes a step
+            // start within the second the previous one ended in.
+            let second = (offset + tick.second).max(previous + 1);
+            previous = second;
+            report.timeline.push(Tick {
+                second,
+                step: Some(n as u64),
+                ..tick.clone()
+            });
+        }
         let success = s.subscribed as f64 / n.max(1) as f64;
         if success < 1.0 && below_100.is_none() {
             below_100 = Some(n as f64);

@@ -1,7 +1,7 @@
 //! What the bench measures while it runs: latencies in HDR histograms,
-//! live counters, the delivery ledger (expected vs received), and the
-//! once-a-second monitor that prints the progress line and keeps the
-//! timeline.
+//! live counters, and the once-a-second monitor that prints the progress
+//! line and keeps the timeline. Delivery accounting is in
+//! [`super::ledger`].
 
 use hdrhistogram::Histogram;
 use std::collections::HashMap;
@@ -119,96 +119,54 @@ impl Live {
     }
 }
 
-/// The time one receiver was subscribed, on the bench clock, and what it
-/// received in that window.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Window {
-    pub receiver: u64,
-    pub join: u64,
-    pub leave: u64,
-    pub received: u64,
-}
-
-/// Expected vs received deliveries when receivers come and go (broadcast).
-///
-/// A send stamped `t` by sender `s` is expected at every receiver `r != s`
-/// whose window satisfies `join <= t <= leave`. `join` is taken after the
-/// subscription is confirmed and `leave` before the receiver stops reading
-/// (it keeps reading for a grace period after), so a server that delivers
-/// everything makes `received == expected` exactly; whatever it drops is
-/// counted as lost.
-#[derive(Default)]
-pub struct Ledger {
-    sends: Mutex<Vec<(u64, u64)>>,
-    windows: Mutex<Vec<Window>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Deliveries {
-    pub expected: u64,
-    pub received: u64,
-}
-
-impl Deliveries {
-    pub fn lost(&self) -> u64 {
-        self.expected.saturating_sub(self.received)
-    }
-
-    /// Received beyond what was expected (duplicates, or deliveries of a
-    /// publish whose acknowledgement failed).
-    pub fn unexpected(&self) -> u64 {
-        self.received.saturating_sub(self.expected)
-    }
-}
-
-impl Ledger {
-    /// A send accepted for delivery at `stamp` by connection `sender`.
-    pub fn send(&self, stamp: u64, sender: u64) {
-        self.sends.lock().unwrap().push((stamp, sender));
-    }
-
-    /// A receiver's finished window.
-    pub fn window(&self, w: Window) {
-        self.windows.lock().unwrap().push(w);
-    }
-
-    pub fn sends(&self) -> usize {
-        self.sends.lock().unwrap().len()
-    }
-
-    pub fn tally(&self) -> Deliveries {
-        let mut sends = self.sends.lock().unwrap().clone();
-        sends.sort_unstable();
-        let stamps: Vec<u64> = sends.iter().map(|s| s.0).collect();
-        let mut by_sender: HashMap<u64, Vec<u64>> = HashMap::new();
-        for (t, s) in &sends {
-            by_sender.entry(*s).or_default().push(*t);
-        }
-        let in_window = |v: &[u64], w: &Window| {
-            let lo = v.partition_point(|&t| t < w.join);
-            let hi = v.partition_point(|&t| t <= w.leave);
-            hi.saturating_sub(lo) as u64
-        };
-        let mut d = Deliveries::default();
-        for w in self.windows.lock().unwrap().iter() {
-            let own = by_sender.get(&w.receiver).map_or(0, |v| in_window(v, w));
-            d.expected += in_window(&stamps, w) - own;
-            d.received += w.received;
-        }
-        d
-    }
-}
-
-/// One second of the run.
+/// One second of the run. `sent`, `received` and `errors` are counts in
+/// this second (not running totals); `connections` is the gauge at its end.
+/// The last tick of a run covers only what remained of its last second,
+/// so a run shorter than a second still has a timeline.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tick {
+    /// Seconds since the run started, at the end of this tick.
     pub second: u64,
+    /// In a `connect --sweep`, the step's N (each step has its own monitor
+    /// and its seconds count from the sweep's start).
+    pub step: Option<u64>,
     pub connections: i64,
     pub sent: u64,
     pub received: u64,
     pub errors: u64,
     /// p99 of the main latency in this second, in ms (None: no samples).
     pub p99_ms: Option<f64>,
+}
+
+/// Turns the live running totals into one tick's per-second counts.
+#[derive(Default)]
+struct Sampler {
+    /// Totals at the previous tick.
+    sent: u64,
+    received: u64,
+    errors: u64,
+}
+
+impl Sampler {
+    fn tick(&mut self, live: &Live, latency: Option<&Latency>, second: u64) -> Tick {
+        let sent = live.sent.load(Relaxed);
+        let received = live.received.load(Relaxed);
+        let errors = live.errors.load(Relaxed);
+        let tick = Tick {
+            second,
+            step: None,
+            connections: live.connections.load(Relaxed),
+            sent: sent - self.sent,
+            received: received - self.received,
+            errors: errors - self.errors,
+            p99_ms: latency.and_then(|l| {
+                let h = l.take_window();
+                (!h.is_empty()).then(|| h.value_at_quantile(0.99) as f64 / 1000.0)
+            }),
+        };
+        (self.sent, self.received, self.errors) = (sent, received, errors);
+        tick
+    }
 }
 
 /// Prints the progress line and records the timeline until stopped.
@@ -232,34 +190,45 @@ impl Monitor {
             let mut ticks = Vec::new();
             let mut interval = tokio::time::interval(Duration::from_secs(1));
             interval.tick().await;
-            let (mut last_sent, mut last_recv) = (0, 0);
+            let mut sampler = Sampler::default();
             loop {
-                tokio::select! {
-                    _ = interval.tick() => {}
-                    _ = stopped.notified() => break,
-                }
-                let sent = live.sent.load(Relaxed);
-                let received = live.received.load(Relaxed);
-                let tick = Tick {
-                    second: started.elapsed().as_secs(),
-                    connections: live.connections.load(Relaxed),
-                    sent: sent - last_sent,
-                    received: received - last_recv,
-                    errors: live.errors.load(Relaxed),
-                    p99_ms: latency.as_ref().and_then(|l| {
-                        let h = l.take_window();
-                        (!h.is_empty()).then(|| h.value_at_quantile(0.99) as f64 / 1000.0)
-                    }),
+                let stopping = tokio::select! {
+                    _ = interval.tick() => false,
+                    _ = stopped.notified() => true,
                 };
-                (last_sent, last_recv) = (sent, received);
+                let elapsed = started.elapsed();
+                // The final, partial tick is rounded up (and kept after the
+                // one before it) so no two ticks share a second.
+                let second = if stopping {
+                    let last = ticks.last().map_or(0, |t: &Tick| t.second);
+                    (elapsed.as_secs_f64().ceil() as u64).max(last + 1)
+                } else {
+                    elapsed.as_secs()
+                };
+                let tick = sampler.tick(&live, latency.as_deref(), second);
+                if stopping {
+                    // Worth a point only if something happened since the
+                    // last full second (counts, or connections closing), or
+                    // the run was shorter than one.
+                    let busy = tick.sent > 0 || tick.received > 0 || tick.errors > 0;
+                    let moved = ticks
+                        .last()
+                        .is_none_or(|t: &Tick| t.connections != tick.connections);
+                    if busy || moved {
+                        ticks.push(tick);
+                    }
+                    break;
+                }
                 if progress {
+                    // The progress line shows running totals; the timeline
+                    // keeps per-second counts.
                     let line = format!(
                         "{label}: {:>4}s  connections {:>6}  sent {:>9}  received {:>10}  errors {:>5}{}",
                         tick.second,
                         tick.connections,
-                        sent,
-                        received,
-                        tick.errors,
+                        sampler.sent,
+                        sampler.received,
+                        sampler.errors,
                         tick.p99_ms.map_or(String::new(), |p| format!("  p99 {p:.1}ms")),
                     );
                     let mut err = std::io::stderr().lock();
@@ -289,47 +258,6 @@ impl Monitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn w(receiver: u64, join: u64, leave: u64, received: u64) -> Window {
-        Window {
-            receiver,
-            join,
-            leave,
-            received,
-        }
-    }
-
-    #[test]
-    fn ledger_counts_only_sends_inside_each_window_from_others() {
-        let l = Ledger::default();
-        // Sender 1 sends at 10, 20, 30; sender 2 at 25.
-        for (t, s) in [(10, 1), (20, 1), (30, 1), (25, 2)] {
-            l.send(t, s);
-        }
-        l.window(w(1, 0, 100, 1)); // expects only 2's send
-        l.window(w(2, 15, 100, 2)); // expects 20, 30 from 1
-        l.window(w(3, 0, 22, 2)); // expects 10, 20
-        let d = l.tally();
-        assert_eq!(d.expected, 5);
-        assert_eq!(d.received, 5);
-        assert_eq!(d.lost(), 0);
-    }
-
-    #[test]
-    fn ledger_reports_what_a_dropping_server_lost() {
-        let l = Ledger::default();
-        for t in 0..100 {
-            l.send(t, 0);
-        }
-        // Three receivers present throughout; the server dropped every 10th.
-        for r in 1..=3 {
-            l.window(w(r, 0, 1000, 90));
-        }
-        let d = l.tally();
-        assert_eq!(d.expected, 300);
-        assert_eq!(d.lost(), 30);
-        assert_eq!(d.unexpected(), 0);
-    }
 
     #[test]
     fn latency_shards_merge() {

@@ -5,8 +5,10 @@
 //! mod.rs      the target (URL, app credentials), errors, preflight checks,
 //!             open-file limit, source addresses, CPU and memory probes
 //! client      one WebSocket client: connect, subscribe, scan frames
-//! metrics     HDR latency histograms, live counters, the delivery ledger,
-//!             the once-a-second monitor (progress line and timeline)
+//! metrics     HDR latency histograms, live counters, the once-a-second
+//!             monitor (progress line and timeline)
+//! ledger      message ids and exact delivery accounting (lost, duplicated,
+//!             unexpected)
 //! report      the k6-style summary, `--json` and `--html` output
 //! broadcast   ramping virtual users sending client events (or HTTP publishes)
 //! connect     connection avalanche, and `--sweep` over increasing N
@@ -18,8 +20,10 @@
 //! a [`report::Report`], so tests call them directly. Latencies are measured
 //! on one process clock ([`now_us`], microseconds since the bench started)
 //! that senders write into the payload and receivers subtract from, so there
-//! is no clock skew to correct for. Messages a server drops show up as lost
-//! deliveries (expected minus received), never hidden in an average.
+//! is no clock skew to correct for. Every message carries a unique id, so
+//! messages a server drops show up as lost deliveries (expected minus
+//! distinct expected ids received), never hidden in an average or made up
+//! for by duplicates.
 
 pub mod broadcast;
 pub mod cli;
@@ -27,6 +31,7 @@ pub mod client;
 pub mod connect;
 pub mod fanout;
 pub mod idle;
+pub mod ledger;
 pub mod metrics;
 pub mod report;
 
@@ -370,6 +375,33 @@ mod tests {
         assert!(Target::new("ws://127.0.0.1:8080/app/k", "a", "k", "s", false).is_err());
         assert!(Target::new("ws://10.1.2.3:8080", "a", "k", "s", false).is_err());
         assert!(Target::new("ws://10.1.2.3:8080", "a", "k", "s", true).is_ok());
+    }
+
+    #[test]
+    fn source_addresses_cycle_over_64_loopback_addresses() {
+        let t = Target::new("ws://127.0.0.1:8080", "a", "k", "s", false).unwrap();
+        let picked: Vec<IpAddr> = (0..200).map(|i| t.source_for(i).unwrap()).collect();
+        let distinct: std::collections::BTreeSet<IpAddr> = picked.iter().copied().collect();
+        assert_eq!(distinct.len(), SOURCE_ADDRESSES);
+        let first = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+        let last = IpAddr::V4(Ipv4Addr::new(127, 0, 0, SOURCE_ADDRESSES as u8));
+        assert_eq!(distinct.first(), Some(&first));
+        assert_eq!(distinct.last(), Some(&last));
+        // Consecutive connections use different addresses, so even a small
+        // run is spread, and the spread wraps around.
+        assert_ne!(picked[0], picked[1]);
+        assert_eq!(picked[0], picked[SOURCE_ADDRESSES]);
+        // Another loopback target (127.0.0.5) is spread the same way.
+        let t = Target::new("ws://127.0.0.5:8080", "a", "k", "s", false).unwrap();
+        assert_eq!(
+            t.source_for(3),
+            Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 4)))
+        );
+        // IPv6 and remote targets: the kernel picks the source.
+        let t = Target::new("ws://[::1]:8080", "a", "k", "s", false).unwrap();
+        assert_eq!(t.source_for(3), None);
+        let t = Target::new("ws://10.1.2.3:8080", "a", "k", "s", true).unwrap();
+        assert_eq!(t.source_for(3), None);
     }
 
     #[test]

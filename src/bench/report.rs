@@ -1,6 +1,7 @@
 //! Results: the k6-style summary, `--json` (every figure under the same
 //! metric names) and `--html` (latency histograms and a timeline as SVG).
 
+use super::ledger::Deliveries;
 use super::metrics::{Live, Tick};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
@@ -112,6 +113,32 @@ impl Report {
         }
         for e in live.error_examples() {
             self.notes.push(format!("error: {e}"));
+        }
+    }
+
+    /// Delivery accounting under the same names in every scenario:
+    /// `deliveries_received` counts distinct expected messages, so
+    /// `deliveries_duplicated` and `deliveries_unexpected` are reported
+    /// beside `deliveries_lost`, never netted against it.
+    pub fn deliveries(&mut self, d: &Deliveries) {
+        self.counter("deliveries_expected", d.expected);
+        self.counter("deliveries_received", d.received);
+        self.counter("deliveries_lost", d.lost());
+        self.counter("deliveries_duplicated", d.duplicated);
+        self.counter("deliveries_unexpected", d.unexpected);
+        self.rate("delivery_success", d.received, d.expected);
+        if d.duplicated > 0 {
+            self.notes.push(format!(
+                "{} deliveries were duplicates of a message the receiver already had",
+                d.duplicated
+            ));
+        }
+        if d.unexpected > 0 {
+            self.notes.push(format!(
+                "{} deliveries were not expected where they arrived (echo of the receiver's \
+                 own message, a failed publish delivered anyway, or a frame without a bench id)",
+                d.unexpected
+            ));
         }
     }
 
@@ -250,8 +277,12 @@ impl Report {
             .timeline
             .iter()
             .map(|t| {
-                json!({"second": t.second, "connections": t.connections, "sent": t.sent,
-                       "received": t.received, "errors": t.errors, "p99": t.p99_ms})
+                let mut v = json!({"second": t.second, "connections": t.connections, "sent": t.sent,
+                       "received": t.received, "errors": t.errors, "p99": t.p99_ms});
+                if let Some(n) = t.step {
+                    v["step"] = json!(n);
+                }
+                v
             })
             .collect();
         json!({
@@ -281,7 +312,7 @@ impl Report {
         if !self.timeline.is_empty() {
             out.push_str("<h2>Timeline</h2>");
             type Series<'a> = (&'a str, Box<dyn Fn(&Tick) -> f64>);
-            let series: [Series; 4] = [
+            let series: [Series; 5] = [
                 (
                     "open connections",
                     Box::new(|t: &Tick| t.connections as f64),
@@ -291,6 +322,7 @@ impl Report {
                     "receives per second",
                     Box::new(|t: &Tick| t.received as f64),
                 ),
+                ("errors per second", Box::new(|t: &Tick| t.errors as f64)),
                 (
                     "p99 latency per second (ms)",
                     Box::new(|t: &Tick| t.p99_ms.unwrap_or(0.0)),

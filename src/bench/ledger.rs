@@ -1,0 +1,440 @@
+//! Exact delivery accounting: which messages were expected where, and which
+//! of them arrived.
+//!
+//! Every message the bench publishes carries a unique id, its sender and
+//! that sender's sequence number ([`MsgId`]). Each receiver keeps, per
+//! sender, a bitmap of the sequence numbers it has seen ([`SeqSet`],
+//! [`Seen`]): one bit per delivery and no hashing of strings, so the receive
+//! path stays cheap. Because receivers count *distinct expected ids*, a
+//! duplicate (or an echo of a receiver's own message) can never stand in
+//! for a message the server dropped: lost, duplicated and unexpected
+//! deliveries are three separate counts ([`Deliveries`]).
+//!
+//! [`Ledger`] does the accounting for `broadcast`, where receivers come
+//! and go: a send is expected at every other receiver subscribed when it
+//! was sent. `fanout` (fixed subscribers) uses [`SeqSet`] directly.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A message's id: who sent it and that sender's sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MsgId {
+    pub sender: u64,
+    pub seq: u64,
+}
+
+/// Largest span of one [`SeqSet`] in 64-bit words (2^20 words: 64 Mi
+/// sequence numbers, 8 MiB). A sequence number further away than that from
+/// the ones already seen is not one the bench sent; it is counted as
+/// unexpected instead of allocating for it.
+const MAX_WORDS: u64 = 1 << 20;
+
+/// What a receiver made of one incoming id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receipt {
+    /// First time this id arrived here.
+    New,
+    /// Already seen here: a duplicate delivery.
+    Duplicate,
+    /// Not an id the bench could have sent (out of any sane range).
+    Unexpected,
+}
+
+/// A set of sequence numbers, as a bitmap starting at word `base`.
+/// Senders number their messages 0, 1, 2, ..., so the seen numbers are
+/// dense and the bitmap costs one bit per delivery.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeqSet {
+    /// Index of the first word (sequence number / 64).
+    base: u64,
+    words: Vec<u64>,
+}
+
+impl SeqSet {
+    pub fn insert(&mut self, seq: u64) -> Receipt {
+        let word = seq / 64;
+        if self.words.is_empty() {
+            self.base = word;
+        }
+        if word < self.base {
+            // Out of order below the first seen: grow at the front (rare;
+            // only reordered HTTP publishes do this, and only by a little).
+            let grow = self.base - word;
+            if grow + self.words.len() as u64 > MAX_WORDS {
+                return Receipt::Unexpected;
+            }
+            self.words
+                .splice(0..0, std::iter::repeat_n(0, grow as usize));
+            self.base = word;
+        }
+        let i = word - self.base;
+        if i >= MAX_WORDS {
+            return Receipt::Unexpected;
+        }
+        let i = i as usize;
+        if i >= self.words.len() {
+            self.words.resize(i + 1, 0);
+        }
+        let bit = 1u64 << (seq % 64);
+        if self.words[i] & bit != 0 {
+            return Receipt::Duplicate;
+        }
+        self.words[i] |= bit;
+        Receipt::New
+    }
+
+    pub fn contains(&self, seq: u64) -> bool {
+        self.bits().contains(seq)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.bits().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many numbers are in both sets.
+    pub fn intersection_len(&self, other: &SeqSet) -> u64 {
+        self.bits().intersection_len(&other.bits())
+    }
+
+    fn bits(&self) -> Bits<'_> {
+        Bits {
+            base: self.base,
+            words: &self.words,
+        }
+    }
+}
+
+/// A borrowed bitmap: a [`SeqSet`]'s, or one inside a frozen [`Received`].
+#[derive(Debug, Clone, Copy)]
+struct Bits<'a> {
+    base: u64,
+    words: &'a [u64],
+}
+
+impl Bits<'_> {
+    fn contains(&self, seq: u64) -> bool {
+        let word = seq / 64;
+        word >= self.base
+            && self
+                .words
+                .get((word - self.base) as usize)
+                .is_some_and(|w| w & (1u64 << (seq % 64)) != 0)
+    }
+
+    fn len(&self) -> u64 {
+        self.words.iter().map(|w| w.count_ones() as u64).sum()
+    }
+
+    fn intersection_len(&self, other: &Bits<'_>) -> u64 {
+        let lo = self.base.max(other.base);
+        let hi = (self.base + self.words.len() as u64).min(other.base + other.words.len() as u64);
+        (lo..hi)
+            .map(|w| {
+                let a = self.words[(w - self.base) as usize];
+                let b = other.words[(w - other.base) as usize];
+                (a & b).count_ones() as u64
+            })
+            .sum()
+    }
+}
+
+/// What one receiver has seen while it runs: a [`SeqSet`] per sender, and
+/// how many receipts were duplicates or not ids at all. Owned by the
+/// receiver's task, so recording takes no lock.
+#[derive(Debug, Default)]
+pub struct Seen {
+    senders: HashMap<u64, SeqSet>,
+    pub duplicates: u64,
+    pub unexpected: u64,
+}
+
+impl Seen {
+    pub fn record(&mut self, id: MsgId) -> Receipt {
+        let r = self.senders.entry(id.sender).or_default().insert(id.seq);
+        match r {
+            Receipt::New => {}
+            Receipt::Duplicate => self.duplicates += 1,
+            Receipt::Unexpected => self.unexpected += 1,
+        }
+        r
+    }
+
+    /// A stamped frame without a usable id.
+    pub fn garbled(&mut self) {
+        self.unexpected += 1;
+    }
+
+    /// The compact form kept until the end of the run: one allocation for
+    /// all senders' bitmaps instead of a hash map of small vectors.
+    pub fn freeze(self) -> Received {
+        let mut entries: Vec<(u64, SeqSet)> = self.senders.into_iter().collect();
+        entries.sort_unstable_by_key(|e| e.0);
+        let mut r = Received {
+            senders: Vec::with_capacity(entries.len()),
+            words: Vec::with_capacity(entries.iter().map(|e| e.1.words.len()).sum()),
+            duplicates: self.duplicates,
+            unexpected: self.unexpected,
+        };
+        for (sender, set) in entries {
+            r.senders.push(Span {
+                sender,
+                base: set.base,
+                start: r.words.len(),
+                len: set.words.len(),
+            });
+            r.words.extend_from_slice(&set.words);
+        }
+        r
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    sender: u64,
+    base: u64,
+    start: usize,
+    len: usize,
+}
+
+/// A receiver's [`Seen`], frozen when it leaves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Received {
+    senders: Vec<Span>,
+    words: Vec<u64>,
+    pub duplicates: u64,
+    pub unexpected: u64,
+}
+
+impl Received {
+    fn bits(&self, s: &Span) -> Bits<'_> {
+        Bits {
+            base: s.base,
+            words: &self.words[s.start..s.start + s.len],
+        }
+    }
+}
+
+/// Expected vs received deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deliveries {
+    pub expected: u64,
+    /// Distinct expected messages that arrived (never more than expected).
+    pub received: u64,
+    /// Receipts of a message the receiver already had.
+    pub duplicated: u64,
+    /// Distinct messages that arrived but were not expected there: a
+    /// receiver's own message echoed back, a message whose send failed,
+    /// or a frame with a stamp but no valid id.
+    pub unexpected: u64,
+}
+
+impl Deliveries {
+    pub fn lost(&self) -> u64 {
+        self.expected.saturating_sub(self.received)
+    }
+
+    pub fn add(&mut self, other: Deliveries) {
+        self.expected += other.expected;
+        self.received += other.received;
+        self.duplicated += other.duplicated;
+        self.unexpected += other.unexpected;
+    }
+}
+
+/// The time one receiver was subscribed, on the bench clock, and what it
+/// received in that window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub receiver: u64,
+    pub join: u64,
+    pub leave: u64,
+    pub seen: Received,
+}
+
+/// Expected vs received deliveries when receivers come and go (broadcast).
+///
+/// A send stamped `t` by sender `s` is expected at every receiver `r != s`
+/// whose window satisfies `join <= t <= leave`. `join` is taken after the
+/// subscription is confirmed and `leave` before the receiver stops reading
+/// (it keeps reading for a grace period after), so a server that delivers
+/// everything makes `received == expected` exactly; whatever it drops is
+/// counted as lost. A send from just before `join` or after `leave` may or
+/// may not arrive; if it does, it is neither expected nor unexpected.
+#[derive(Default)]
+pub struct Ledger {
+    /// (stamp, id) of every send the server accepted.
+    sends: Mutex<Vec<(u64, MsgId)>>,
+    windows: Mutex<Vec<Window>>,
+}
+
+impl Ledger {
+    /// A send accepted for delivery, stamped `stamp`.
+    pub fn send(&self, stamp: u64, id: MsgId) {
+        self.sends.lock().unwrap().push((stamp, id));
+    }
+
+    /// A receiver's finished window.
+    pub fn window(&self, w: Window) {
+        self.windows.lock().unwrap().push(w);
+    }
+
+    pub fn sends(&self) -> usize {
+        self.sends.lock().unwrap().len()
+    }
+
+    pub fn tally(&self) -> Deliveries {
+        let mut sends = self.sends.lock().unwrap().clone();
+        sends.sort_unstable_by_key(|s| s.0);
+        let stamps: Vec<u64> = sends.iter().map(|s| s.0).collect();
+        let mut by_sender: HashMap<u64, SenderSends> = HashMap::new();
+        for (t, id) in &sends {
+            let e = by_sender.entry(id.sender).or_default();
+            e.stamps.push(*t);
+            e.seqs.push(id.seq);
+            e.ids.insert(id.seq);
+        }
+        let range = |v: &[u64], w: &Window| {
+            let lo = v.partition_point(|&t| t < w.join);
+            let hi = v.partition_point(|&t| t <= w.leave);
+            lo..hi.max(lo)
+        };
+        let mut d = Deliveries::default();
+        for w in self.windows.lock().unwrap().iter() {
+            let own = by_sender
+                .get(&w.receiver)
+                .map_or(0, |s| range(&s.stamps, w).len());
+            d.expected += (range(&stamps, w).len() - own) as u64;
+            d.duplicated += w.seen.duplicates;
+            d.unexpected += w.seen.unexpected;
+            for span in &w.seen.senders {
+                let got = w.seen.bits(span);
+                match by_sender.get(&span.sender) {
+                    // The server echoed the receiver's own messages, or
+                    // delivered ids of a sender with no accepted send.
+                    _ if span.sender == w.receiver => d.unexpected += got.len(),
+                    None => d.unexpected += got.len(),
+                    Some(s) => {
+                        d.unexpected += got.len() - got.intersection_len(&s.ids.bits());
+                        d.received += s.seqs[range(&s.stamps, w)]
+                            .iter()
+                            .filter(|&&q| got.contains(q))
+                            .count() as u64;
+                    }
+                }
+            }
+        }
+        d
+    }
+}
+
+/// One sender's accepted sends, in stamp order, for [`Ledger::tally`].
+#[derive(Default)]
+struct SenderSends {
+    stamps: Vec<u64>,
+    seqs: Vec<u64>,
+    ids: SeqSet,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(sender: u64, seq: u64) -> MsgId {
+        MsgId { sender, seq }
+    }
+
+    /// A receiver's window that saw `ids`, duplicates included.
+    fn w(receiver: u64, join: u64, leave: u64, ids: &[(u64, u64)]) -> Window {
+        let mut seen = Seen::default();
+        for &(s, q) in ids {
+            seen.record(id(s, q));
+        }
+        Window {
+            receiver,
+            join,
+            leave,
+            seen: seen.freeze(),
+        }
+    }
+
+    #[test]
+    fn seq_sets_count_distinct_numbers_in_any_order() {
+        let mut s = SeqSet::default();
+        assert_eq!(s.insert(200), Receipt::New);
+        assert_eq!(s.insert(200), Receipt::Duplicate);
+        assert_eq!(s.insert(3), Receipt::New); // below the first word
+        assert_eq!(s.insert(1000), Receipt::New);
+        assert_eq!(s.insert(3), Receipt::Duplicate);
+        assert_eq!(s.len(), 3);
+        assert!(s.contains(3) && s.contains(200) && s.contains(1000));
+        assert!(!s.contains(4) && !s.contains(5000) && !s.contains(0));
+        assert_eq!(s.insert(u64::MAX), Receipt::Unexpected);
+        let mut t = SeqSet::default();
+        for q in [3, 4, 1000, 70_000] {
+            t.insert(q);
+        }
+        assert_eq!(s.intersection_len(&t), 2);
+        assert_eq!(t.intersection_len(&s), 2);
+    }
+
+    #[test]
+    fn ledger_counts_only_sends_inside_each_window_from_others() {
+        let l = Ledger::default();
+        // Sender 1 sends at 10, 20, 30 (seq 0..3); sender 2 at 25.
+        for (t, s, q) in [(10, 1, 0), (20, 1, 1), (30, 1, 2), (25, 2, 0)] {
+            l.send(t, id(s, q));
+        }
+        l.window(w(1, 0, 100, &[(2, 0)])); // expects only 2's send
+        l.window(w(2, 15, 100, &[(1, 1), (1, 2)])); // expects 20, 30 from 1
+        l.window(w(3, 0, 22, &[(1, 0), (1, 1)])); // expects 10, 20
+        let d = l.tally();
+        assert_eq!(d.expected, 5);
+        assert_eq!(d.received, 5);
+        assert_eq!(d.lost(), 0);
+        assert_eq!((d.duplicated, d.unexpected), (0, 0));
+    }
+
+    #[test]
+    fn ledger_reports_what_a_dropping_server_lost() {
+        let l = Ledger::default();
+        for t in 0..100 {
+            l.send(t, id(0, t));
+        }
+        // Three receivers present throughout; the server dropped every 10th.
+        let got: Vec<(u64, u64)> = (0..100).filter(|q| q % 10 != 0).map(|q| (0, q)).collect();
+        for r in 1..=3 {
+            l.window(w(r, 0, 1000, &got));
+        }
+        let d = l.tally();
+        assert_eq!(d.expected, 300);
+        assert_eq!(d.lost(), 30);
+        assert_eq!((d.duplicated, d.unexpected), (0, 0));
+    }
+
+    #[test]
+    fn duplicates_and_echoes_do_not_hide_losses() {
+        let l = Ledger::default();
+        for q in 0..10 {
+            l.send(q, id(7, q));
+            l.send(q, id(1, q));
+        }
+        // Receiver 1 lost 7's seq 0 and 1, got 2 and 3 twice (as many
+        // frames as expected), and was echoed its own seq 5.
+        let mut ids: Vec<(u64, u64)> = (2..10).map(|q| (7, q)).collect();
+        ids.extend([(7, 2), (7, 3), (1, 5)]);
+        // Plus a message of 7's that was never accepted (failed send).
+        ids.push((7, 11));
+        l.window(w(1, 0, 100, &ids));
+        let d = l.tally();
+        assert_eq!(d.expected, 10);
+        assert_eq!(d.received, 8);
+        assert_eq!(d.lost(), 2);
+        assert_eq!(d.duplicated, 2);
+        assert_eq!(d.unexpected, 2);
+    }
+}
