@@ -201,12 +201,14 @@ fn bench_fields(text: &str) -> (Option<u64>, Option<MsgId>) {
     loop {
         if b[i] == b'b' && b[i..].starts_with(NEEDLE) {
             let field = match b.get(i + NEEDLE.len()) {
-                Some(b't') => &mut t,
-                Some(b's') => &mut s,
-                Some(b'q') => &mut q,
-                _ => &mut None,
+                Some(b't') => Some(&mut t),
+                Some(b's') => Some(&mut s),
+                Some(b'q') => Some(&mut q),
+                _ => None,
             };
-            if field.is_none() {
+            // Only after one of our field letters (ASCII): slicing after
+            // any other byte could cut a character in two.
+            if let Some(field @ None) = field {
                 let rest = text[i + NEEDLE.len() + 1..].trim_start_matches(['\\', '"', ':', ' ']);
                 let end = rest
                     .find(|c: char| !c.is_ascii_digit())
@@ -579,6 +581,21 @@ impl HttpPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stray_bench_prefixes_do_not_panic() {
+        for text in [
+            "bench_",
+            "xbench_",
+            "{\"bench_é\":1}",
+            "bench_t",
+            "bench_t:",
+            "bench_é",
+        ] {
+            assert_eq!(scan(text).id, None, "{text}");
+        }
+        assert_eq!(scan(r#"{"bench_é":1,"bench_t":5}"#).stamp, Some(5));
+    }
 
     #[test]
     fn scans_client_and_api_events() {
