@@ -8,7 +8,7 @@ pub mod auth;
 use crate::config::AppConfig;
 use crate::fanout::{json_string, Publication};
 use crate::hub::channel::{validate_publish_name, ChannelKind};
-use crate::hub::Hub;
+use crate::hub::{ChannelInfo, Hub};
 use crate::metrics;
 use crate::node::Node;
 use auth::{authenticate, SignedRequest};
@@ -305,7 +305,13 @@ fn publish(hub: &Hub, ev: Checked) -> Value {
 }
 
 fn channel_attributes(hub: &Hub, name: &str, attrs: &[String]) -> Map<String, Value> {
-    let info = hub.channel(name);
+    attributes_of(name, hub.channel(name), attrs)
+}
+
+/// The `info` attributes of channel `name` from its `info` (`None`: not
+/// occupied here, so every count is 0). `user_count` exists only for
+/// presence channels.
+fn attributes_of(name: &str, info: Option<ChannelInfo>, attrs: &[String]) -> Map<String, Value> {
     let mut m = Map::new();
     for a in attrs {
         match a.as_str() {
@@ -381,15 +387,7 @@ async fn channels(Signed { hub, uri, .. }: Signed) -> ApiResult {
     }
     let mut out = Map::new();
     for (name, info) in hub.channels(&prefix) {
-        let mut m = Map::new();
-        for a in &attrs {
-            let n = if a == "user_count" {
-                info.user_count
-            } else {
-                info.subscription_count
-            };
-            m.insert(a.clone(), json!(n));
-        }
+        let m = attributes_of(&name, Some(info), &attrs);
         out.insert(name, Value::Object(m));
     }
     Ok(Json(json!({ "channels": out })))
