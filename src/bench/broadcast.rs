@@ -10,7 +10,7 @@
 //! drops are counted and duplicates cannot hide them.
 
 use super::client::{bench_data, scan, Conn, HttpPublisher};
-use super::ledger::{Ledger, MsgId, Receipt, Seen, Window};
+use super::ledger::{Ledger, Receipt, Seen, Window};
 use super::metrics::{Latency, Live, Monitor};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};

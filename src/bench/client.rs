@@ -209,11 +209,7 @@ fn bench_fields(text: &str) -> (Option<u64>, Option<MsgId>) {
             // Only after one of our field letters (ASCII): slicing after
             // any other byte could cut a character in two.
             if let Some(field @ None) = field {
-                let rest = text[i + NEEDLE.len() + 1..].trim_start_matches(['\\', '"', ':', ' ']);
-                let end = rest
-                    .find(|c: char| !c.is_ascii_digit())
-                    .unwrap_or(rest.len());
-                *field = rest[..end].parse().ok();
+                *field = number_after(&b[i + NEEDLE.len() + 1..]);
             }
             if t.is_some() && s.is_some() && q.is_some() {
                 break;
@@ -241,6 +237,26 @@ pub fn event_of(text: &str) -> &str {
         }
     }
     string_field(text, "event").unwrap_or("")
+}
+
+/// The decimal number after a field name's closing quote and colon (with
+/// any escaping backslashes, quotes and spaces between); `None` when there
+/// are no digits or the number does not fit in a u64. Bytes, not `str`
+/// methods: this runs for every frame the generator receives.
+fn number_after(b: &[u8]) -> Option<u64> {
+    let start = b
+        .iter()
+        .position(|c| !matches!(c, b'\\' | b'"' | b':' | b' '))?;
+    let mut value: u64 = 0;
+    let mut digits = 0;
+    for &c in &b[start..] {
+        if !c.is_ascii_digit() {
+            break;
+        }
+        value = value.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+        digits += 1;
+    }
+    (digits > 0).then_some(value)
 }
 
 pub fn scan(text: &str) -> Scan<'_> {
@@ -611,6 +627,9 @@ mod tests {
             assert_eq!(scan(text).id, None, "{text}");
         }
         assert_eq!(scan(r#"{"bench_é":1,"bench_t":5}"#).stamp, Some(5));
+        assert_eq!(scan(r#"{"bench_t":}"#).stamp, None);
+        assert_eq!(scan(r#"{"bench_t":99999999999999999999}"#).stamp, None);
+        assert_eq!(scan(r#"{"bench_t" : 42 }"#).stamp, Some(42));
     }
 
     #[test]
