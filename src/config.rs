@@ -15,6 +15,10 @@ pub const DEV_APP_ID: &str = "app-id";
 pub const DEV_APP_KEY: &str = "app-key";
 pub const DEV_APP_SECRET: &str = "app-secret";
 
+/// Longest `write_delay_ms`: a delay meant to batch frames, not to hold
+/// them (a second is already far beyond what any real-time client accepts).
+pub const MAX_WRITE_DELAY_MS: u64 = 1000;
+
 /// Server-wide settings plus the list of apps.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -33,6 +37,10 @@ pub struct Config {
     pub max_request_size: usize,
     /// TCP listen backlog; a small one turns a reconnect storm into dropped SYNs.
     pub listen_backlog: u32,
+    /// Milliseconds a connection's writer keeps collecting frames after
+    /// the first before writing them together (0: write at once). Trades up
+    /// to this much latency for fewer `write` calls.
+    pub write_delay_ms: u64,
     /// `tracing` filter, e.g. `info` or `herald=debug`.
     pub log: String,
     /// PEM certificate chain; with `tls_key`, Herald serves TLS (wss/https).
@@ -52,6 +60,7 @@ impl Default for Config {
             shutdown_grace: 10,
             max_request_size: 1024 * 1024,
             listen_backlog: 4096,
+            write_delay_ms: 0,
             log: "info".into(),
             tls_cert: None,
             tls_key: None,
@@ -150,6 +159,7 @@ pub struct Overrides {
     pub port: Option<u16>,
     pub activity_timeout: Option<u64>,
     pub shutdown_grace: Option<u64>,
+    pub write_delay_ms: Option<u64>,
     pub log: Option<String>,
     /// Replace the single app's credentials (handy in containers).
     pub app_id: Option<String>,
@@ -221,6 +231,9 @@ impl Config {
         if let Some(v) = o.shutdown_grace {
             self.shutdown_grace = v;
         }
+        if let Some(v) = o.write_delay_ms {
+            self.write_delay_ms = v;
+        }
         if let Some(v) = &o.log {
             self.log = v.clone();
         }
@@ -265,6 +278,12 @@ impl Config {
         }
         if self.pong_timeout == 0 {
             return Err(invalid("pong_timeout", "must be at least 1 second"));
+        }
+        if self.write_delay_ms > MAX_WRITE_DELAY_MS {
+            return Err(invalid(
+                "write_delay_ms",
+                format!("must be at most {MAX_WRITE_DELAY_MS} (milliseconds)"),
+            ));
         }
         if self.listen_backlog == 0 {
             return Err(invalid("listen_backlog", "must be positive"));
@@ -349,6 +368,10 @@ impl Config {
 
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace)
+    }
+
+    pub fn write_delay(&self) -> Duration {
+        Duration::from_millis(self.write_delay_ms)
     }
 }
 

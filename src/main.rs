@@ -47,6 +47,10 @@ struct ServeArgs {
     /// Seconds clients get to leave on shutdown (default 10).
     #[arg(long, env = "HERALD_SHUTDOWN_GRACE", value_parser = seconds("HERALD_SHUTDOWN_GRACE"))]
     shutdown_grace: Option<u64>,
+    /// Milliseconds each connection's writer collects frames after the
+    /// first before one write (0 = write at once; see docs/configuration.md).
+    #[arg(long, env = "HERALD_WRITE_DELAY_MS", value_parser = millis("HERALD_WRITE_DELAY_MS"))]
+    write_delay_ms: Option<u64>,
     /// Log filter, e.g. `info` or `herald=debug`.
     #[arg(long, env = "HERALD_LOG")]
     log: Option<String>,
@@ -82,6 +86,14 @@ fn seconds(env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
     }
 }
 
+fn millis(env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
+    move |s: &str| {
+        s.parse().map_err(|_| {
+            format!("{s:?} is not a whole number of milliseconds (from the flag or {env})")
+        })
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -96,6 +108,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         port: args.port,
         activity_timeout: args.activity_timeout,
         shutdown_grace: args.shutdown_grace,
+        write_delay_ms: args.write_delay_ms,
         log: args.log,
         app_id: args.app_id,
         app_key: args.app_key,

@@ -70,13 +70,17 @@ pub static FRAMES_DELIVERED: Counter = Counter::new(
     "herald_frames_delivered_total",
     "Frames queued to subscribers",
 );
+pub static SOCKET_WRITES: Counter = Counter::new(
+    "herald_socket_writes_total",
+    "Batches of frames written to client sockets (one flush each)",
+);
 pub static API_REQUESTS: Counter = Counter::new("herald_api_requests_total", "HTTP API requests");
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
     "HTTP API requests answered with an error",
 );
 
-static ALL: [&Counter; 11] = [
+static ALL: [&Counter; 12] = [
     &CONNECTIONS_OPENED,
     &CONNECTIONS_CLOSED,
     &CONNECTIONS_REFUSED,
@@ -86,6 +90,7 @@ static ALL: [&Counter; 11] = [
     &SLOW_CLIENTS_CLOSED,
     &MESSAGES_PUBLISHED,
     &FRAMES_DELIVERED,
+    &SOCKET_WRITES,
     &API_REQUESTS,
     &API_ERRORS,
 ];

@@ -60,6 +60,7 @@ fn wrong_type_is_named() {
 #[test]
 fn semantic_errors_are_named() {
     assert_rejected("activity_timeout = 0\n", "activity_timeout");
+    assert_rejected("write_delay_ms = 1001\n", "write_delay_ms");
     assert_rejected(
         "[[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"\"\n",
         "apps[0].secret",
@@ -90,6 +91,7 @@ fn bad_environment_values_name_their_variable() {
         ("HERALD_PORT", "70000"),
         ("HERALD_ACTIVITY_TIMEOUT", "soon"),
         ("HERALD_SHUTDOWN_GRACE", "-1"),
+        ("HERALD_WRITE_DELAY_MS", "5ms"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_herald"))
             .arg("serve")

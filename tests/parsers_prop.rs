@@ -270,7 +270,7 @@ proptest! {
     #[test]
     fn config_unknown_keys_are_named(key in "[a-z_]{3,20}") {
         let known = ["host", "port", "activity_timeout", "pong_timeout", "shutdown_grace",
-            "max_request_size", "listen_backlog", "log", "apps"];
+            "max_request_size", "listen_backlog", "write_delay_ms", "log", "apps"];
         prop_assume!(!known.contains(&key.as_str()));
         let err = Config::from_toml(&format!("{key} = 1\n"), "x.toml").unwrap_err().to_string();
         prop_assert!(err.contains(&key), "{}", err);

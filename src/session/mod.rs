@@ -15,6 +15,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::SinkExt;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// Most frames written before one flush.
 const MAX_BATCH: usize = 64;
@@ -24,25 +25,48 @@ const MAX_BATCH: usize = 64;
 /// would pin its session (and its queue) forever.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Write `first` and whatever else is already queued, then flush.
+/// Write `first` and whatever else is queued, then flush: one batch.
+///
+/// With a non-zero `delay` (the server's `write_delay_ms`) the batch keeps
+/// collecting frames until `delay` after `first` (or until it is full)
+/// before the one flush, so frames that come close together share a write.
+///
+/// Why: on loopback and in VMs a small `write` costs several microseconds of
+/// kernel time however little it carries (bench/RESULTS.md measures ~8 µs
+/// here), so at high fan-out rates the number of writes, not the bytes, is
+/// what costs CPU, on the server and on every client. Waiting after the
+/// first frame, rather than only pacing writes to at most one per `delay`,
+/// is what actually gathers frames: under load the writers already batch
+/// naturally, and a pace of a few milliseconds rarely binds (measured in
+/// bench/RESULTS.md). The price is up to `delay` on every message, which
+/// is why it is off by default.
 pub async fn write_batch(
     socket: &mut WebSocket,
     conn: &Connection,
     first: Frame,
     rx: &mut mpsc::Receiver<Frame>,
+    delay: Duration,
 ) -> Result<(), ()> {
     let work = async {
+        let deadline = Instant::now() + delay;
         conn.dequeued(&first);
         socket.feed(Message::Text(first)).await?;
         for _ in 1..MAX_BATCH {
-            match rx.try_recv() {
-                Ok(frame) => {
-                    conn.dequeued(&frame);
-                    socket.feed(Message::Text(frame)).await?
+            let next = match rx.try_recv() {
+                Ok(frame) => Some(frame),
+                Err(mpsc::error::TryRecvError::Empty) if !delay.is_zero() => {
+                    tokio::time::timeout_at(deadline, rx.recv())
+                        .await
+                        .ok()
+                        .flatten()
                 }
-                Err(_) => break,
-            }
+                Err(_) => None,
+            };
+            let Some(frame) = next else { break };
+            conn.dequeued(&frame);
+            socket.feed(Message::Text(frame)).await?;
         }
+        crate::metrics::count(&crate::metrics::SOCKET_WRITES);
         socket.flush().await
     };
     match tokio::time::timeout(WRITE_TIMEOUT, work).await {

@@ -137,6 +137,7 @@ impl Session {
     ) -> Option<(u16, String)> {
         let activity = self.node.config.activity_timeout();
         let pong_wait = self.node.config.pong_timeout();
+        let write_delay = self.node.config.write_delay();
         let mut last_seen = Instant::now();
         let mut ping_sent: Option<Instant> = None;
         let timer = tokio::time::sleep_until(last_seen + activity);
@@ -178,7 +179,7 @@ impl Session {
                 // After reads: a busy channel must not starve the client's pongs.
                 frame = rx.recv() => {
                     let frame = frame?;
-                    if write_batch(socket, &conn, frame, rx).await.is_err() {
+                    if write_batch(socket, &conn, frame, rx, write_delay).await.is_err() {
                         return None;
                     }
                 }

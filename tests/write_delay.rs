@@ -1,0 +1,65 @@
+//! `write_delay_ms`: a connection's writer keeps collecting frames for that
+//! long after the first, so frames that come close together share one
+//! write, in order; a lone frame still goes out once the delay is over.
+
+mod common;
+
+use common::Server;
+
+/// Trigger `n` events one HTTP call at a time (each call returns only after
+/// its frame is queued), named `tick` with data "0".."n-1".
+async fn trigger_each(s: &Server, channel: &str, n: usize) {
+    for i in 0..n {
+        s.trigger(channel, "tick", &i.to_string()).await;
+    }
+}
+
+#[tokio::test]
+async fn frames_close_together_share_one_write_in_order() {
+    // The longest delay allowed, so five HTTP calls fit easily inside it
+    // even on a loaded machine.
+    let s = Server::start_with("write_delay_ms = 1000", "").await;
+    let mut c = s.client().await;
+    c.subscribe("busy").await;
+    let before = s.metric("herald_socket_writes_total").await;
+
+    trigger_each(&s, "busy", 5).await;
+    for i in 0..5 {
+        let f = c.expect("tick", Some("busy")).await;
+        assert_eq!(f["data"], i.to_string(), "frames out of order");
+    }
+    let writes = s.metric("herald_socket_writes_total").await - before;
+    assert_eq!(
+        writes, 1,
+        "five frames queued within the delay took {writes} writes"
+    );
+}
+
+#[tokio::test]
+async fn without_a_delay_frames_are_written_as_they_come() {
+    let s = Server::start().await;
+    let mut c = s.client().await;
+    c.subscribe("eager").await;
+    let before = s.metric("herald_socket_writes_total").await;
+    // Each frame read before the next is sent: nothing is queued behind
+    // another, so every frame is its own write.
+    for i in 0..3 {
+        s.trigger("eager", "tick", &i.to_string()).await;
+        c.expect("tick", Some("eager")).await;
+    }
+    assert_eq!(s.metric("herald_socket_writes_total").await - before, 3);
+}
+
+#[tokio::test]
+async fn a_lone_frame_is_delivered_and_the_connection_keeps_working() {
+    let s = Server::start_with("write_delay_ms = 200", "").await;
+    let mut c = s.client().await;
+    c.subscribe("quiet").await;
+    let before = s.metric("herald_socket_writes_total").await;
+    trigger_each(&s, "quiet", 1).await;
+    assert_eq!(c.expect("tick", Some("quiet")).await["data"], "0");
+    // A lone frame goes out alone, and is not left waiting for company.
+    assert_eq!(s.metric("herald_socket_writes_total").await - before, 1);
+    s.trigger("quiet", "tick", "again").await;
+    assert_eq!(c.expect("tick", Some("quiet")).await["data"], "again");
+}
