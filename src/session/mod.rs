@@ -15,7 +15,6 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::SinkExt;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 /// Most frames written before one flush.
 const MAX_BATCH: usize = 64;
@@ -27,9 +26,10 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Write `first` and whatever else is queued, then flush: one batch.
 ///
-/// With a non-zero `delay` (the server's `write_delay_ms`) the batch keeps
-/// collecting frames until `delay` after `first` (or until it is full)
-/// before the one flush, so frames that come close together share a write.
+/// With a non-zero `delay` (the server's `write_delay_ms`) the writer
+/// waits `delay` after `first` arrived and then writes it with everything
+/// queued meanwhile (up to a full batch) in one flush, so frames that come
+/// close together share a write.
 ///
 /// Why: on loopback and in VMs a small `write` costs several microseconds of
 /// kernel time however little it carries (bench/RESULTS.md measures ~8 µs
@@ -48,21 +48,15 @@ pub async fn write_batch(
     delay: Duration,
 ) -> Result<(), ()> {
     let work = async {
-        let deadline = Instant::now() + delay;
+        if !delay.is_zero() {
+            // Sleep, then take what came: waiting on the queue instead would
+            // wake this task once per arriving frame.
+            tokio::time::sleep(delay).await;
+        }
         conn.dequeued(&first);
         socket.feed(Message::Text(first)).await?;
         for _ in 1..MAX_BATCH {
-            let next = match rx.try_recv() {
-                Ok(frame) => Some(frame),
-                Err(mpsc::error::TryRecvError::Empty) if !delay.is_zero() => {
-                    tokio::time::timeout_at(deadline, rx.recv())
-                        .await
-                        .ok()
-                        .flatten()
-                }
-                Err(_) => None,
-            };
-            let Some(frame) = next else { break };
+            let Ok(frame) = rx.try_recv() else { break };
             conn.dequeued(&frame);
             socket.feed(Message::Text(frame)).await?;
         }
