@@ -182,7 +182,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
     };
     let runtime = match common.threads {
         0 => tokio::runtime::Runtime::new(),
-        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
         n => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(n)
             .enable_all()

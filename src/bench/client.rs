@@ -670,7 +670,10 @@ mod tests {
         assert_eq!(scan(spaced).stamp, None);
         assert_eq!(event_of(&client), "client-broadcast");
         assert_eq!(event_of(spaced), "e");
-        assert_eq!(event_of(r#"{"event":"pusher:ping","data":{}}"#), "pusher:ping");
+        assert_eq!(
+            event_of(r#"{"event":"pusher:ping","data":{}}"#),
+            "pusher:ping"
+        );
         assert_eq!(event_of("{}"), "");
         let est = r#"{"event":"pusher:connection_established","data":"{\"socket_id\":\"1.2\",\"activity_timeout\":120}"}"#;
         assert_eq!(scan(est).event, "pusher:connection_established");
