@@ -278,7 +278,9 @@ impl GenEvent {
 
 /// Pusher's channel name rules, plus `#server-to-user-{id}` for publishing.
 fn valid_publish_channel(c: &str, max: usize) -> bool {
-    if c.is_empty() || c.len() > max {
+    // Characters: other names are ASCII-only anyway, and a user id is
+    // limited in characters.
+    if c.is_empty() || c.chars().count() > max {
         return false;
     }
     if let Some(user) = c.strip_prefix("#server-to-user-") {
@@ -317,7 +319,7 @@ fn channel() -> impl Strategy<Value = String> {
         10 => proptest::sample::select(POOL.to_vec()).prop_map(String::from),
         2 => "[A-Za-z0-9_=@,.;-]{1,35}",
         1 => "[a-z]{0,5}[ #/é\u{0}]?[a-z]{0,5}",
-        1 => "#server-to-user-[a-z0-9 ]{0,6}",
+        1 => "#server-to-user-[a-z0-9 é]{0,6}",
         1 => any::<String>(),
     ]
 }

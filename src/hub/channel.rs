@@ -75,7 +75,9 @@ pub fn validate_publish_name(name: &str, max_len: usize) -> Result<(), NameError
         if user.is_empty() {
             return Err(NameError::Empty);
         }
-        if name.len() > max_len {
+        // In characters, like user ids themselves: a user id within its
+        // limit must not be refused for being non-ASCII.
+        if name.chars().count() > max_len {
             return Err(NameError::TooLong(max_len));
         }
         if user.chars().any(|c| c.is_control() || c.is_whitespace()) {
@@ -124,6 +126,13 @@ mod tests {
         assert_eq!(
             validate_publish_name("#server-to-user-", 164),
             Err(NameError::Empty)
+        );
+        // 148 two-byte characters: 164 characters in all, 312 bytes.
+        let fits = format!("#server-to-user-{}", "é".repeat(164 - 16));
+        assert_eq!(validate_publish_name(&fits, 164), Ok(()));
+        assert_eq!(
+            validate_publish_name(&format!("{fits}é"), 164),
+            Err(NameError::TooLong(164))
         );
     }
 }
