@@ -822,6 +822,10 @@ async fn cli_writes_json_and_html_reports() {
                 "10",
                 "--duration",
                 "1s",
+                // The single-threaded generator; connect below runs on the
+                // default one, so both runtimes deliver everything.
+                "--threads",
+                "1",
             ][..],
         ),
         ("connect", &["--clients", "5"][..]),
