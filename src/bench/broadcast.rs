@@ -164,7 +164,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
             if let Some(t) = f.stamp {
                 // Every stamped frame, duplicates included (ws_msgs_received).
                 s.live.received.fetch_add(1, Relaxed);
-                match f.id.map(|m| seen.record(m)) {
+                match f.id.map(|m| seen.record(m.seq)) {
                     // Latency of first arrivals only: a duplicate's age says
                     // nothing about how fast messages are delivered.
                     Some(Receipt::New) => s.latency.record(id as usize, now_us().saturating_sub(t)),

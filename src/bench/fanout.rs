@@ -19,7 +19,7 @@
 //! asked one, with a note when it fell short.
 
 use super::client::{bench_data, scan, Conn, HttpPublisher};
-use super::ledger::{Deliveries, MsgId, Receipt, SeqSet};
+use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -100,15 +100,6 @@ struct Shared {
     dropped: AtomicU64,
 }
 
-/// What one subscriber received: the channel's publish numbers (k / C) it
-/// saw, and the frames that were repeats or not this channel's publishes.
-#[derive(Default)]
-struct Got {
-    ids: SeqSet,
-    duplicates: u64,
-    unexpected: u64,
-}
-
 pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     if p.channels == 0 || p.publishers == 0 || p.rate <= 0.0 {
         return super::err("fanout needs at least one channel, one publisher and a positive rate");
@@ -184,7 +175,8 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
             s.subscribed[c].fetch_add(1, Relaxed);
             drop(permit);
             let _ = ready.send(()).await;
-            let mut got = Got::default();
+            // The channel's publish numbers (k / C) this subscriber saw.
+            let mut got = Seen::default();
             loop {
                 tokio::select! {
                     // Frames first: most wake-ups are a frame, and an unbiased select
@@ -208,13 +200,13 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                                     && m.seq % channels == c as u64
                                     && m.sender == m.seq % publishers
                             });
-                            match index.map(|m| got.ids.insert(m.seq / channels)) {
+                            match index.map(|m| got.record(m.seq / channels)) {
                                 Some(Receipt::New) => {
                                     s.latency.record(i, now_us().saturating_sub(t));
                                     s.received[c].fetch_add(1, Relaxed);
                                 }
-                                Some(Receipt::Duplicate) => got.duplicates += 1,
-                                Some(Receipt::Unexpected) | None => got.unexpected += 1,
+                                Some(Receipt::Duplicate | Receipt::Unexpected) => {}
+                                None => got.garbled(),
                             }
                         }
                         Err(e) => {
@@ -308,11 +300,11 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     while let Some(r) = subscribers.join_next().await {
         let Ok(Some((c, got))) = r else { continue };
         let accepted = s.accepted_ids[c].lock().unwrap();
-        let expected_here = got.ids.intersection_len(&accepted);
+        let expected_here = got.set.intersection_len(&accepted);
         let d = &mut per_channel[c];
         d.received += expected_here;
         d.duplicated += got.duplicates;
-        d.unexpected += got.unexpected + (got.ids.len() - expected_here);
+        d.unexpected += got.unexpected + (got.set.len() - expected_here);
     }
     for (c, d) in per_channel.iter_mut().enumerate() {
         d.expected = expected_of(c);

@@ -86,39 +86,6 @@ impl SeqSet {
     }
 
     pub fn contains(&self, seq: u64) -> bool {
-        self.bits().contains(seq)
-    }
-
-    pub fn len(&self) -> u64 {
-        self.bits().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// How many numbers are in both sets.
-    pub fn intersection_len(&self, other: &SeqSet) -> u64 {
-        self.bits().intersection_len(&other.bits())
-    }
-
-    fn bits(&self) -> Bits<'_> {
-        Bits {
-            base: self.base,
-            words: &self.words,
-        }
-    }
-}
-
-/// A borrowed bitmap.
-#[derive(Debug, Clone, Copy)]
-struct Bits<'a> {
-    base: u64,
-    words: &'a [u64],
-}
-
-impl Bits<'_> {
-    fn contains(&self, seq: u64) -> bool {
         let word = seq / 64;
         word >= self.base
             && self
@@ -127,11 +94,16 @@ impl Bits<'_> {
                 .is_some_and(|w| w & (1u64 << (seq % 64)) != 0)
     }
 
-    fn len(&self) -> u64 {
+    pub fn len(&self) -> u64 {
         self.words.iter().map(|w| w.count_ones() as u64).sum()
     }
 
-    fn intersection_len(&self, other: &Bits<'_>) -> u64 {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many numbers are in both sets.
+    pub fn intersection_len(&self, other: &SeqSet) -> u64 {
         let lo = self.base.max(other.base);
         let hi = (self.base + self.words.len() as u64).min(other.base + other.words.len() as u64);
         (lo..hi)
@@ -144,25 +116,26 @@ impl Bits<'_> {
     }
 }
 
-/// What one receiver has seen while it runs: one [`SeqSet`] over the run's
-/// message sequence numbers, and how many receipts were duplicates or not
-/// ids at all. Owned by the receiver's task, so recording takes no lock.
+/// What one receiver has seen: a [`SeqSet`] of message numbers, and how
+/// many receipts were duplicates or not ids at all. Owned by the receiver's
+/// task, so recording takes no lock.
 ///
 /// In `broadcast` every send takes the next number of one run-wide counter,
 /// so a receiver's set is a single dense bitmap (one bit per message sent
 /// while it lived, ~2 KiB for a 45 s life at 400 sends/s). A bitmap per
 /// sender, looked up in a hash map on every delivery, cost the generator
 /// ~14 % of its CPU at the peak; this is one bit in a cache-hot word.
-#[derive(Debug, Default)]
+/// `fanout` records its channel's publish numbers (k / C) the same way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Seen {
-    set: SeqSet,
+    pub set: SeqSet,
     pub duplicates: u64,
     pub unexpected: u64,
 }
 
 impl Seen {
-    pub fn record(&mut self, id: MsgId) -> Receipt {
-        let r = self.set.insert(id.seq);
+    pub fn record(&mut self, seq: u64) -> Receipt {
+        let r = self.set.insert(seq);
         match r {
             Receipt::New => {}
             Receipt::Duplicate => self.duplicates += 1,
@@ -176,23 +149,12 @@ impl Seen {
         self.unexpected += 1;
     }
 
-    /// The form kept until the end of the run.
-    pub fn freeze(mut self) -> Received {
+    /// Give back spare capacity: a receiver that left keeps its set until
+    /// the end of the run.
+    pub fn freeze(mut self) -> Seen {
         self.set.words.shrink_to_fit();
-        Received {
-            set: self.set,
-            duplicates: self.duplicates,
-            unexpected: self.unexpected,
-        }
+        self
     }
-}
-
-/// A receiver's [`Seen`], frozen when it leaves.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Received {
-    set: SeqSet,
-    pub duplicates: u64,
-    pub unexpected: u64,
 }
 
 /// Expected vs received deliveries.
@@ -229,7 +191,7 @@ pub struct Window {
     pub receiver: u64,
     pub join: u64,
     pub leave: u64,
-    pub seen: Received,
+    pub seen: Seen,
 }
 
 /// Expected vs received deliveries when receivers come and go (broadcast).
@@ -318,7 +280,7 @@ mod tests {
     fn w(receiver: u64, join: u64, leave: u64, ids: &[(u64, u64)]) -> Window {
         let mut seen = Seen::default();
         for &(s, q) in ids {
-            seen.record(id(s, q));
+            seen.record(id(s, q).seq);
         }
         Window {
             receiver,
