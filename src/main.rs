@@ -78,20 +78,20 @@ fn port(s: &str) -> Result<u16, String> {
         .map_err(|_| format!("{s:?} is not a port number (0-65535; from --port or HERALD_PORT)"))
 }
 
-/// A whole number of seconds, from a flag or the environment variable `env`.
-fn seconds(env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
+/// A whole number of `unit`s, from a flag or the environment variable `env`.
+fn whole(unit: &'static str, env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
     move |s: &str| {
         s.parse()
-            .map_err(|_| format!("{s:?} is not a whole number of seconds (from the flag or {env})"))
+            .map_err(|_| format!("{s:?} is not a whole number of {unit} (from the flag or {env})"))
     }
 }
 
+fn seconds(env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
+    whole("seconds", env)
+}
+
 fn millis(env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
-    move |s: &str| {
-        s.parse().map_err(|_| {
-            format!("{s:?} is not a whole number of milliseconds (from the flag or {env})")
-        })
-    }
+    whole("milliseconds", env)
 }
 
 fn main() -> ExitCode {
