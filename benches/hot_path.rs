@@ -6,16 +6,14 @@
 //! Run: `cargo bench --bench hot_path`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use herald::broker::local::LocalBroker;
 use herald::config::AppConfig;
 use herald::connection::{Connection, QueueLimit};
-use herald::fanout::{json_string, Frame, Publication};
-use herald::hub::Hub;
-use herald::protocol::{pusher, Protocol};
+use herald::fanout::{deliver, json_string, Publication};
+use herald::hub::{Hub, SubscribeOptions};
+use herald::wire::{self as pusher, WIRE};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::Receiver;
 
 fn parse(c: &mut Criterion) {
     let frame = r#"{"event":"client-typing","channel":"private-chat.42","data":{"user":"ana","typing":true}}"#;
@@ -30,50 +28,52 @@ fn parse(c: &mut Criterion) {
     g.finish();
 }
 
-fn hub_with_subscribers(n: usize) -> (Hub, Vec<(Arc<Connection>, Receiver<Frame>)>) {
-    let hub = Hub::new(AppConfig::development(), 1, Arc::new(LocalBroker::new()));
+fn hub_with_subscribers(n: usize) -> (Hub, Vec<Arc<Connection>>) {
+    let hub = Hub::new(AppConfig::development());
     let limit = QueueLimit {
         frames: 64,
         bytes: 1 << 20,
     };
     let conns = (0..n as u64)
         .map(|i| {
-            let (conn, mut rx) = Connection::new(i, format!("1.{i}"), Protocol::Pusher, limit);
-            let conn = Arc::new(conn);
-            hub.subscribe(&conn, "news", None, None).unwrap();
-            while rx.try_recv().is_ok() {} // subscription_succeeded
-            (conn, rx)
+            let conn = Arc::new(Connection::new(i, format!("1.{i}"), &WIRE, limit));
+            hub.subscribe(&conn, "news", SubscribeOptions::default())
+                .unwrap();
+            conn.take(&mut Vec::new(), 64); // subscription_succeeded
+            conn
         })
         .collect();
     (hub, conns)
 }
 
+/// One publication to a channel's subscribers as a fan-out worker runs it:
+/// the snapshot of the subscriber list, one frame built, queued to each.
 fn publish(c: &mut Criterion) {
     let mut g = c.benchmark_group("publish");
     for n in [100usize, 1000] {
-        let (hub, mut conns) = hub_with_subscribers(n);
+        let (hub, conns) = hub_with_subscribers(n);
         let data = json_string(r#"{"title":"hello","body":"a short news item of typical size"}"#);
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function(format!("to_{n}_subscribers"), |b| {
-            // Time only the publish; drain the queues (as the writers would)
+            // Time only the fan-out; drain the queues (as the writers would)
             // between publishes so none fills up.
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
+                let mut sink = Vec::new();
                 for _ in 0..iters {
-                    let p = Publication::new(
+                    let p = Arc::new(Publication::new(
                         "news".into(),
                         "headline".into(),
                         data.clone(),
-                        None,
-                        None,
-                    );
+                    ));
                     let start = Instant::now();
-                    hub.publish(p);
+                    for targets in hub.targets(&p) {
+                        black_box(deliver(&p, &targets));
+                    }
                     total += start.elapsed();
-                    for (conn, rx) in conns.iter_mut() {
-                        while let Ok(f) = rx.try_recv() {
-                            conn.dequeued(&f);
-                        }
+                    for conn in &conns {
+                        conn.take(&mut sink, 64);
+                        sink.clear();
                     }
                 }
                 total

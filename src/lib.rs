@@ -1,39 +1,34 @@
-//! Herald: a self-hosted real-time messaging server.
-//!
-//! A message's path through the crate, and where each piece lives:
+//! Herald: a self-hosted real-time messaging server. This crate is the
+//! `herald` binary's library: the server around the core and its adapters.
 //!
 //! ```text
-//! server      listener, routing by path, health, graceful shutdown
-//!   │
-//!   ├─ session::pusher   one task per WebSocket: reads client frames,
-//!   │    │               writes queued frames in batches (the connection writer)
-//!   │    └─ protocol::pusher   parse/encode Pusher v7 frames, error codes
-//!   ├─ api               Pusher HTTP API, request signatures (api::auth)
-//!   ▼
-//! hub         per app: channels, presence, cache channels, users, limits,
-//!   │         auth decisions shared by every protocol (hub::channel, hub::presence)
-//!   ▼ publish
-//! broker      the only way to other nodes: local today, Redis/NATS next
-//!   ▼ deliver
-//! fanout      a Publication encoded once per protocol, bytes shared by all
-//!   ▼
-//! connection  a subscriber's bounded queue; full means too slow → closed
+//! crates/core     herald-core: node, hub, fan-out, connections, the session
+//!                 loop, the broker interface and its in-process engine.
+//!                 Knows no protocol.
+//! crates/pusher   herald-pusher: Pusher Channels v7 (wire, sessions, the
+//!                 HTTP API, signatures), on the core only.
+//! src/server      this crate: one listener, routing by path to each
+//!                 adapter's routes, health, metrics, TLS, graceful shutdown
+//! src/bench       `herald bench`
 //! ```
 //!
-//! Around them: `config` (defaults → TOML → env → flags), `node` (the
-//! process: hubs, broker, lifecycle), `signing` (HMACs in constant time),
-//! `metrics` (counters for `/metrics`), and `bench` (`herald bench`).
+//! A message's path: an adapter (a client event on a Pusher socket, or the
+//! HTTP API) → `node.publish` → the hub's subscriber snapshot for this
+//! node, queued on a fan-out worker, and the broker for other nodes →
+//! frames built once per (protocol, tag) → each connection's bounded queue
+//! → its session loop writes them, several per vectored write. See
+//! docs/architecture.md.
 
-pub mod api;
 pub mod bench;
-pub mod broker;
-pub mod config;
-pub mod connection;
-pub mod fanout;
-pub mod hub;
-pub mod metrics;
-pub mod node;
-pub mod protocol;
 pub mod server;
-pub mod session;
-pub mod signing;
+
+pub use herald_core::{broker, config, connection, fanout, hub, metrics, node};
+pub use herald_pusher::{names, signing, wire};
+
+/// The Pusher HTTP API (kept at its old path for tests and tools).
+pub mod api {
+    pub use herald_pusher::api::*;
+    pub mod auth {
+        pub use herald_pusher::auth::*;
+    }
+}

@@ -22,12 +22,11 @@ use herald::api::auth::sign_query;
 use herald::broker::local::LocalBroker;
 use herald::config::{AppConfig, Config};
 use herald::connection::{Connection, QueueLimit};
+use herald::hub::SubscribeOptions;
 use herald::node::Node;
-use herald::protocol::Protocol;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 const KEY: &str = "prop-key";
@@ -49,8 +48,8 @@ struct Limits {
 struct Harness {
     rt: tokio::runtime::Runtime,
     router: axum::Router,
-    rx: mpsc::Receiver<herald::fanout::Frame>,
-    _listener: Arc<Connection>,
+    node: Arc<Node>,
+    listener: Arc<Connection>,
 }
 
 impl Harness {
@@ -70,30 +69,33 @@ impl Harness {
         };
         let node = Node::new(config, Arc::new(LocalBroker::new()));
         let hub = node.hub_by_id("1").unwrap().clone();
-        let (conn, mut rx) = Connection::new(
+        let conn = Arc::new(Connection::new(
             1,
             LISTENER.into(),
-            Protocol::Pusher,
+            &herald::wire::WIRE,
             QueueLimit {
                 frames: 4096,
                 bytes: 16 << 20,
             },
-        );
-        let conn = Arc::new(conn);
+        ));
         for c in POOL {
-            assert_eq!(hub.subscribe(&conn, c, None, None).ok(), Some(true));
+            let opts = SubscribeOptions {
+                cache: herald::names::ChannelKind::of(c).cache,
+                ..SubscribeOptions::default()
+            };
+            assert!(hub.subscribe(&conn, c, opts).unwrap().new);
         }
         // Drop the confirmations (and the cache channel's cache_miss).
-        while rx.try_recv().is_ok() {}
+        conn.take(&mut Vec::new(), usize::MAX);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         Harness {
             rt,
-            router: herald::server::router(node),
-            rx,
-            _listener: conn,
+            router: herald::server::router(node.clone()),
+            node,
+            listener: conn,
         }
     }
 
@@ -119,11 +121,14 @@ impl Harness {
 
     /// The frames delivered to the listener since the last call.
     fn delivered(&mut self) -> Vec<Value> {
-        let mut out = Vec::new();
-        while let Ok(f) = self.rx.try_recv() {
-            out.push(serde_json::from_str(f.as_str()).expect("frames are JSON"));
-        }
-        out
+        // Publishing queues delivery on the fan-out workers: wait for them.
+        self.rt.block_on(self.node.settle());
+        let mut frames = Vec::new();
+        self.listener.take(&mut frames, usize::MAX);
+        frames
+            .iter()
+            .map(|f| serde_json::from_str(&f.payload_text()).expect("frames are JSON"))
+            .collect()
     }
 }
 

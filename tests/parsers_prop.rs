@@ -5,12 +5,12 @@
 use herald::api::auth::{authenticate, sign_query, SignedRequest};
 use herald::broker::local::LocalBroker;
 use herald::config::{AppConfig, Config};
-use herald::hub::channel::{validate_name, validate_publish_name, NameError};
-use herald::hub::presence::{parse_channel_data, MemberLimits};
 use herald::node::Node;
-use herald::protocol::pusher::{parse, ClientMessage, ParseError};
-use herald::session::pusher::{check_version, ConnectParams};
 use herald::signing;
+use herald_pusher::names::{validate_name, validate_publish_name, NameError};
+use herald_pusher::presence_data::{parse_channel_data, MemberLimits};
+use herald_pusher::session::{check_version, ConnectParams};
+use herald_pusher::wire::{parse, ClientMessage, ParseError};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -256,7 +256,11 @@ proptest! {
 
     #[test]
     fn check_version_accepts_only_5_to_7(v in proptest::option::of(any::<String>())) {
-        let expected = v.as_deref().and_then(|s| s.parse::<u32>().ok()).is_some_and(|n| (5..=7).contains(&n));
+        // No version at all is taken as 7 (as Pusher and its peers do).
+        let expected = match v.as_deref() {
+            None => true,
+            Some(s) => s.parse::<u32>().is_ok_and(|n| (5..=7).contains(&n)),
+        };
         prop_assert_eq!(check_version(&ConnectParams { protocol: v }).is_ok(), expected);
     }
 

@@ -12,37 +12,24 @@
 pub mod shutdown;
 pub mod tls;
 
-use crate::node::Node;
-use crate::session::pusher::{self as pusher_session, ConnectParams};
-use crate::{api, metrics};
-use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use herald_core::metrics;
+use herald_core::node::Node;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
 
-/// Read buffer per WebSocket. tungstenite allocates it up front for every
-/// connection (128 KiB by default), so it dominates idle memory. 1 KiB holds
-/// a subscribe, a ping or a typical client event; a larger frame reserves
-/// its full length once its header is read, and is then read at most 1 KiB
-/// per syscall. `herald bench idle` measured 8.9 KiB of server memory per
-/// idle connection with 4 KiB here and 6.0 KiB with 1 KiB (target: < 8 KiB).
-const WS_READ_BUFFER: usize = 1024;
-/// Bytes buffered before tungstenite writes to the socket mid-batch.
-const WS_WRITE_BUFFER: usize = 16 * 1024;
-
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
-        .route("/app/{key}", get(pusher_ws))
+        .merge(herald_pusher::router())
         .route("/up", get(|| async { "OK" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
-        .merge(api::router())
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
@@ -71,42 +58,6 @@ async fn metrics_text(State(node): State<Arc<Node>>) -> String {
         "Open client connections",
         node.connection_count(),
     )])
-}
-
-/// `/app/{key}`: upgrade first, then refuse with a Pusher error code if the
-/// app or protocol version is wrong, because Pusher clients act on close
-/// codes (an HTTP error would make them retry forever).
-async fn pusher_ws(
-    State(node): State<Arc<Node>>,
-    Path(key): Path<String>,
-    Query(params): Query<ConnectParams>,
-    ws: WebSocketUpgrade,
-) -> Response {
-    if node.is_draining() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
-    }
-    let hub = node.hub_by_key(&key).cloned();
-    let max = hub.as_ref().map_or(64 * 1024, |h| h.app.max_frame_size);
-    ws.read_buffer_size(WS_READ_BUFFER)
-        .write_buffer_size(WS_WRITE_BUFFER)
-        .max_message_size(max)
-        .max_frame_size(max)
-        .on_upgrade(move |socket| async move {
-            let Some(hub) = hub else {
-                return pusher_session::refuse(
-                    socket,
-                    crate::protocol::pusher::code::APP_NOT_FOUND,
-                )
-                .await;
-            };
-            if let Err(code) = pusher_session::check_version(&params) {
-                return pusher_session::refuse(socket, code).await;
-            }
-            if let Err(code) = hub.admit() {
-                return pusher_session::refuse(socket, code).await;
-            }
-            pusher_session::run(node, hub, socket).await
-        })
 }
 
 /// Raise the open-file soft limit to the hard limit. Every connection is a
@@ -156,6 +107,7 @@ pub async fn serve(
     listener: TcpListener,
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    node.join_cluster().await;
     let housekeeping = tokio::spawn(housekeeping(node.clone()));
     let app = router(node.clone());
     let stop = tokio_util::sync::CancellationToken::new();
@@ -173,6 +125,7 @@ pub async fn serve(
     node.set_ready(true);
     signal.await;
     shutdown::drain(&node).await;
+    node.leave_cluster();
     stop.cancel();
     // Idle keep-alive HTTP connections close at once; do not wait long on
     // anything else.
@@ -200,15 +153,17 @@ where
 /// How often changed subscription counts are sent (coalesced).
 pub const SUBSCRIPTION_COUNT_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Periodic work: expiring cache slots (so memory stays flat) and sending
-/// coalesced subscription counts.
-async fn housekeeping(node: Arc<Node>) {
-    let mut cache = tokio::time::interval(Duration::from_secs(30));
+/// Periodic work: heartbeats to the broker and expiring cache slots (so
+/// memory stays flat) at a third of the broker's TTL, and coalesced
+/// subscription counts.
+pub async fn housekeeping(node: Arc<Node>) {
+    let every = (node.broker.ttl() / 3).min(Duration::from_secs(10));
+    let mut tick = tokio::time::interval(every);
     let mut counts = tokio::time::interval(SUBSCRIPTION_COUNT_INTERVAL);
     loop {
         tokio::select! {
-            _ = cache.tick() => node.hubs().for_each(|hub| hub.expire_cache()),
-            _ = counts.tick() => node.hubs().for_each(|hub| hub.flush_subscription_counts()),
+            _ = tick.tick() => node.tick(),
+            _ = counts.tick() => node.flush_counts(),
         }
     }
 }

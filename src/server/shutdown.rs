@@ -4,7 +4,7 @@
 //! at most `shutdown_grace`. A deploy then moves clients to the new process
 //! without anyone losing more than a reconnect.
 
-use crate::node::Node;
+use herald_core::node::Node;
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -3,20 +3,18 @@
 //! size and count the caller controls is bounded, with errors that name the
 //! limit.
 
-pub mod auth;
-
-use crate::config::AppConfig;
-use crate::fanout::{json_string, Publication};
-use crate::hub::channel::{validate_publish_name, ChannelKind};
-use crate::hub::{ChannelInfo, Hub};
-use crate::metrics;
-use crate::node::Node;
-use auth::{authenticate, SignedRequest};
+use crate::auth::{authenticate, SignedRequest};
+use crate::names::{validate_publish_name, ChannelKind, SERVER_TO_USER_PREFIX};
 use axum::extract::Path;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use herald_core::config::AppConfig;
+use herald_core::fanout::{json_string, Publication};
+use herald_core::hub::{ChannelStats, Hub, StatsFilter};
+use herald_core::metrics;
+use herald_core::node::Node;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -69,6 +67,7 @@ pub fn router() -> Router<Arc<Node>> {
 /// `max_request_size`) and the URI. As an extractor it runs before every
 /// handler, so no endpoint can forget the signature check.
 pub struct Signed {
+    node: Arc<Node>,
     hub: Arc<Hub>,
     body: axum::body::Bytes,
     uri: Uri,
@@ -100,6 +99,7 @@ impl axum::extract::FromRequest<Arc<Node>> for Signed {
             },
         )?;
         Ok(Signed {
+            node: node.clone(),
             hub,
             body: bytes,
             uri: parts.uri,
@@ -280,46 +280,50 @@ fn check(app: &AppConfig, ev: EventRequest) -> Result<Checked, ApiError> {
     })
 }
 
+/// Figures of one channel for the whole cluster (`None`: not occupied).
+async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
+    node.stats(hub, StatsFilter::Exact(name.to_owned()))
+        .await
+        .into_iter()
+        .next()
+}
+
 /// Publish a checked event; returns the `info` reply object (per channel).
-fn publish(hub: &Hub, ev: Checked) -> Value {
+async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
     for c in &ev.channels {
-        hub.publish(Publication::new(
-            c.clone(),
-            ev.name.clone(),
-            ev.data.clone(),
-            ev.socket_id.clone(),
-            None,
-        ));
+        let user = c.strip_prefix(SERVER_TO_USER_PREFIX).map(str::to_owned);
+        let p = Publication::new(c.clone(), ev.name.clone(), ev.data.clone())
+            .excluding(ev.socket_id.clone())
+            .cached(ChannelKind::of(c).cache)
+            .to_user(user);
+        node.publish(hub, p).await;
     }
     if ev.attrs.is_empty() {
         return json!({});
     }
     let mut out = Map::new();
     for c in &ev.channels {
+        let stats = info(node, hub, c).await;
         out.insert(
             c.clone(),
-            Value::Object(channel_attributes(hub, c, &ev.attrs)),
+            Value::Object(attributes_of(c, stats.as_ref(), &ev.attrs)),
         );
     }
     Value::Object(out)
 }
 
-fn channel_attributes(hub: &Hub, name: &str, attrs: &[String]) -> Map<String, Value> {
-    attributes_of(name, hub.channel(name), attrs)
-}
-
-/// The `info` attributes of channel `name` from its `info` (`None`: not
-/// occupied here, so every count is 0). `user_count` exists only for
-/// presence channels.
-fn attributes_of(name: &str, info: Option<ChannelInfo>, attrs: &[String]) -> Map<String, Value> {
+/// The `info` attributes of channel `name` from its figures (`None`: not
+/// occupied, so every count is 0). `user_count` exists only for presence
+/// channels.
+fn attributes_of(name: &str, info: Option<&ChannelStats>, attrs: &[String]) -> Map<String, Value> {
     let mut m = Map::new();
     for a in attrs {
         match a.as_str() {
             "subscription_count" => {
-                m.insert(a.clone(), json!(info.map_or(0, |i| i.subscription_count)));
+                m.insert(a.clone(), json!(info.map_or(0, |i| i.subscriptions)));
             }
             "user_count" if ChannelKind::of(name).presence => {
-                m.insert(a.clone(), json!(info.map_or(0, |i| i.user_count)));
+                m.insert(a.clone(), json!(info.map_or(0, |i| i.users.len())));
             }
             _ => {}
         }
@@ -340,10 +344,14 @@ fn is_socket_id(s: &str) -> bool {
     }
 }
 
-async fn events(Signed { hub, body, .. }: Signed) -> ApiResult {
+async fn events(
+    Signed {
+        node, hub, body, ..
+    }: Signed,
+) -> ApiResult {
     let ev = parse_event(&hub.app, &body)?;
     let has_info = !ev.attrs.is_empty();
-    let info = publish(&hub, ev);
+    let info = publish(&node, &hub, ev).await;
     Ok(Json(if has_info {
         json!({ "channels": info })
     } else {
@@ -356,13 +364,17 @@ struct BatchRequest {
     batch: Vec<EventRequest>,
 }
 
-async fn batch_events(Signed { hub, body, .. }: Signed) -> ApiResult {
+async fn batch_events(
+    Signed {
+        node, hub, body, ..
+    }: Signed,
+) -> ApiResult {
     let checked = parse_batch(&hub.app, &body)?;
     let any_info = checked.iter().any(|e| !e.attrs.is_empty());
     let mut replies = Vec::with_capacity(checked.len());
     for ev in checked {
         let channel = ev.channels[0].clone();
-        let info = publish(&hub, ev);
+        let info = publish(&node, &hub, ev).await;
         replies.push(info.get(&channel).cloned().unwrap_or_else(|| json!({})));
     }
     Ok(Json(if any_info {
@@ -372,7 +384,7 @@ async fn batch_events(Signed { hub, body, .. }: Signed) -> ApiResult {
     }))
 }
 
-async fn channels(Signed { hub, uri, .. }: Signed) -> ApiResult {
+async fn channels(Signed { node, hub, uri, .. }: Signed) -> ApiResult {
     let prefix = query_param(&uri, "filter_by_prefix").unwrap_or_default();
     let attrs = info_attributes(
         &hub.app,
@@ -386,16 +398,16 @@ async fn channels(Signed { hub, uri, .. }: Signed) -> ApiResult {
         ));
     }
     let mut out = Map::new();
-    for (name, info) in hub.channels(&prefix) {
-        let m = attributes_of(&name, Some(info), &attrs);
-        out.insert(name, Value::Object(m));
+    for stats in node.stats(&hub, StatsFilter::Prefix(prefix)).await {
+        let m = attributes_of(&stats.name, Some(&stats), &attrs);
+        out.insert(stats.name, Value::Object(m));
     }
     Ok(Json(json!({ "channels": out })))
 }
 
 async fn channel(
     Path((_, name)): Path<(String, String)>,
-    Signed { hub, uri, .. }: Signed,
+    Signed { node, hub, uri, .. }: Signed,
 ) -> ApiResult {
     let attrs = info_attributes(
         &hub.app,
@@ -408,21 +420,27 @@ async fn channel(
             "info=user_count is only available for presence channels",
         ));
     }
+    let stats = info(&node, &hub, &name).await;
     let mut m = Map::new();
-    m.insert("occupied".into(), json!(hub.channel(&name).is_some()));
-    m.extend(channel_attributes(&hub, &name, &attrs));
+    m.insert("occupied".into(), json!(stats.is_some()));
+    m.extend(attributes_of(&name, stats.as_ref(), &attrs));
     Ok(Json(Value::Object(m)))
 }
 
-async fn users(Path((_, name)): Path<(String, String)>, Signed { hub, .. }: Signed) -> ApiResult {
+async fn users(
+    Path((_, name)): Path<(String, String)>,
+    Signed { node, hub, .. }: Signed,
+) -> ApiResult {
     if !ChannelKind::of(&name).presence {
         return Err(ApiError::new(
             400,
             "Users are only available for presence channels",
         ));
     }
-    let users: Vec<Value> = hub
-        .presence_users(&name)
+    let users: Vec<Value> = info(&node, &hub, &name)
+        .await
+        .map(|s| s.users)
+        .unwrap_or_default()
         .into_iter()
         .map(|id| json!({ "id": id }))
         .collect();
@@ -431,9 +449,9 @@ async fn users(Path((_, name)): Path<(String, String)>, Signed { hub, .. }: Sign
 
 async fn terminate(
     Path((_, user_id)): Path<(String, String)>,
-    Signed { hub, .. }: Signed,
+    Signed { node, hub, .. }: Signed,
 ) -> ApiResult {
-    hub.terminate_user(&user_id);
+    node.terminate_user(&hub, &user_id);
     Ok(Json(json!({})))
 }
 

@@ -74,13 +74,39 @@ pub static SOCKET_WRITES: Counter = Counter::new(
     "herald_socket_writes_total",
     "Batches of frames written to client sockets (one flush each)",
 );
+pub static FRAMES_ENCODED: Counter = Counter::new(
+    "herald_frames_encoded_total",
+    "Publication frames built (once per protocol and tag, then shared)",
+);
+pub static FANOUT_JOBS: Counter = Counter::new(
+    "herald_fanout_jobs_total",
+    "Publications fanned out to this node's subscribers",
+);
+pub static FANOUT_MICROS: Counter = Counter::new(
+    "herald_fanout_microseconds_total",
+    "Time spent queueing publications to subscribers, in microseconds",
+);
+pub static FANOUT_OVERFLOW: Counter = Counter::new(
+    "herald_fanout_overflow_total",
+    "Broker publications queued while a fan-out worker was full",
+);
+pub static BROKER_RECEIVED: Counter = Counter::new(
+    "herald_broker_publications_received_total",
+    "Publications received from other nodes through the broker",
+);
 pub static API_REQUESTS: Counter = Counter::new("herald_api_requests_total", "HTTP API requests");
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
     "HTTP API requests answered with an error",
 );
 
-static ALL: [&Counter; 12] = [
+/// Time one publication's fan-out took.
+pub fn observe_fanout(took: std::time::Duration) {
+    count(&FANOUT_JOBS);
+    add(&FANOUT_MICROS, took.as_micros() as u64);
+}
+
+static ALL: [&Counter; 17] = [
     &CONNECTIONS_OPENED,
     &CONNECTIONS_CLOSED,
     &CONNECTIONS_REFUSED,
@@ -91,6 +117,11 @@ static ALL: [&Counter; 12] = [
     &MESSAGES_PUBLISHED,
     &FRAMES_DELIVERED,
     &SOCKET_WRITES,
+    &FRAMES_ENCODED,
+    &FANOUT_JOBS,
+    &FANOUT_MICROS,
+    &BROKER_RECEIVED,
+    &FANOUT_OVERFLOW,
     &API_REQUESTS,
     &API_ERRORS,
 ];

@@ -1,6 +1,6 @@
-//! Channel names and kinds: what a name's prefix means (auth, presence,
-//! cache, encryption) and which names are valid. Shared by every protocol
-//! adapter and the HTTP API.
+//! Pusher channel names and kinds: what a name's prefix means (auth,
+//! presence, cache, encryption) and which names are valid. The core never
+//! parses names; the session and the HTTP API decide with these rules.
 
 /// What a channel's name makes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,10 +3,10 @@
 //! bodies, and `auth_signature` = HMAC-SHA256 over
 //! `METHOD\nPATH\nsorted query without auth_signature`.
 
-use super::ApiError;
-use crate::hub::Hub;
-use crate::node::Node;
+use crate::api::ApiError;
 use crate::signing;
+use herald_core::hub::Hub;
+use herald_core::node::Node;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -1,0 +1,245 @@
+//! The shared handle of one client connection: its identity, its protocol,
+//! its bounded outbound queue, and a way for anyone (hub, API, shutdown) to
+//! ask it to close.
+//!
+//! The handle is small on purpose; what only the session needs (its
+//! subscriptions, rate counters, the socket) lives in the session task. The
+//! queue is a plain `VecDeque` behind a short lock plus one waker: it
+//! allocates nothing until the first frame (an idle connection holds no
+//! queue memory), a frame costs one lock and a push, and the writer is woken
+//! only when the queue goes from empty to non-empty. It is bounded twice, in
+//! frames and in bytes: a full queue means the client reads slower than we
+//! publish, and rather than buffer without bound the connection is closed
+//! ([`Reason::SlowConsumer`]) and the client reconnects.
+
+use crate::frame::Frame;
+use crate::metrics;
+use crate::wire::Wire;
+use futures_util::task::AtomicWaker;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::{Context, Poll};
+
+/// Process-unique connection number; the key in every registry.
+pub type ConnId = u64;
+
+/// How much may wait in one connection's outbound queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimit {
+    pub frames: usize,
+    pub bytes: usize,
+}
+
+/// Why the core (or an adapter) asks a connection to close. Each adapter
+/// maps a reason to its own close code and message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Its outbound queue filled up: the client reads too slowly.
+    SlowConsumer,
+    /// The app asked (terminate a user's connections).
+    Terminated,
+    /// The server is shutting down; the client should reconnect elsewhere.
+    ShuttingDown,
+    /// The client stopped answering keep-alives.
+    KeepAliveTimeout,
+    /// The client sent more messages per second than allowed.
+    RateLimited,
+    /// An adapter's own close code.
+    Code(u16),
+}
+
+impl Reason {
+    fn pack(self) -> u32 {
+        match self {
+            Reason::SlowConsumer => 1 << 16,
+            Reason::Terminated => 2 << 16,
+            Reason::ShuttingDown => 3 << 16,
+            Reason::KeepAliveTimeout => 4 << 16,
+            Reason::RateLimited => 5 << 16,
+            Reason::Code(c) => (6 << 16) | c as u32,
+        }
+    }
+
+    fn unpack(v: u32) -> Option<Reason> {
+        Some(match v >> 16 {
+            1 => Reason::SlowConsumer,
+            2 => Reason::Terminated,
+            3 => Reason::ShuttingDown,
+            4 => Reason::KeepAliveTimeout,
+            5 => Reason::RateLimited,
+            6 => Reason::Code(v as u16),
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    frames: VecDeque<Frame>,
+    bytes: usize,
+}
+
+pub struct Connection {
+    pub id: ConnId,
+    /// The protocol's public id for this socket (Pusher: "123.456").
+    pub socket_id: Box<str>,
+    /// The wire format of this connection's frames.
+    pub wire: &'static dyn Wire,
+    queue: Mutex<Queue>,
+    limit: QueueLimit,
+    waker: AtomicWaker,
+    /// 0 while open; otherwise the packed [`Reason`] asked for (first wins).
+    close: AtomicU32,
+}
+
+impl Connection {
+    pub fn new(
+        id: ConnId,
+        socket_id: String,
+        wire: &'static dyn Wire,
+        limit: QueueLimit,
+    ) -> Connection {
+        Connection {
+            id,
+            socket_id: socket_id.into_boxed_str(),
+            wire,
+            queue: Mutex::new(Queue::default()),
+            limit,
+            waker: AtomicWaker::new(),
+            close: AtomicU32::new(0),
+        }
+    }
+
+    /// Queue a frame without waiting. A full queue (in frames or bytes)
+    /// closes the connection as too slow; returns whether it was queued.
+    /// A connection asked to close takes nothing more: the client must see
+    /// the close reason right after what was queued before it, not after
+    /// frames published since (and they would be wasted work anyway).
+    pub fn send(&self, frame: Frame) -> bool {
+        if self.close.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let len = frame.len();
+        let was_empty = {
+            let mut q = self.queue.lock();
+            if q.frames.len() >= self.limit.frames || q.bytes + len > self.limit.bytes {
+                drop(q);
+                self.too_slow();
+                return false;
+            }
+            q.bytes += len;
+            q.frames.push_back(frame);
+            q.frames.len() == 1
+        };
+        if was_empty {
+            self.waker.wake();
+        }
+        true
+    }
+
+    /// Move up to `max` queued frames into `out` (the writer's batch).
+    pub fn take(&self, out: &mut Vec<Frame>, max: usize) {
+        let mut guard = self.queue.lock();
+        let q = &mut *guard;
+        let n = q.frames.len().min(max);
+        for f in q.frames.drain(..n) {
+            q.bytes -= f.len();
+            out.push(f);
+        }
+        if q.frames.is_empty() && q.frames.capacity() > 0 {
+            // An idle connection keeps no queue memory.
+            q.frames = VecDeque::new();
+        }
+    }
+
+    /// Whether frames are waiting; registers the session's waker first so a
+    /// frame queued right after is not missed.
+    pub fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.waker.register(cx.waker());
+        if self.close.load(Ordering::Acquire) != 0 || !self.queue.lock().frames.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    pub fn has_queued(&self) -> bool {
+        !self.queue.lock().frames.is_empty()
+    }
+
+    fn too_slow(&self) {
+        if self.close.load(Ordering::Acquire) == 0 {
+            metrics::count(&metrics::SLOW_CLIENTS_CLOSED);
+        }
+        self.close(Reason::SlowConsumer);
+    }
+
+    /// Ask the session to close for `reason`. Only the first request counts.
+    pub fn close(&self, reason: Reason) {
+        if self
+            .close
+            .compare_exchange(0, reason.pack(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.waker.wake();
+        }
+    }
+
+    /// The close somebody asked for, if any.
+    pub fn close_requested(&self) -> Option<Reason> {
+        Reason::unpack(self.close.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TestWire;
+
+    fn frame(n: usize) -> Frame {
+        Frame::text(&"x".repeat(n))
+    }
+
+    fn conn(frames: usize, bytes: usize) -> Connection {
+        Connection::new(1, "1.1".into(), &TestWire, QueueLimit { frames, bytes })
+    }
+
+    #[test]
+    fn queue_is_bounded_in_bytes() {
+        let c = conn(16, 100);
+        assert!(c.send(frame(60)));
+        assert!(!c.send(frame(60)), "over the 100-byte bound");
+        assert_eq!(c.close_requested(), Some(Reason::SlowConsumer));
+        // Taken frames free room, but a closing connection takes nothing.
+        let mut out = Vec::new();
+        c.take(&mut out, 64);
+        assert_eq!(out.len(), 1);
+        assert!(!c.send(frame(10)));
+    }
+
+    #[test]
+    fn taken_bytes_free_room() {
+        let c = conn(16, 100);
+        assert!(c.send(frame(60)));
+        c.take(&mut Vec::new(), 64);
+        assert!(c.send(frame(90)), "the writer took the first frame");
+    }
+
+    #[test]
+    fn queue_is_bounded_in_frames() {
+        let c = conn(2, 1 << 20);
+        assert!(c.send(frame(1)));
+        assert!(c.send(frame(1)));
+        assert!(!c.send(frame(1)));
+        assert_eq!(c.close_requested(), Some(Reason::SlowConsumer));
+    }
+
+    #[test]
+    fn first_close_reason_wins() {
+        let c = conn(2, 100);
+        c.close(Reason::Code(4009));
+        c.close(Reason::ShuttingDown);
+        assert_eq!(c.close_requested(), Some(Reason::Code(4009)));
+    }
+}

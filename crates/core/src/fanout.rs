@@ -1,0 +1,412 @@
+//! Fan-out: a published message, encoded once per (protocol, tag) and
+//! queued to every subscriber as the same bytes, off the publisher's task.
+//!
+//! [`Publication`] is what travels from a publisher through the node and
+//! the broker. Its frames are built lazily: on the first subscriber of each
+//! (wire, tag), then cloned (a reference count) into every other queue.
+//!
+//! Delivery runs on a small pool of fan-out workers, not on the task that
+//! published: a publish to 100 channels of 10,000 subscribers must not run a
+//! million queue pushes on an HTTP handler's thread. A channel always goes
+//! to the same worker (by a hash of its name) and each worker runs its jobs
+//! in order, so one publisher's messages on one channel arrive in order.
+
+use crate::connection::Connection;
+use crate::frame::Frame;
+use crate::metrics;
+use crate::wire::{same, Wire};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::mpsc;
+
+/// Identifies a node (one `herald serve` process) in a cluster.
+pub type NodeId = u64;
+
+/// A subscription's tag: what makes its frames differ from other
+/// subscribers' of the same channel (`None`: the empty tag).
+pub type Tag = Option<Arc<str>>;
+
+/// An event published on a channel.
+#[derive(Serialize, Deserialize)]
+pub struct Publication {
+    #[serde(rename = "c")]
+    pub channel: String,
+    /// The event's name (protocols without names leave it empty).
+    #[serde(rename = "e")]
+    pub event: String,
+    /// The payload as JSON, relayed exactly as the publisher gave it.
+    #[serde(rename = "d")]
+    pub data: Box<RawValue>,
+    /// Public id of a socket that must not receive it (its sender).
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    pub exclude: Option<String>,
+    /// The sender's user id, where the protocol shows it.
+    #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    /// Deliver to this signed-in user's sockets instead of the channel's
+    /// subscribers (the channel name is kept for the frame).
+    #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
+    pub to_user: Option<String>,
+    /// Keep as the channel's last event, replayed to new subscribers.
+    #[serde(rename = "k", default)]
+    pub cache: bool,
+    /// The node it was first published on, and its id there: a node never
+    /// delivers again what it published itself.
+    #[serde(rename = "o", default)]
+    pub origin: NodeId,
+    #[serde(rename = "i", default)]
+    pub id: u64,
+    #[serde(skip)]
+    frames: Frames,
+}
+
+impl std::fmt::Debug for Publication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publication")
+            .field("channel", &self.channel)
+            .field("event", &self.event)
+            .field("origin", &self.origin)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+/// Frames built so far: the first (wire, tag) pair lock-free, the rest
+/// behind a lock only protocols with several tags per channel touch.
+#[derive(Default)]
+struct Frames {
+    first: OnceLock<(&'static str, Tag, Frame)>,
+    more: Mutex<Vec<(&'static str, Tag, Frame)>>,
+}
+
+impl Publication {
+    pub fn new(channel: String, event: String, data: Box<RawValue>) -> Publication {
+        Publication {
+            channel,
+            event,
+            data,
+            exclude: None,
+            user_id: None,
+            to_user: None,
+            cache: false,
+            origin: 0,
+            id: 0,
+            frames: Frames::default(),
+        }
+    }
+
+    pub fn excluding(mut self, socket_id: Option<String>) -> Self {
+        self.exclude = socket_id;
+        self
+    }
+
+    pub fn from_user(mut self, user_id: Option<String>) -> Self {
+        self.user_id = user_id;
+        self
+    }
+
+    pub fn to_user(mut self, user_id: Option<String>) -> Self {
+        self.to_user = user_id;
+        self
+    }
+
+    pub fn cached(mut self, cache: bool) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The frame for subscribers speaking `wire` with `tag`, built on first
+    /// use and shared afterwards.
+    pub fn frame(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
+        if wire.per_subscriber() {
+            let shared = self.shared(wire, &None);
+            return wire.personalize(&shared, tag.as_deref().unwrap_or(""));
+        }
+        self.shared(wire, tag)
+    }
+
+    fn shared(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
+        let name = wire.name();
+        let first = self
+            .frames
+            .first
+            .get_or_init(|| (name, tag.clone(), self.encode(wire, tag)));
+        if first.0 == name && first.1 == *tag {
+            return first.2.clone();
+        }
+        let mut more = self.frames.more.lock();
+        if let Some((_, _, f)) = more.iter().find(|(n, t, _)| *n == name && t == tag) {
+            return f.clone();
+        }
+        let f = self.encode(wire, tag);
+        more.push((name, tag.clone(), f.clone()));
+        f
+    }
+
+    fn encode(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
+        metrics::count(&metrics::FRAMES_ENCODED);
+        wire.publication(self, tag.as_deref().unwrap_or(""))
+    }
+
+    /// Whether the socket with this public id should skip the message.
+    pub fn excludes(&self, socket_id: &str) -> bool {
+        self.exclude.as_deref() == Some(socket_id)
+    }
+
+    /// The publication as bytes for a broker (frames are not carried: each
+    /// node builds its own).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a publication serializes")
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Publication, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// A JSON string value holding `s`.
+pub fn json_string(s: &str) -> Box<RawValue> {
+    RawValue::from_string(serde_json::to_string(s).expect("string serializes"))
+        .expect("a serialized string is valid JSON")
+}
+
+/// One subscription, as fan-out sees it.
+#[derive(Clone)]
+pub struct Target {
+    pub conn: Arc<Connection>,
+    pub tag: Tag,
+}
+
+/// Queue `p` to every target; returns how many frames were queued. The last
+/// (wire, tag) frame is remembered, so a run of subscribers with the same
+/// protocol and tag costs one comparison each.
+pub fn deliver(p: &Publication, targets: &[Target]) -> u64 {
+    let mut delivered = 0;
+    let mut last: Option<(&'static dyn Wire, &Tag, Frame)> = None;
+    for t in targets {
+        let conn = &t.conn;
+        if p.exclude.is_some() && p.excludes(&conn.socket_id) {
+            continue;
+        }
+        let frame = match &last {
+            Some((w, tag, f))
+                if !conn.wire.per_subscriber() && same(*w, conn.wire) && **tag == t.tag =>
+            {
+                f.clone()
+            }
+            _ => {
+                let f = p.frame(conn.wire, &t.tag);
+                last = Some((conn.wire, &t.tag, f.clone()));
+                f
+            }
+        };
+        if conn.send(frame) {
+            delivered += 1;
+        }
+    }
+    delivered
+}
+
+/// Work for a fan-out worker: a publication and the subscriber lists it
+/// goes to (an exact channel's and matching patterns').
+pub struct Job {
+    pub publication: Arc<Publication>,
+    pub targets: Vec<Arc<[Target]>>,
+    /// Told when the job is done (see [`Fanout::settle`]).
+    pub done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Jobs one worker may have waiting before publishers wait for it.
+const WORKER_QUEUE: usize = 4096;
+
+/// The pool of fan-out workers.
+pub struct Fanout {
+    workers: Vec<mpsc::Sender<Job>>,
+}
+
+impl Fanout {
+    /// Start `n` workers on the current runtime.
+    pub fn start(n: usize) -> Fanout {
+        let workers = (0..n.max(1))
+            .map(|_| {
+                let (tx, mut rx) = mpsc::channel::<Job>(WORKER_QUEUE);
+                tokio::spawn(async move {
+                    while let Some(mut job) = rx.recv().await {
+                        run(&job);
+                        if let Some(done) = job.done.take() {
+                            let _ = done.send(());
+                        }
+                        // Let sessions on this thread write between big jobs.
+                        tokio::task::yield_now().await;
+                    }
+                });
+                tx
+            })
+            .collect();
+        Fanout { workers }
+    }
+
+    fn worker(&self, channel: &str) -> &mpsc::Sender<Job> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        channel.hash(&mut h);
+        &self.workers[h.finish() as usize % self.workers.len()]
+    }
+
+    /// Hand a job to the worker that owns its channel. Waits only when that
+    /// worker is far behind (backpressure on the publisher, bounded memory).
+    pub async fn submit(&self, job: Job) {
+        let worker = self.worker(&job.publication.channel);
+        if let Err(mpsc::error::TrySendError::Full(job)) = worker.try_send(job) {
+            let _ = worker.send(job).await;
+        }
+    }
+
+    /// Resolves once every job submitted before the call has been
+    /// delivered (tests and tools: publishing is otherwise fire-and-forget).
+    pub async fn settle(&self) {
+        let mut waits = Vec::new();
+        for worker in &self.workers {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job = Job {
+                publication: Arc::new(Publication::new(
+                    String::new(),
+                    String::new(),
+                    json_string(""),
+                )),
+                targets: Vec::new(),
+                done: Some(tx),
+            };
+            if worker.send(job).await.is_ok() {
+                waits.push(rx);
+            }
+        }
+        for w in waits {
+            let _ = w.await;
+        }
+    }
+
+    /// [`Fanout::submit`] for callers that cannot wait (the broker's inbox):
+    /// a full worker queue gets the job from a task instead, which may
+    /// reorder it behind later ones; counted, as it means overload.
+    pub fn submit_now(&self, job: Job) {
+        let worker = self.worker(&job.publication.channel).clone();
+        if let Err(mpsc::error::TrySendError::Full(job)) = worker.try_send(job) {
+            metrics::count(&metrics::FANOUT_OVERFLOW);
+            tokio::spawn(async move {
+                let _ = worker.send(job).await;
+            });
+        }
+    }
+}
+
+fn run(job: &Job) {
+    let started = std::time::Instant::now();
+    let mut delivered = 0;
+    for targets in &job.targets {
+        delivered += deliver(&job.publication, targets);
+    }
+    metrics::add(&metrics::FRAMES_DELIVERED, delivered);
+    metrics::observe_fanout(started.elapsed());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connection::QueueLimit;
+    use crate::testing::{IdWire, TestWire};
+
+    const LIMIT: QueueLimit = QueueLimit {
+        frames: 64,
+        bytes: 1 << 20,
+    };
+
+    fn target(id: u64, wire: &'static dyn Wire, tag: Option<&str>) -> Target {
+        Target {
+            conn: Arc::new(Connection::new(id, format!("1.{id}"), wire, LIMIT)),
+            tag: tag.map(Arc::from),
+        }
+    }
+
+    fn frames(t: &Target) -> Vec<Frame> {
+        let mut out = Vec::new();
+        t.conn.take(&mut out, 64);
+        out
+    }
+
+    fn publication() -> Publication {
+        Publication::new("room".into(), "e".into(), json_string("hi"))
+    }
+
+    #[test]
+    fn one_encoding_per_wire_and_tag() {
+        let p = publication();
+        let ts = [
+            target(1, &TestWire, None),
+            target(2, &TestWire, Some("a")),
+            target(3, &TestWire, None),
+            target(4, &TestWire, Some("a")),
+            target(5, &TestWire, Some("b")),
+        ];
+        let before = metrics::FRAMES_ENCODED.get();
+        assert_eq!(deliver(&p, &ts), 5);
+        // Three (wire, tag) pairs: three encodings (other tests may encode
+        // concurrently, so count at least, and check sharing below).
+        assert!(metrics::FRAMES_ENCODED.get() - before >= 3);
+        let f: Vec<Frame> = ts.iter().map(|t| frames(t).remove(0)).collect();
+        assert_eq!(f[0].payload_text(), "|e|room|\"hi\"");
+        assert_eq!(f[1].payload_text(), "a|e|room|\"hi\"");
+        assert_eq!(f[4].payload_text(), "b|e|room|\"hi\"");
+        // Same (wire, tag): the very same bytes.
+        assert_eq!(f[0].parts()[1].as_ptr(), f[2].parts()[1].as_ptr());
+        assert_eq!(f[1].parts()[1].as_ptr(), f[3].parts()[1].as_ptr());
+        assert_ne!(f[0].parts()[1].as_ptr(), f[1].parts()[1].as_ptr());
+        // Asking again builds nothing new.
+        let again = p.frame(&TestWire, &Some(Arc::from("b")));
+        assert_eq!(again.parts()[1].as_ptr(), f[4].parts()[1].as_ptr());
+    }
+
+    #[test]
+    fn per_subscriber_tags_share_the_body() {
+        let p = publication();
+        let ts = [
+            target(1, &IdWire, Some("s1")),
+            target(2, &IdWire, Some("s22")),
+        ];
+        deliver(&p, &ts);
+        let a = frames(&ts[0]).remove(0);
+        let b = frames(&ts[1]).remove(0);
+        assert_eq!(a.payload_text(), "s1:\"hi\"");
+        assert_eq!(b.payload_text(), "s22:\"hi\"");
+        assert_eq!(a.parts()[1].as_ptr(), b.parts()[1].as_ptr());
+    }
+
+    #[test]
+    fn excluded_socket_is_skipped() {
+        let p = publication().excluding(Some("1.2".into()));
+        let ts = [target(1, &TestWire, None), target(2, &TestWire, None)];
+        assert_eq!(deliver(&p, &ts), 1);
+        assert!(frames(&ts[1]).is_empty());
+    }
+
+    #[test]
+    fn bytes_roundtrip() {
+        let mut p = publication().excluding(Some("1.1".into())).cached(true);
+        p.origin = 7;
+        p.id = 9;
+        let q = Publication::from_bytes(&p.to_bytes()).unwrap();
+        assert_eq!(
+            (
+                q.channel.as_str(),
+                q.data.get(),
+                q.exclude.as_deref(),
+                q.cache,
+                q.origin,
+                q.id
+            ),
+            ("room", "\"hi\"", Some("1.1"), true, 7, 9)
+        );
+    }
+}

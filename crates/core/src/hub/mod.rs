@@ -1,0 +1,606 @@
+//! The hub: one per app, holding this node's state for it: which
+//! connection is subscribed to what (exact channels and trailing-wildcard
+//! patterns), presence members (local and, as the broker reports them, on
+//! other nodes), cache slots, signed-in users and their watchers, and the
+//! app's connection count.
+//!
+//! The hub is protocol-neutral: it never parses a channel name. An adapter
+//! decides what a name means (its kind, its auth) and passes what the hub
+//! must know in [`SubscribeOptions`]. The hub does not talk to the broker
+//! either; what a change means for the cluster (first subscriber here, a
+//! member's first socket here) is returned to the node, which passes it on.
+//!
+//! Registries are sharded maps (`DashMap`), so connections on different
+//! channels never contend on one lock. A lock is held while queueing frames
+//! that must stay in order relative to each other (`Subscribed`, a cache
+//! replay, `MemberAdded`), never for a publication's whole fan-out: that
+//! takes a snapshot of the subscriber list (rebuilt only after a change)
+//! and runs on a fan-out worker.
+
+pub mod presence;
+pub mod users;
+
+use crate::config::AppConfig;
+use crate::connection::{ConnId, Connection};
+use crate::fanout::{NodeId, Publication, Tag, Target};
+use crate::wire::{EncodeOnce, Event, MemberRef};
+use dashmap::{DashMap, DashSet};
+use presence::{Member, MemberState};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why the core refused something. Each adapter maps these to its codes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    OverLimit(String),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+/// What a subscription is, decided by the adapter.
+#[derive(Debug, Default)]
+pub struct SubscribeOptions {
+    /// What makes this subscription's frames differ (empty for Pusher).
+    pub tag: Tag,
+    /// `channel` is a prefix: the subscription receives every channel that
+    /// starts with it at a `/` boundary (`/ns/a/` matches `/ns/a/b/c`).
+    pub pattern: bool,
+    /// Join the channel's presence as this member.
+    pub member: Option<Member>,
+    /// Most members the channel may have (for `member`).
+    pub max_members: usize,
+    /// Replay the channel's last cached publication (or `CacheMiss`).
+    pub cache: bool,
+    /// Track and push the channel's subscription count.
+    pub count: bool,
+}
+
+/// What a subscribe changed, for the node to tell the cluster.
+#[derive(Debug, Default)]
+pub struct Joined {
+    /// False when the connection was already subscribed (confirmed again).
+    pub new: bool,
+    /// The channel had no subscriber on this node before.
+    pub first_here: bool,
+    /// The member's first socket on this node joined.
+    pub member_joined: Option<(String, Option<Box<serde_json::value::RawValue>>)>,
+}
+
+/// What an unsubscribe changed, for the node to tell the cluster.
+#[derive(Debug, Default, PartialEq)]
+pub struct Left {
+    pub was_subscribed: bool,
+    /// The channel has no subscriber on this node any more.
+    pub last_here: bool,
+    /// The member's last socket on this node left.
+    pub member_left: Option<String>,
+}
+
+/// One channel's subscribers and members on this node.
+#[derive(Default)]
+struct Channel {
+    subs: HashMap<(ConnId, Tag), Sub>,
+    /// The subscriber list fan-out reads, rebuilt after a change.
+    snapshot: Option<Arc<[Target]>>,
+    /// Presence members by user id (empty for other channels).
+    members: HashMap<Arc<str>, MemberState>,
+    /// Its subscription count is pushed to subscribers.
+    count: bool,
+}
+
+struct Sub {
+    target: Target,
+    /// The presence user this subscription joined as.
+    user: Option<Arc<str>>,
+}
+
+impl Channel {
+    fn snapshot(&mut self) -> Arc<[Target]> {
+        self.snapshot
+            .get_or_insert_with(|| self.subs.values().map(|s| s.target.clone()).collect())
+            .clone()
+    }
+
+    fn send_to_all(&self, except: Option<ConnId>, event: &mut EncodeOnce<'_>) {
+        for ((id, _), sub) in &self.subs {
+            if Some(*id) != except {
+                let t = &sub.target;
+                if let Some(f) = event.frame(t.conn.wire, &t.tag) {
+                    t.conn.send(f);
+                }
+            }
+        }
+    }
+
+    fn member_list(&self) -> Vec<MemberRef<'_>> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.visible())
+            .map(|(id, m)| MemberRef {
+                user_id: id,
+                info: m.info.as_deref(),
+            })
+            .collect()
+    }
+}
+
+struct Cached {
+    publication: Arc<Publication>,
+    at: Instant,
+}
+
+/// One channel's figures on this node, for queries.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChannelStats {
+    pub name: String,
+    pub subscriptions: usize,
+    /// Presence members with a socket on this node.
+    pub users: Vec<String>,
+}
+
+pub struct Hub {
+    pub app: AppConfig,
+    channels: DashMap<String, Channel>,
+    patterns: DashMap<String, Channel>,
+    /// Pattern subscriptions on this hub: publishing skips the pattern
+    /// index entirely while there are none.
+    pattern_count: AtomicUsize,
+    cache: DashMap<String, Cached>,
+    pub users: users::Users,
+    /// Channels whose subscription count changed since the last flush.
+    counts_changed: DashSet<String>,
+    connections: AtomicU32,
+}
+
+/// Which map a subscription lives in.
+fn map_of(hub: &Hub, pattern: bool) -> &DashMap<String, Channel> {
+    if pattern {
+        &hub.patterns
+    } else {
+        &hub.channels
+    }
+}
+
+impl Hub {
+    pub fn new(app: AppConfig) -> Hub {
+        Hub {
+            app,
+            channels: DashMap::new(),
+            patterns: DashMap::new(),
+            pattern_count: AtomicUsize::new(0),
+            cache: DashMap::new(),
+            users: users::Users::default(),
+            counts_changed: DashSet::new(),
+            connections: AtomicU32::new(0),
+        }
+    }
+
+    // ----- connections -----------------------------------------------------
+
+    /// Count a new connection, or refuse it (app disabled or over quota).
+    pub fn admit(&self) -> Result<(), Refused> {
+        if !self.app.enabled {
+            return Err(Refused::Unauthorized("App is disabled".into()));
+        }
+        let max = self.app.max_connections;
+        self.connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (max == 0 || n < max).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| Refused::OverLimit(format!("App is over its connection quota ({max})")))
+    }
+
+    /// Undo [`Hub::admit`] when a connection ends.
+    pub fn release(&self) {
+        self.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub fn connection_count(&self) -> u32 {
+        self.connections.load(Ordering::Acquire)
+    }
+
+    // ----- subscriptions ---------------------------------------------------
+
+    /// Subscribe `conn` to `channel`. Queues `Subscribed` (with the member
+    /// list on presence channels) and, for cache channels, the last event or
+    /// `CacheMiss`, and tells the other subscribers about a new member.
+    pub fn subscribe(
+        &self,
+        conn: &Arc<Connection>,
+        channel: &str,
+        opts: SubscribeOptions,
+    ) -> Result<Joined, Refused> {
+        let map = map_of(self, opts.pattern);
+        let mut entry = map.entry(channel.to_owned()).or_default();
+        let ch = entry.value_mut();
+        let key = (conn.id, opts.tag.clone());
+        if ch.subs.contains_key(&key) {
+            // Already subscribed: confirm again, as retrying clients expect.
+            send_subscribed(conn, &opts.tag, channel, ch, opts.member.is_some());
+            return Ok(Joined::default());
+        }
+        let first_here = ch.subs.is_empty();
+        if let Some(m) = &opts.member {
+            let present = ch
+                .members
+                .get(m.user_id.as_str())
+                .is_some_and(|s| s.visible());
+            let count = ch.members.values().filter(|s| s.visible()).count();
+            if !present && count >= opts.max_members {
+                drop(entry);
+                map.remove_if(channel, |_, c| c.subs.is_empty() && c.members.is_empty());
+                return Err(Refused::OverLimit(format!(
+                    "presence channel is full ({} members)",
+                    opts.max_members
+                )));
+            }
+        }
+        let mut joined = Joined {
+            new: true,
+            first_here,
+            member_joined: None,
+        };
+        let mut added = false;
+        let user = opts.member.map(|m| {
+            let id: Arc<str> = Arc::from(m.user_id.as_str());
+            let state = ch
+                .members
+                .entry(id.clone())
+                .or_insert_with(|| MemberState::new(m.info.clone()));
+            added = !state.visible();
+            state.local += 1;
+            if state.local == 1 {
+                joined.member_joined = Some((m.user_id, m.info));
+            }
+            id
+        });
+        ch.subs.insert(
+            key,
+            Sub {
+                target: Target {
+                    conn: conn.clone(),
+                    tag: opts.tag.clone(),
+                },
+                user: user.clone(),
+            },
+        );
+        ch.snapshot = None;
+        send_subscribed(conn, &opts.tag, channel, ch, user.is_some());
+        if let (true, Some(uid)) = (added, &user) {
+            let info = ch.members.get(uid).and_then(|m| m.info.as_deref());
+            let mut event = EncodeOnce::new(Event::MemberAdded {
+                channel,
+                member: MemberRef { user_id: uid, info },
+            });
+            ch.send_to_all(Some(conn.id), &mut event);
+        }
+        if opts.pattern {
+            self.pattern_count.fetch_add(1, Ordering::AcqRel);
+        }
+        if opts.cache {
+            self.replay_cache(conn, &opts.tag, channel);
+        }
+        if opts.count {
+            ch.count = true;
+            drop(entry);
+            self.count_changed(channel);
+        }
+        Ok(joined)
+    }
+
+    /// Remove `conn`'s subscription (with `tag`) from `channel`.
+    pub fn unsubscribe(&self, conn: &Connection, channel: &str, tag: &Tag, pattern: bool) -> Left {
+        let map = map_of(self, pattern);
+        let Some(mut entry) = map.get_mut(channel) else {
+            return Left::default();
+        };
+        let ch = entry.value_mut();
+        let Some(sub) = ch.subs.remove(&(conn.id, tag.clone())) else {
+            return Left::default();
+        };
+        ch.snapshot = None;
+        let mut left = Left {
+            was_subscribed: true,
+            ..Left::default()
+        };
+        if let Some(uid) = sub.user.as_deref() {
+            if let Some(m) = ch.members.get_mut(uid) {
+                m.local -= 1;
+                if m.local == 0 {
+                    left.member_left = Some(uid.to_owned());
+                    if !m.visible() {
+                        ch.members.remove(uid);
+                        let mut event = EncodeOnce::new(Event::MemberRemoved {
+                            channel,
+                            user_id: uid,
+                        });
+                        ch.send_to_all(None, &mut event);
+                    }
+                }
+            }
+        }
+        left.last_here = ch.subs.is_empty();
+        let count = !left.last_here && ch.count;
+        drop(entry);
+        if count {
+            self.count_changed(channel);
+        }
+        if pattern {
+            self.pattern_count.fetch_sub(1, Ordering::AcqRel);
+        }
+        if left.last_here {
+            map.remove_if(channel, |_, c| c.subs.is_empty());
+        }
+        left
+    }
+
+    /// `None` if `conn` has no subscription to `channel` with `tag`;
+    /// otherwise the presence user it joined as, if any.
+    pub fn subscription(
+        &self,
+        conn: &Connection,
+        channel: &str,
+        tag: &Tag,
+    ) -> Option<Option<Arc<str>>> {
+        self.channels
+            .get(channel)
+            .and_then(|c| c.subs.get(&(conn.id, tag.clone())).map(|s| s.user.clone()))
+    }
+
+    // ----- presence from other nodes ----------------------------------------
+
+    /// A member joined (`Some(info)`) or left (`None`) on node `node`.
+    /// Applied only to channels with subscribers here (the broker sends a
+    /// node presence only for channels it is interested in).
+    pub fn remote_member(
+        &self,
+        channel: &str,
+        node: NodeId,
+        user_id: &str,
+        joined: Option<Option<Box<serde_json::value::RawValue>>>,
+    ) {
+        let Some(mut entry) = self.channels.get_mut(channel) else {
+            return;
+        };
+        let ch = entry.value_mut();
+        match joined {
+            Some(info) => {
+                let was = {
+                    let state = ch
+                        .members
+                        .entry(Arc::from(user_id))
+                        .or_insert_with(|| MemberState::new(info));
+                    let was = state.visible();
+                    if !state.remote.contains(&node) {
+                        state.remote.push(node);
+                    }
+                    was
+                };
+                if !was {
+                    let info = ch.members.get(user_id).and_then(|m| m.info.as_deref());
+                    let mut event = EncodeOnce::new(Event::MemberAdded {
+                        channel,
+                        member: MemberRef { user_id, info },
+                    });
+                    ch.send_to_all(None, &mut event);
+                }
+            }
+            None => {
+                let Some(state) = ch.members.get_mut(user_id) else {
+                    return;
+                };
+                state.remote.retain(|n| *n != node);
+                if !state.visible() {
+                    ch.members.remove(user_id);
+                    let mut event = EncodeOnce::new(Event::MemberRemoved { channel, user_id });
+                    ch.send_to_all(None, &mut event);
+                }
+            }
+        }
+    }
+
+    /// Seed a channel's members on other nodes (the broker's snapshot)
+    /// before its first subscriber here is confirmed. Creates the channel's
+    /// entry; it is dropped again if nobody subscribes.
+    pub fn seed_members(
+        &self,
+        channel: &str,
+        members: Vec<(NodeId, String, Option<Box<serde_json::value::RawValue>>)>,
+    ) {
+        let mut entry = self.channels.entry(channel.to_owned()).or_default();
+        for (node, user, info) in members {
+            let state = entry
+                .members
+                .entry(Arc::from(user.as_str()))
+                .or_insert_with(|| MemberState::new(info));
+            if !state.remote.contains(&node) {
+                state.remote.push(node);
+            }
+        }
+    }
+
+    /// Whether this node holds presence state for `channel`.
+    pub fn has_channel(&self, channel: &str) -> bool {
+        self.channels.contains_key(channel)
+    }
+
+    /// Drop a seeded entry nobody subscribed to.
+    pub fn drop_if_unused(&self, channel: &str) -> bool {
+        self.channels
+            .remove_if(channel, |_, c| c.subs.is_empty())
+            .is_some()
+    }
+
+    // ----- subscription counts ---------------------------------------------
+
+    /// Note that `channel`'s count changed. Counts are sent in batches by
+    /// [`Hub::flush_subscription_counts`]: sending on every change would make
+    /// N clients joining one channel cost N² frames.
+    fn count_changed(&self, channel: &str) {
+        if !self.counts_changed.contains(channel) {
+            self.counts_changed.insert(channel.to_owned());
+        }
+    }
+
+    /// Send the count of every channel whose count changed since the last
+    /// call (run periodically).
+    pub fn flush_subscription_counts(&self) {
+        let changed: Vec<String> = self.counts_changed.iter().map(|c| c.clone()).collect();
+        // Unmark before reading the count: a change after this point marks
+        // the channel again and goes out with the next flush.
+        for channel in &changed {
+            self.counts_changed.remove(channel);
+        }
+        for channel in &changed {
+            if let Some(ch) = self.channels.get(channel) {
+                let mut event = EncodeOnce::new(Event::SubscriptionCount {
+                    channel,
+                    count: ch.subs.len(),
+                });
+                ch.send_to_all(None, &mut event);
+            }
+        }
+    }
+
+    // ----- publishing --------------------------------------------------------
+
+    /// The subscriber lists `p` goes to on this node: its channel's, and
+    /// every pattern's that matches it. Stores `p` as the channel's last
+    /// event first when it is cached, under the channel's lock, so a
+    /// subscriber joining meanwhile gets it once (replayed or delivered).
+    pub fn targets(&self, p: &Arc<Publication>) -> Vec<Arc<[Target]>> {
+        let mut out = Vec::with_capacity(1);
+        if p.cache {
+            let mut entry = self.channels.entry(p.channel.clone()).or_default();
+            self.cache.insert(
+                p.channel.clone(),
+                Cached {
+                    publication: p.clone(),
+                    at: Instant::now(),
+                },
+            );
+            if !entry.subs.is_empty() {
+                out.push(entry.snapshot());
+            }
+            let empty = entry.subs.is_empty();
+            drop(entry);
+            if empty {
+                self.channels
+                    .remove_if(&p.channel, |_, c| c.subs.is_empty() && c.members.is_empty());
+            }
+        } else if let Some(mut ch) = self.channels.get_mut(&p.channel) {
+            if !ch.subs.is_empty() {
+                out.push(ch.snapshot());
+            }
+        }
+        if self.pattern_count.load(Ordering::Acquire) > 0 {
+            for prefix in prefixes(&p.channel) {
+                if let Some(mut ch) = self.patterns.get_mut(prefix) {
+                    if !ch.subs.is_empty() {
+                        out.push(ch.snapshot());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn replay_cache(&self, conn: &Connection, tag: &Tag, channel: &str) {
+        let ttl = Duration::from_secs(self.app.cache_ttl);
+        let hit = self
+            .cache
+            .get(channel)
+            .filter(|c| c.at.elapsed() < ttl)
+            .map(|c| c.publication.clone());
+        let frame = match hit {
+            Some(p) => Some(p.frame(conn.wire, tag)),
+            None => conn
+                .wire
+                .event(&Event::CacheMiss { channel }, tag.as_deref().unwrap_or("")),
+        };
+        if let Some(f) = frame {
+            conn.send(f);
+        }
+    }
+
+    /// Drop cache slots older than the TTL (run periodically so memory stays
+    /// flat when many short-lived cache channels come and go).
+    pub fn expire_cache(&self) {
+        let ttl = Duration::from_secs(self.app.cache_ttl);
+        self.cache.retain(|_, c| c.at.elapsed() < ttl);
+    }
+
+    // ----- queries -----------------------------------------------------------
+
+    /// Figures for occupied channels whose names start with `prefix` (or
+    /// for exactly `name`).
+    pub fn stats(&self, filter: &StatsFilter) -> Vec<ChannelStats> {
+        let of = |name: &str, c: &Channel| ChannelStats {
+            name: name.to_owned(),
+            subscriptions: c.subs.len(),
+            users: c
+                .members
+                .iter()
+                .filter(|(_, m)| m.local > 0)
+                .map(|(id, _)| id.to_string())
+                .collect(),
+        };
+        match filter {
+            StatsFilter::Exact(name) => self
+                .channels
+                .get(name)
+                .filter(|c| !c.subs.is_empty())
+                .map(|c| vec![of(name, &c)])
+                .unwrap_or_default(),
+            StatsFilter::Prefix(prefix) => self
+                .channels
+                .iter()
+                .filter(|e| e.key().starts_with(prefix.as_str()) && !e.subs.is_empty())
+                .map(|e| of(e.key(), e.value()))
+                .collect(),
+        }
+    }
+}
+
+/// Which channels a stats query asks about.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum StatsFilter {
+    Exact(String),
+    Prefix(String),
+}
+
+fn send_subscribed(conn: &Connection, tag: &Tag, channel: &str, ch: &Channel, presence: bool) {
+    let list;
+    let members = if presence {
+        list = ch.member_list();
+        Some(list.as_slice())
+    } else {
+        None
+    };
+    if let Some(f) = conn.wire.event(
+        &Event::Subscribed { channel, members },
+        tag.as_deref().unwrap_or(""),
+    ) {
+        conn.send(f);
+    }
+}
+
+/// The pattern prefixes that match `channel`: each prefix ending at a `/`,
+/// shortest first (`/a/b/c` → `/`, `/a/`, `/a/b/`).
+pub fn prefixes(channel: &str) -> impl Iterator<Item = &str> {
+    channel
+        .char_indices()
+        .filter(|(_, c)| *c == '/')
+        .map(move |(i, _)| &channel[..=i])
+}
+
+#[cfg(test)]
+mod tests;

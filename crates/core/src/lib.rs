@@ -1,0 +1,42 @@
+//! Herald's protocol-neutral core. Protocol adapters (Pusher, and next
+//! Action Cable and AppSync) sit on top of it; it knows none of them.
+//!
+//! A message's path through the core, and where each piece lives:
+//!
+//! ```text
+//! adapter      parses a client frame or an HTTP publish, decides what the
+//!   │          channel name means, calls the node
+//!   ▼
+//! node         routes: this node's subscribers at once (fan-out), other
+//!   │  │       nodes through the broker; tells the cluster about interest
+//!   │  │       and presence; answers queries for the whole cluster
+//!   │  └────► broker     the cluster's interface (local engine in-process)
+//!   ▼
+//! hub          per app: channels and patterns → subscriptions (connection,
+//!   │          tag), presence members, cache slots, users, counts
+//!   ▼
+//! fanout       a worker builds each frame once per (wire, tag) and queues
+//!   │          the same bytes to every subscriber
+//!   ▼
+//! connection   a subscriber's bounded queue; full means too slow → closed
+//!   ▼
+//! session      the one loop for every protocol: reads (ws), keep-alive,
+//!              vectored writes of queued frames, close handshake
+//! ```
+//!
+//! Around them: `frame` (finished WebSocket frames, shared), `ws` (the
+//! upgrade and the client-frame decoder), `wire` (what an adapter
+//! implements to encode), `config`, `metrics`.
+
+pub mod broker;
+pub mod config;
+pub mod connection;
+pub mod fanout;
+pub mod frame;
+pub mod hub;
+pub mod metrics;
+pub mod node;
+pub mod session;
+pub mod testing;
+pub mod wire;
+pub mod ws;

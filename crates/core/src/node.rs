@@ -1,0 +1,376 @@
+//! The node: one running Herald process. It owns the apps' hubs, the
+//! broker, the fan-out workers, connection-id allocation and the lifecycle
+//! flags (ready, draining) that the server and every session consult.
+//!
+//! The node routes. Adapters call it, not the hub, for anything the rest of
+//! the cluster must hear about: a publication is delivered to this node's
+//! subscribers at once and handed to the broker for the others; a channel's
+//! first subscriber here registers interest; a member's first socket here
+//! is announced as presence. What other nodes send comes back through the
+//! node's [`Inbox`] and is applied to the hubs.
+
+use crate::broker::{Broker, Control, Inbox, PresenceChange, Scope};
+use crate::config::Config;
+use crate::connection::{ConnId, Connection};
+use crate::fanout::{Fanout, Job, NodeId, Publication, Tag};
+use crate::hub::{ChannelStats, Hub, Joined, Refused, StatsFilter, SubscribeOptions};
+use crate::metrics;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use tokio_util::sync::CancellationToken;
+
+pub struct Node {
+    pub id: NodeId,
+    pub config: Config,
+    pub broker: Arc<dyn Broker>,
+    by_key: HashMap<String, Arc<Hub>>,
+    by_id: HashMap<String, Arc<Hub>>,
+    /// Started on first use, inside the runtime.
+    fanout: OnceLock<Fanout>,
+    next_conn: AtomicU64,
+    next_message: AtomicU64,
+    ready: AtomicBool,
+    /// Cancelled when the server starts draining; every session watches it.
+    pub shutdown: CancellationToken,
+}
+
+impl Node {
+    pub fn new(config: Config, broker: Arc<dyn Broker>) -> Arc<Node> {
+        // Never 0: 0 marks "no origin" in a publication.
+        let id: NodeId = rand::random::<u32>() as u64 + 1;
+        let mut by_key = HashMap::new();
+        let mut by_id = HashMap::new();
+        for app in &config.apps {
+            let hub = Arc::new(Hub::new(app.clone()));
+            by_key.insert(app.key.clone(), hub.clone());
+            by_id.insert(app.id.clone(), hub);
+        }
+        let node = Arc::new(Node {
+            id,
+            config,
+            broker: broker.clone(),
+            by_key,
+            by_id,
+            fanout: OnceLock::new(),
+            next_conn: AtomicU64::new(1),
+            next_message: AtomicU64::new(1),
+            ready: AtomicBool::new(false),
+            shutdown: CancellationToken::new(),
+        });
+        broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
+        node
+    }
+
+    /// Learn who is signed in on the other nodes (call once, at start).
+    pub async fn join_cluster(&self) {
+        for hub in self.hubs() {
+            for (node, user, _) in self
+                .broker
+                .members(&hub.app.id, &Scope::Users, self.id)
+                .await
+            {
+                hub.users.remote(node, &user, true);
+            }
+        }
+    }
+
+    /// Leave the cluster (graceful shutdown): the others drop our members.
+    pub fn leave_cluster(&self) {
+        self.broker.detach(self.id);
+    }
+
+    pub fn hub_by_key(&self, key: &str) -> Option<&Arc<Hub>> {
+        self.by_key.get(key)
+    }
+
+    pub fn hub_by_id(&self, id: &str) -> Option<&Arc<Hub>> {
+        self.by_id.get(id)
+    }
+
+    pub fn hubs(&self) -> impl Iterator<Item = &Arc<Hub>> {
+        self.by_id.values()
+    }
+
+    /// A new connection number and its public socket id ("node.counter").
+    pub fn next_connection(&self) -> (ConnId, String) {
+        let n = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        (n, format!("{}.{}", self.id, n))
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire) && !self.shutdown.is_cancelled()
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    pub fn connection_count(&self) -> u64 {
+        self.hubs().map(|h| h.connection_count() as u64).sum()
+    }
+
+    fn fanout(&self) -> &Fanout {
+        self.fanout.get_or_init(|| {
+            let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+            Fanout::start(n)
+        })
+    }
+
+    // ----- publishing --------------------------------------------------------
+
+    /// Publish: queue delivery to this node's subscribers (on a fan-out
+    /// worker) and hand the publication to the broker for the other nodes.
+    pub async fn publish(&self, hub: &Hub, mut publication: Publication) {
+        publication.origin = self.id;
+        publication.id = self.next_message.fetch_add(1, Ordering::Relaxed);
+        self.broker.publish(&hub.app.id, &publication);
+        self.deliver_local(hub, Arc::new(publication)).await;
+    }
+
+    async fn deliver_local(&self, hub: &Hub, publication: Arc<Publication>) {
+        if let Some(job) = local_job(hub, publication) {
+            self.fanout().submit(job).await;
+        }
+    }
+
+    /// Resolves once every publication made before the call has been
+    /// queued to this node's subscribers.
+    pub async fn settle(&self) {
+        self.fanout().settle().await;
+    }
+
+    // ----- subscriptions -----------------------------------------------------
+
+    /// Subscribe through the hub and tell the cluster what changed. A
+    /// presence channel new to this node first learns its members on other
+    /// nodes, so the subscriber's member list is the cluster's.
+    pub async fn subscribe(
+        &self,
+        hub: &Hub,
+        conn: &Arc<Connection>,
+        channel: &str,
+        opts: SubscribeOptions,
+    ) -> Result<Joined, Refused> {
+        let app = &hub.app.id;
+        let pattern = opts.pattern;
+        let mut seeded = false;
+        if opts.member.is_some() && !hub.has_channel(channel) {
+            self.broker.interest(self.id, app, channel, false, true);
+            let scope = Scope::Channel(channel.to_owned());
+            let members = self.broker.members(app, &scope, self.id).await;
+            hub.seed_members(channel, members);
+            seeded = true;
+        }
+        let joined = match hub.subscribe(conn, channel, opts) {
+            Ok(j) => j,
+            Err(e) => {
+                if seeded && hub.drop_if_unused(channel) {
+                    self.broker.interest(self.id, app, channel, false, false);
+                }
+                return Err(e);
+            }
+        };
+        if joined.first_here {
+            self.broker.interest(self.id, app, channel, pattern, true);
+        }
+        if let Some((user_id, info)) = &joined.member_joined {
+            self.broker.presence(
+                app,
+                PresenceChange {
+                    scope: Scope::Channel(channel.to_owned()),
+                    node: self.id,
+                    user_id: user_id.clone(),
+                    joined: Some(info.clone()),
+                },
+            );
+        }
+        Ok(joined)
+    }
+
+    /// Unsubscribe through the hub and tell the cluster what changed.
+    /// Returns whether the connection was subscribed.
+    pub fn unsubscribe(
+        &self,
+        hub: &Hub,
+        conn: &Connection,
+        channel: &str,
+        tag: &Tag,
+        pattern: bool,
+    ) -> bool {
+        let left = hub.unsubscribe(conn, channel, tag, pattern);
+        let app = &hub.app.id;
+        if let Some(user_id) = left.member_left {
+            self.broker.presence(
+                app,
+                PresenceChange {
+                    scope: Scope::Channel(channel.to_owned()),
+                    node: self.id,
+                    user_id,
+                    joined: None,
+                },
+            );
+        }
+        if left.last_here {
+            self.broker.interest(self.id, app, channel, pattern, false);
+        }
+        left.was_subscribed
+    }
+
+    // ----- users ---------------------------------------------------------------
+
+    /// Sign a socket in as `user_id` watching `watchlist`; returns which
+    /// watched users are online and offline in the cluster.
+    pub fn sign_in(
+        &self,
+        hub: &Hub,
+        conn: &Arc<Connection>,
+        user_id: &str,
+        watchlist: &[String],
+    ) -> (Vec<String>, Vec<String>) {
+        let (online, offline, first_here) = hub.users.sign_in(conn, user_id, watchlist);
+        if first_here {
+            self.user_presence(hub, user_id, true);
+        }
+        (online, offline)
+    }
+
+    pub fn sign_out(&self, hub: &Hub, conn: &Connection, user_id: &str, watchlist: &[String]) {
+        if hub.users.sign_out(conn, user_id, watchlist) {
+            self.user_presence(hub, user_id, false);
+        }
+    }
+
+    fn user_presence(&self, hub: &Hub, user_id: &str, on: bool) {
+        self.broker.presence(
+            &hub.app.id,
+            PresenceChange {
+                scope: Scope::Users,
+                node: self.id,
+                user_id: user_id.to_owned(),
+                joined: on.then_some(None),
+            },
+        );
+    }
+
+    /// Close a user's connections on every node.
+    pub fn terminate_user(&self, hub: &Hub, user_id: &str) {
+        hub.users.terminate(user_id);
+        self.broker.control(
+            self.id,
+            &hub.app.id,
+            Control::Terminate {
+                user_id: user_id.to_owned(),
+            },
+        );
+    }
+
+    // ----- queries -------------------------------------------------------------
+
+    /// Channel figures for the whole cluster: subscriptions summed, users
+    /// counted once however many nodes they are on.
+    pub async fn stats(&self, hub: &Hub, filter: StatsFilter) -> Vec<ChannelStats> {
+        let mut all = hub.stats(&filter);
+        all.extend(self.broker.query(self.id, &hub.app.id, filter).await);
+        let mut merged: BTreeMap<String, (usize, BTreeSet<String>)> = BTreeMap::new();
+        for s in all {
+            let e = merged.entry(s.name).or_default();
+            e.0 += s.subscriptions;
+            e.1.extend(s.users);
+        }
+        merged
+            .into_iter()
+            .map(|(name, (subscriptions, users))| ChannelStats {
+                name,
+                subscriptions,
+                users: users.into_iter().collect(),
+            })
+            .collect()
+    }
+
+    // ----- housekeeping ----------------------------------------------------------
+
+    /// Periodic work: heartbeat, cache expiry. (Subscription counts have
+    /// their own, faster tick: [`Node::flush_counts`].)
+    pub fn tick(&self) {
+        self.broker.heartbeat(self.id);
+        self.hubs().for_each(|hub| hub.expire_cache());
+    }
+
+    pub fn flush_counts(&self) {
+        self.hubs().for_each(|hub| hub.flush_subscription_counts());
+    }
+}
+
+/// The fan-out work for this node's subscribers of `publication`, if any.
+fn local_job(hub: &Hub, publication: Arc<Publication>) -> Option<Job> {
+    metrics::count(&metrics::MESSAGES_PUBLISHED);
+    let targets = match &publication.to_user {
+        Some(user) => hub.users.targets(user).into_iter().collect(),
+        None => hub.targets(&publication),
+    };
+    (!targets.is_empty()).then_some(Job {
+        publication,
+        targets,
+        done: None,
+    })
+}
+
+/// Applies what other nodes send to the right hub.
+struct NodeInbox(std::sync::Weak<Node>);
+
+impl NodeInbox {
+    fn with(&self, app_id: &str, f: impl FnOnce(&Arc<Node>, &Arc<Hub>)) {
+        if let Some(node) = self.0.upgrade() {
+            if let Some(hub) = node.hub_by_id(app_id).cloned() {
+                f(&node, &hub);
+            }
+        }
+    }
+}
+
+impl Inbox for NodeInbox {
+    fn publication(&self, app_id: &str, publication: Publication) {
+        self.with(app_id, |node, hub| {
+            if publication.origin == node.id {
+                return;
+            }
+            metrics::count(&metrics::BROKER_RECEIVED);
+            // Queued on the fan-out workers in arrival order, like a local
+            // publish, so one publisher's messages stay in order.
+            if let Some(job) = local_job(hub, Arc::new(publication)) {
+                node.fanout().submit_now(job);
+            }
+        });
+    }
+
+    fn presence(&self, app_id: &str, change: &PresenceChange) {
+        self.with(app_id, |_, hub| match &change.scope {
+            Scope::Channel(channel) => {
+                hub.remote_member(channel, change.node, &change.user_id, change.joined.clone())
+            }
+            Scope::Users => hub
+                .users
+                .remote(change.node, &change.user_id, change.joined.is_some()),
+        });
+    }
+
+    fn control(&self, app_id: &str, control: &Control) {
+        self.with(app_id, |_, hub| match control {
+            Control::Terminate { user_id } => {
+                hub.users.terminate(user_id);
+            }
+        });
+    }
+
+    fn stats(&self, app_id: &str, filter: &StatsFilter) -> Vec<ChannelStats> {
+        self.0
+            .upgrade()
+            .and_then(|node| node.hub_by_id(app_id).map(|hub| hub.stats(filter)))
+            .unwrap_or_default()
+    }
+}

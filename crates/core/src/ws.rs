@@ -1,0 +1,473 @@
+//! The WebSocket transport (RFC 6455), server side: the HTTP upgrade and a
+//! decoder for client frames. Server frames are built by [`crate::frame`].
+//!
+//! Herald reads and writes frames itself rather than through a WebSocket
+//! library for two reasons, both measured (bench/RESULTS.md): a library
+//! copies every outgoing frame into its own buffer once per subscriber,
+//! where Herald's frames are finished bytes shared by all subscribers; and a
+//! library keeps a read buffer per connection, where Herald reads into one
+//! scratch buffer per thread and keeps bytes per connection only while a
+//! frame is incomplete, so an idle connection holds no buffer at all.
+
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use sha1::{Digest, Sha1};
+use std::collections::VecDeque;
+
+/// A WebSocket close code and its reason, as sent or received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseFrame {
+    pub code: u16,
+    pub reason: String,
+}
+
+/// A complete message from the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    Text(String),
+    Binary(Vec<u8>),
+    Ping(Vec<u8>),
+    Pong,
+    Close(Option<CloseFrame>),
+}
+
+/// Why the client's byte stream cannot be read further; each maps to the
+/// close code RFC 6455 gives it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WsError {
+    #[error("WebSocket protocol error: {0}")]
+    Protocol(&'static str),
+    #[error("Message too large: more than {0} bytes")]
+    TooLarge(usize),
+    #[error("Text frame is not valid UTF-8")]
+    Utf8,
+}
+
+impl WsError {
+    pub fn close_code(&self) -> u16 {
+        match self {
+            WsError::Protocol(_) => 1002,
+            WsError::TooLarge(_) => 1009,
+            WsError::Utf8 => 1007,
+        }
+    }
+}
+
+/// Incremental decoder of client frames. Holds bytes only while a frame or
+/// a fragmented message is incomplete; both buffers are freed as soon as
+/// they are consumed, so an idle connection's decoder owns no memory.
+#[derive(Debug)]
+pub struct Decoder {
+    /// Unconsumed bytes of an incomplete frame.
+    partial: Vec<u8>,
+    /// Payload of a fragmented message so far, and its opcode.
+    message: Vec<u8>,
+    fragmented: Option<u8>,
+    /// Largest message (and frame) accepted.
+    max: usize,
+    ready: VecDeque<Incoming>,
+    error: Option<WsError>,
+}
+
+impl Decoder {
+    pub fn new(max_message: usize) -> Decoder {
+        Decoder {
+            partial: Vec::new(),
+            message: Vec::new(),
+            fragmented: None,
+            max: max_message,
+            ready: VecDeque::new(),
+            error: None,
+        }
+    }
+
+    /// Feed bytes read from the socket. Complete messages become available
+    /// from [`Decoder::next`]; after an error nothing more is decoded.
+    pub fn feed(&mut self, data: &[u8]) {
+        if self.error.is_some() {
+            return;
+        }
+        if self.partial.is_empty() {
+            let used = self.decode(data);
+            if used < data.len() && self.error.is_none() {
+                self.partial.extend_from_slice(&data[used..]);
+            }
+        } else {
+            let mut buf = std::mem::take(&mut self.partial);
+            buf.extend_from_slice(data);
+            let used = self.decode(&buf);
+            if used < buf.len() && self.error.is_none() {
+                buf.drain(..used);
+                self.partial = buf;
+            }
+        }
+    }
+
+    /// The next complete message, then (once messages are drained) the error
+    /// that stopped decoding, if any.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Option<Result<Incoming, WsError>> {
+        if let Some(m) = self.ready.pop_front() {
+            if self.ready.is_empty() {
+                // Give the queue's memory back: idle connections keep none.
+                self.ready = VecDeque::new();
+            }
+            return Some(Ok(m));
+        }
+        self.error.take().map(Err)
+    }
+
+    /// Decode as many whole frames from `buf` as it holds; returns the bytes
+    /// consumed.
+    fn decode(&mut self, buf: &[u8]) -> usize {
+        let mut at = 0;
+        loop {
+            match self.frame(&buf[at..]) {
+                Ok(Some(used)) => at += used,
+                Ok(None) => return at,
+                Err(e) => {
+                    self.error = Some(e);
+                    self.partial = Vec::new();
+                    self.message = Vec::new();
+                    return buf.len();
+                }
+            }
+        }
+    }
+
+    /// Decode one frame from the front of `b`: `None` if it is incomplete.
+    fn frame(&mut self, b: &[u8]) -> Result<Option<usize>, WsError> {
+        if b.len() < 2 {
+            return Ok(None);
+        }
+        let fin = b[0] & 0x80 != 0;
+        if b[0] & 0x70 != 0 {
+            return Err(WsError::Protocol(
+                "reserved bits set without a negotiated extension",
+            ));
+        }
+        let op = b[0] & 0x0f;
+        if b[1] & 0x80 == 0 {
+            return Err(WsError::Protocol("client frames must be masked"));
+        }
+        let (len, mut at) = match b[1] & 0x7f {
+            126 => {
+                if b.len() < 4 {
+                    return Ok(None);
+                }
+                (u16::from_be_bytes([b[2], b[3]]) as u64, 4)
+            }
+            127 => {
+                if b.len() < 10 {
+                    return Ok(None);
+                }
+                let mut n = [0u8; 8];
+                n.copy_from_slice(&b[2..10]);
+                (u64::from_be_bytes(n), 10)
+            }
+            n => (n as u64, 2),
+        };
+        let control = op & 0x08 != 0;
+        match op {
+            0x0 | 0x1 | 0x2 | 0x8 | 0x9 | 0xA => {}
+            _ => return Err(WsError::Protocol("unknown opcode")),
+        }
+        if control && (!fin || len > 125) {
+            return Err(WsError::Protocol(
+                "control frames must be final and at most 125 bytes",
+            ));
+        }
+        // Refuse an oversized message from its header, before buffering it.
+        if !control && (self.message.len() as u64).saturating_add(len) > self.max as u64 {
+            return Err(WsError::TooLarge(self.max));
+        }
+        let len = len as usize;
+        if b.len() < at + 4 + len {
+            return Ok(None);
+        }
+        let mask = [b[at], b[at + 1], b[at + 2], b[at + 3]];
+        at += 4;
+        let mut payload = b[at..at + len].to_vec();
+        for (i, byte) in payload.iter_mut().enumerate() {
+            *byte ^= mask[i & 3];
+        }
+        let used = at + len;
+        match op {
+            0x8 => {
+                let close = match payload.len() {
+                    0 => None,
+                    1 => return Err(WsError::Protocol("close frame with a 1-byte payload")),
+                    _ => {
+                        let code = u16::from_be_bytes([payload[0], payload[1]]);
+                        let reason =
+                            String::from_utf8(payload[2..].to_vec()).map_err(|_| WsError::Utf8)?;
+                        Some(CloseFrame { code, reason })
+                    }
+                };
+                self.ready.push_back(Incoming::Close(close));
+            }
+            0x9 => self.ready.push_back(Incoming::Ping(payload)),
+            0xA => self.ready.push_back(Incoming::Pong),
+            0x0 => {
+                let Some(first) = self.fragmented else {
+                    return Err(WsError::Protocol("continuation frame without a message"));
+                };
+                self.message.extend_from_slice(&payload);
+                if fin {
+                    self.fragmented = None;
+                    let whole = std::mem::take(&mut self.message);
+                    self.complete(first, whole)?;
+                }
+            }
+            _ => {
+                if self.fragmented.is_some() {
+                    return Err(WsError::Protocol(
+                        "new message before the fragmented one ended",
+                    ));
+                }
+                if fin {
+                    self.complete(op, payload)?;
+                } else {
+                    self.fragmented = Some(op);
+                    self.message = payload;
+                }
+            }
+        }
+        Ok(Some(used))
+    }
+
+    fn complete(&mut self, op: u8, payload: Vec<u8>) -> Result<(), WsError> {
+        let m = if op == 0x1 {
+            Incoming::Text(String::from_utf8(payload).map_err(|_| WsError::Utf8)?)
+        } else {
+            Incoming::Binary(payload)
+        };
+        self.ready.push_back(m);
+        Ok(())
+    }
+}
+
+/// What an upgrade request asked for, checked.
+pub struct Handshake {
+    accept: String,
+    /// The subprotocol chosen from the client's list, if any.
+    pub protocol: Option<&'static str>,
+}
+
+/// Check a WebSocket upgrade request (RFC 6455 4.2.1) and pick the first of
+/// the client's subprotocols that `supported` holds (in the client's order).
+/// A request that is not a WebSocket upgrade gets a 400 or 426 answer.
+pub fn handshake(headers: &HeaderMap, supported: &[&'static str]) -> Result<Handshake, Response> {
+    let has = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
+        return Err((
+            StatusCode::UPGRADE_REQUIRED,
+            [(header::UPGRADE, "websocket")],
+            "This endpoint speaks WebSocket: send an Upgrade: websocket request",
+        )
+            .into_response());
+    }
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .and_then(|v| v.to_str().ok())
+        != Some("13")
+    {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            [(header::SEC_WEBSOCKET_VERSION, "13")],
+            "Unsupported Sec-WebSocket-Version (13 is required)",
+        )
+            .into_response());
+    }
+    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY) else {
+        return Err((StatusCode::BAD_REQUEST, "Missing Sec-WebSocket-Key").into_response());
+    };
+    let mut sha = Sha1::new();
+    sha.update(key.as_bytes());
+    sha.update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11");
+    let accept = base64::engine::general_purpose::STANDARD.encode(sha.finalize());
+    let protocol = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .find_map(|p| supported.iter().find(|s| **s == p).copied());
+    Ok(Handshake { accept, protocol })
+}
+
+impl Handshake {
+    /// The `101 Switching Protocols` answer.
+    pub fn response(&self) -> Response {
+        let mut res = Response::new(axum::body::Body::empty());
+        *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = res.headers_mut();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if let Ok(v) = HeaderValue::from_str(&self.accept) {
+            h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+        }
+        if let Some(p) = self.protocol {
+            h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
+        }
+        res
+    }
+}
+
+/// An upgraded client socket.
+pub type Socket = hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>;
+
+/// Answer a WebSocket upgrade request and, once the client switched
+/// protocols, run `then` with the socket and the chosen subprotocol on its
+/// own task. A request that is not a valid upgrade gets its HTTP error.
+pub fn upgrade<F, Fut>(
+    mut req: axum::extract::Request,
+    supported: &[&'static str],
+    then: F,
+) -> Response
+where
+    F: FnOnce(Socket, Option<&'static str>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let hs = match handshake(req.headers(), supported) {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    let on = hyper::upgrade::on(&mut req);
+    let protocol = hs.protocol;
+    tokio::spawn(async move {
+        if let Ok(upgraded) = on.await {
+            then(hyper_util::rt::TokioIo::new(upgraded), protocol).await;
+        }
+    });
+    hs.response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A masked client frame.
+    pub fn client_frame(fin: bool, op: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![if fin { 0x80 } else { 0 } | op];
+        let len = payload.len();
+        if len < 126 {
+            f.push(0x80 | len as u8);
+        } else if len < 65536 {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(len as u16).to_be_bytes());
+        } else {
+            f.push(0x80 | 127);
+            f.extend_from_slice(&(len as u64).to_be_bytes());
+        }
+        let mask = [1u8, 2, 3, 4];
+        f.extend_from_slice(&mask);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
+        f
+    }
+
+    fn all(d: &mut Decoder) -> Vec<Result<Incoming, WsError>> {
+        std::iter::from_fn(|| d.next()).collect()
+    }
+
+    #[test]
+    fn decodes_byte_by_byte_and_frees_buffers() {
+        let mut bytes = client_frame(true, 1, b"hello");
+        bytes.extend(client_frame(false, 1, b"wor"));
+        bytes.extend(client_frame(true, 9, b"p"));
+        bytes.extend(client_frame(true, 0, b"ld"));
+        bytes.extend(client_frame(true, 8, &[0x03, 0xe8, b'b']));
+        let mut d = Decoder::new(1024);
+        for b in &bytes {
+            d.feed(std::slice::from_ref(b));
+        }
+        assert_eq!(
+            all(&mut d),
+            vec![
+                Ok(Incoming::Text("hello".into())),
+                Ok(Incoming::Ping(b"p".to_vec())),
+                Ok(Incoming::Text("world".into())),
+                Ok(Incoming::Close(Some(CloseFrame {
+                    code: 1000,
+                    reason: "b".into()
+                }))),
+            ]
+        );
+        assert_eq!(d.partial.capacity(), 0);
+        assert_eq!(d.message.capacity(), 0);
+    }
+
+    #[test]
+    fn protocol_errors() {
+        let cases: Vec<(Vec<u8>, u16)> = vec![
+            (vec![0x81, 0x02, b'h', b'i'], 1002), // unmasked
+            (
+                {
+                    let mut f = client_frame(true, 1, b"x");
+                    f[0] |= 0x40;
+                    f
+                },
+                1002,
+            ), // RSV1
+            (client_frame(true, 3, b""), 1002),   // unknown opcode
+            (client_frame(false, 9, b""), 1002),  // fragmented ping
+            (client_frame(true, 0, b"x"), 1002),  // stray continuation
+            (client_frame(true, 1, &[0xff, 0xfe]), 1007),
+            (client_frame(true, 1, &[b'a'; 2000]), 1009),
+        ];
+        for (bytes, code) in cases {
+            let mut d = Decoder::new(1024);
+            d.feed(&bytes);
+            let got = all(&mut d);
+            assert_eq!(got.len(), 1, "{bytes:?}");
+            assert_eq!(got[0].as_ref().unwrap_err().close_code(), code, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn oversized_length_is_refused_from_the_header() {
+        let mut d = Decoder::new(1024);
+        // A 64-bit length of 2^40 without its payload: refused at once.
+        let mut f = vec![0x81, 0xff];
+        f.extend_from_slice(&(1u64 << 40).to_be_bytes());
+        d.feed(&f);
+        assert_eq!(d.next(), Some(Err(WsError::TooLarge(1024))));
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn never_panics(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8)) {
+                let mut d = Decoder::new(256);
+                for c in &chunks {
+                    d.feed(c);
+                    while d.next().is_some() {}
+                }
+            }
+
+            #[test]
+            fn texts_roundtrip_in_any_split(texts in proptest::collection::vec(".{0,40}", 1..5), split in 1usize..50) {
+                let mut bytes = Vec::new();
+                for t in &texts {
+                    bytes.extend(client_frame(true, 1, t.as_bytes()));
+                }
+                let mut d = Decoder::new(1 << 16);
+                for c in bytes.chunks(split) {
+                    d.feed(c);
+                }
+                let got: Vec<_> = std::iter::from_fn(|| d.next()).collect();
+                let want: Vec<_> = texts.iter().map(|t| Ok(Incoming::Text(t.clone()))).collect();
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+}
