@@ -21,7 +21,8 @@
 //! ```
 //!
 //! Around them: `config` (defaults → TOML → env → flags), `node` (the
-//! process: hubs, broker, lifecycle), `signing` (HMACs in constant time),
+//! process: hubs, broker, lifecycle), `signing` (re-exports the
+//! `herald-signing` crate, crates/signing: HMACs in constant time),
 //! `metrics` (counters for `/metrics`), and `bench` (`herald bench`).
 
 pub mod api;
@@ -36,4 +37,4 @@ pub mod node;
 pub mod protocol;
 pub mod server;
 pub mod session;
-pub mod signing;
+pub use herald_signing as signing;
