@@ -23,10 +23,10 @@
 //! Around them: `config` (defaults → TOML → env → flags), `node` (the
 //! process: hubs, broker, lifecycle), `signing` (re-exports the
 //! `herald-signing` crate, crates/signing: HMACs in constant time),
-//! `metrics` (counters for `/metrics`), and `bench` (`herald bench`).
+//! and `metrics` (counters for `/metrics`). `herald bench` is its own
+//! crate, crates/bench (`herald-bench`), which the binary calls.
 
 pub mod api;
-pub mod bench;
 pub mod broker;
 pub mod config;
 pub mod connection;

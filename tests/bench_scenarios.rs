@@ -4,11 +4,11 @@
 //! reported as lost deliveries.
 
 use futures_util::{SinkExt, StreamExt};
-use herald::bench::broadcast::{self, BroadcastParams, Via};
-use herald::bench::connect::{self, ConnectParams, SweepParams};
-use herald::bench::fanout::{self, FanoutParams};
-use herald::bench::idle::{self, IdleParams};
-use herald::bench::Target;
+use herald_bench::broadcast::{self, BroadcastParams, Via};
+use herald_bench::connect::{self, ConnectParams, SweepParams};
+use herald_bench::fanout::{self, FanoutParams};
+use herald_bench::idle::{self, IdleParams};
+use herald_bench::Target;
 use std::collections::BTreeSet;
 use std::net::TcpListener as StdListener;
 use std::net::{IpAddr, Ipv4Addr};
@@ -112,6 +112,15 @@ fn tiny_fanout(port: u16) -> FanoutParams {
     p.duration = Duration::from_secs(2);
     p.progress = false;
     p
+}
+
+/// The bench's default credentials are its own copy of the server's
+/// development app, so `herald serve` + `herald bench` need no flags.
+#[test]
+fn bench_defaults_are_the_development_app() {
+    assert_eq!(herald_bench::DEV_APP_ID, herald::config::DEV_APP_ID);
+    assert_eq!(herald_bench::DEV_APP_KEY, herald::config::DEV_APP_KEY);
+    assert_eq!(herald_bench::DEV_APP_SECRET, herald::config::DEV_APP_SECRET);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,7 +472,7 @@ async fn faulty_proxy(
 
 /// Deliveries add up: every expected message is either received or lost,
 /// and at least one was lost.
-fn assert_losses_counted(r: &herald::bench::Report, faults: &Faults) {
+fn assert_losses_counted(r: &herald_bench::Report, faults: &Faults) {
     let text = r.summary();
     let expected = r.count("deliveries_expected");
     let lost = r.count("deliveries_lost");

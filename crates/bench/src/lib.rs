@@ -1,8 +1,10 @@
 //! `herald bench`: a load generator for any server speaking the Pusher
-//! Channels protocol v7 and the Pusher HTTP API.
+//! Channels protocol v7 and the Pusher HTTP API. Its own crate
+//! (`herald-bench`): it shares only `herald-signing` with the server, and
+//! the `herald` binary's `bench` subcommand calls [`cli::run`].
 //!
 //! ```text
-//! mod.rs      the target (URL, app credentials), errors, preflight checks,
+//! lib.rs      the target (URL, app credentials), errors, preflight checks,
 //!             open-file limit, source addresses, CPU and memory probes
 //! client      one WebSocket client: connect, subscribe, scan frames
 //! metrics     HDR latency histograms, live counters, the once-a-second
@@ -41,6 +43,19 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use report::Report;
+
+// The defaults of --app-id, --key and --secret. They match the Herald
+// server's development app (`DEV_APP_ID`, `DEV_APP_KEY`, `DEV_APP_SECRET`
+// in the server's `config`), so `herald serve` and `herald bench` work
+// together without flags. The bench keeps its own copy rather than depend
+// on the server crate; a test in tests/bench_scenarios.rs checks they agree.
+
+/// Default `--app-id`: the Herald development app's id.
+pub const DEV_APP_ID: &str = "app-id";
+/// Default `--key`: the Herald development app's key.
+pub const DEV_APP_KEY: &str = "app-key";
+/// Default `--secret`: the Herald development app's (public) secret.
+pub const DEV_APP_SECRET: &str = "app-secret";
 
 /// A failure that stops a scenario, worded for the person running it.
 #[derive(Debug, Clone, PartialEq)]
