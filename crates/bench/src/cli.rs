@@ -52,7 +52,7 @@ struct BenchCommon {
     /// Write an HTML report (histograms, timeline) to this file.
     #[arg(long)]
     html: Option<PathBuf>,
-    /// The server's pid: report its CPU and memory from /proc.
+    /// The server's pid: report its CPU and peak memory from /proc.
     #[arg(long)]
     server_pid: Option<u32>,
     /// Seconds each client may take to connect, and to subscribe.
