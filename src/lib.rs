@@ -9,7 +9,9 @@
 //!                 HTTP API, signatures), on the core only.
 //! src/server      this crate: one listener, routing by path to each
 //!                 adapter's routes, health, metrics, TLS, graceful shutdown
-//! src/bench       `herald bench`
+//! crates/signing herald-signing: Pusher's HMAC/MD5 signatures, shared by
+//!                 the server and the bench
+//! crates/bench    herald-bench: `herald bench`, the load generator
 //! ```
 //!
 //! A message's path: an adapter (a client event on a Pusher socket, or the
@@ -19,7 +21,6 @@
 //! → its session loop writes them, several per vectored write. See
 //! docs/architecture.md.
 
-pub mod bench;
 pub mod server;
 
 pub use herald_core::{broker, config, connection, fanout, hub, metrics, node};

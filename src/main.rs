@@ -27,7 +27,7 @@ enum Command {
     /// Run the server.
     Serve(ServeArgs),
     /// Load-test a server speaking the Pusher protocol (k6-style summary).
-    Bench(herald::bench::cli::BenchArgs),
+    Bench(herald_bench::cli::BenchArgs),
 }
 
 #[derive(Args)]
@@ -98,7 +98,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Bench(args) => herald::bench::cli::run(args),
+        Command::Bench(args) => herald_bench::cli::run(args),
     }
 }
 

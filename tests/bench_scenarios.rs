@@ -4,11 +4,11 @@
 //! reported as lost deliveries.
 
 use futures_util::{SinkExt, StreamExt};
-use herald::bench::broadcast::{self, BroadcastParams, Via};
-use herald::bench::connect::{self, ConnectParams, SweepParams};
-use herald::bench::fanout::{self, FanoutParams};
-use herald::bench::idle::{self, IdleParams};
-use herald::bench::Target;
+use herald_bench::broadcast::{self, BroadcastParams, Via};
+use herald_bench::connect::{self, ConnectParams, SweepParams};
+use herald_bench::fanout::{self, FanoutParams};
+use herald_bench::idle::{self, IdleParams};
+use herald_bench::Target;
 use std::collections::BTreeSet;
 use std::net::TcpListener as StdListener;
 use std::net::{IpAddr, Ipv4Addr};
@@ -114,6 +114,32 @@ fn tiny_fanout(port: u16) -> FanoutParams {
     p
 }
 
+/// The server's peak memory (VmHWM) that a run with `server_pid` reports:
+/// more than 1 MiB (a running herald is bigger than that), and not below
+/// any resident-memory figure the same report gives.
+fn assert_server_memory(r: &herald_bench::Report) {
+    let text = r.summary();
+    let peak = r.figure("server_rss_peak").expect("server_rss_peak");
+    assert!(peak > 1024.0 * 1024.0, "{text}");
+    let end = r.figure("server_rss_end").expect("server_rss_end");
+    assert!(end > 0.0 && peak >= end, "{text}");
+    for name in ["server_rss_before", "server_rss_open", "server_rss_after"] {
+        if let Some(rss) = r.figure(name) {
+            assert!(peak >= rss, "{name}: {text}");
+        }
+    }
+    assert!(text.contains(" server_rss_peak."), "{text}");
+}
+
+/// The bench's default credentials are its own copy of the server's
+/// development app, so `herald serve` + `herald bench` need no flags.
+#[test]
+fn bench_defaults_are_the_development_app() {
+    assert_eq!(herald_bench::DEV_APP_ID, herald::config::DEV_APP_ID);
+    assert_eq!(herald_bench::DEV_APP_KEY, herald::config::DEV_APP_KEY);
+    assert_eq!(herald_bench::DEV_APP_SECRET, herald::config::DEV_APP_SECRET);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_and_sweep() {
     let server = start_server().await;
@@ -132,6 +158,7 @@ async fn connect_and_sweep() {
     assert_eq!(r.count("connection_errors"), 0);
     assert_eq!(r.latency("ws_connecting").unwrap().count, 20);
     assert!(r.figure("generator_cpu").is_some());
+    assert_server_memory(&r);
     // The timeline is kept even for an avalanche shorter than a second:
     // its `received` column counts confirmed subscriptions, every one once.
     let confirmed: u64 = r.timeline.iter().map(|t| t.received).sum();
@@ -154,6 +181,7 @@ async fn connect_and_sweep() {
     assert_eq!(s.fraction("ws_subscribe_success{n:5}"), Some(1.0));
     assert_eq!(s.fraction("ws_subscribe_success{n:10}"), Some(1.0));
     assert_eq!(s.figure("sweep_first_below_100pct"), None);
+    assert_server_memory(&s);
     let j = s.json();
     assert_eq!(j["metrics"]["ws_connect_success{n:10}"], 1.0);
     assert!(j["metrics"]["sweep_first_below_99pct"].is_null());
@@ -189,6 +217,7 @@ async fn broadcast_delivers_everything_by_client_events_and_http() {
     for via in [Via::Ws, Via::Http] {
         let mut p = tiny_broadcast(server.port);
         p.via = via;
+        p.server_pid = Some(server.child.id());
         let r = broadcast::run(&p).await.unwrap();
         let text = r.summary();
         assert!(r.count("ws_msgs_sent") > 0, "{text}");
@@ -205,14 +234,18 @@ async fn broadcast_delivers_everything_by_client_events_and_http() {
         assert_eq!(r.count("connection_errors"), 0, "{text}");
         assert!(r.latency("message_latency").unwrap().count > 0);
         assert!(!r.timeline.is_empty());
+        assert_server_memory(&r);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fanout_counts_every_channel() {
     let server = start_server().await;
-    let r = fanout::run(&tiny_fanout(server.port)).await.unwrap();
+    let mut p = tiny_fanout(server.port);
+    p.server_pid = Some(server.child.id());
+    let r = fanout::run(&p).await.unwrap();
     let text = r.summary();
+    assert_server_memory(&r);
     // 40 publishes, 10 per channel, 5 subscribers per channel.
     assert_eq!(r.count("http_publishes"), 40, "{text}");
     assert_eq!(r.count("deliveries_expected"), 200, "{text}");
@@ -245,6 +278,61 @@ async fn idle_holds_connections_and_reads_server_memory() {
     assert_eq!(r.fraction("ws_subscribe_success"), Some(1.0), "{text}");
     assert!(r.figure("server_rss_after").unwrap() > 0.0, "{text}");
     assert!(r.figure("server_memory_per_connection").is_some(), "{text}");
+    assert_server_memory(&r);
+}
+
+/// `--server-pid` on the command line: the server's peak memory is in the
+/// printed summary and in `--json`, under the same name, and plausible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_reports_the_servers_peak_memory() {
+    let server = start_server().await;
+    let url = format!("ws://127.0.0.1:{}", server.port);
+    let pid = server.child.id().to_string();
+    let json_path = std::env::temp_dir().join(format!(
+        "herald-bench-peak-{}-{}.json",
+        std::process::id(),
+        server.port
+    ));
+    let out = bench_cli_output(&[
+        "idle",
+        "--url",
+        &url,
+        "--clients",
+        "5",
+        "--duration",
+        "200ms",
+        "--server-pid",
+        &pid,
+        "--json",
+        json_path.to_str().unwrap(),
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json_path);
+    let metrics = &json["metrics"];
+    let peak = metrics["server_rss_peak"]
+        .as_f64()
+        .expect("server_rss_peak");
+    assert!(peak > 1024.0 * 1024.0, "{json}");
+    for name in [
+        "server_rss_end",
+        "server_rss_before",
+        "server_rss_open",
+        "server_rss_after",
+    ] {
+        let rss = metrics[name].as_f64().expect(name);
+        assert!(rss > 0.0 && peak >= rss, "{name}: {json}");
+    }
+    // Printed in MiB, like the other memory figures.
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("server_rss_peak."))
+        .unwrap_or_else(|| panic!("no server_rss_peak line: {stdout}"));
+    assert!(line.ends_with(" MiB"), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,7 +551,7 @@ async fn faulty_proxy(
 
 /// Deliveries add up: every expected message is either received or lost,
 /// and at least one was lost.
-fn assert_losses_counted(r: &herald::bench::Report, faults: &Faults) {
+fn assert_losses_counted(r: &herald_bench::Report, faults: &Faults) {
     let text = r.summary();
     let expected = r.count("deliveries_expected");
     let lost = r.count("deliveries_lost");

@@ -87,34 +87,6 @@ pub fn authenticate(node: &Node, req: &SignedRequest<'_>) -> Result<Arc<Hub>, Ap
     Ok(hub)
 }
 
-/// Sign a request the way Pusher's server SDKs do (for `herald bench` and
-/// tests). Returns the full query string including `auth_signature`.
-pub fn sign_query(
-    key: &str,
-    secret: &str,
-    method: &str,
-    path: &str,
-    body: &[u8],
-    extra: &[(&str, &str)],
-) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let mut params: Vec<(String, String)> = vec![
-        ("auth_key".into(), key.into()),
-        ("auth_timestamp".into(), now.to_string()),
-        ("auth_version".into(), "1.0".into()),
-    ];
-    if !body.is_empty() {
-        params.push(("body_md5".into(), signing::body_md5(body)));
-    }
-    params.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let signature = signing::sign(secret, &signing::api_string(method, path, &params));
-    let mut q = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in &params {
-        q.append_pair(k, v);
-    }
-    q.append_pair("auth_signature", &signature);
-    q.finish()
-}
+/// Moved to the `herald-signing` crate, which `herald bench` shares;
+/// re-exported so `herald::api::auth::sign_query` keeps working.
+pub use crate::signing::sign_query;

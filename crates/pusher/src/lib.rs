@@ -17,8 +17,10 @@ pub mod auth;
 pub mod names;
 pub mod presence_data;
 pub mod session;
-pub mod signing;
 pub mod wire;
+
+/// HMAC channel and user auth, API signatures (shared with `herald bench`).
+pub use herald_signing as signing;
 
 use axum::routing::get;
 use axum::Router;

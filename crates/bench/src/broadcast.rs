@@ -369,6 +369,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         ));
     }
     cpu.finish(&mut report);
+    super::server_memory(&mut report, p.server_pid);
     Ok(report)
 }
 

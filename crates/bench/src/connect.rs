@@ -169,6 +169,7 @@ pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
     report.value("all_settled_after", Some(s.all_settled_after), "s");
     report.errors(&s.live);
     cpu.finish(&mut report);
+    super::server_memory(&mut report, p.server_pid);
     Ok(report)
 }
 
@@ -243,5 +244,6 @@ pub async fn sweep(p: &SweepParams) -> Result<Report, BenchError> {
     report.value("sweep_first_below_100pct", below_100, "");
     report.value("sweep_first_below_99pct", below_99, "");
     cpu.finish(&mut report);
+    super::server_memory(&mut report, p.base.server_pid);
     Ok(report)
 }

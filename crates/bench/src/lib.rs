@@ -1,8 +1,10 @@
 //! `herald bench`: a load generator for any server speaking the Pusher
-//! Channels protocol v7 and the Pusher HTTP API.
+//! Channels protocol v7 and the Pusher HTTP API. Its own crate
+//! (`herald-bench`): it shares only `herald-signing` with the server, and
+//! the `herald` binary's `bench` subcommand calls [`cli::run`].
 //!
 //! ```text
-//! mod.rs      the target (URL, app credentials), errors, preflight checks,
+//! lib.rs      the target (URL, app credentials), errors, preflight checks,
 //!             open-file limit, source addresses, CPU and memory probes
 //! client      one WebSocket client: connect, subscribe, scan frames
 //! metrics     HDR latency histograms, live counters, the once-a-second
@@ -41,6 +43,19 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use report::Report;
+
+// The defaults of --app-id, --key and --secret. They match the Herald
+// server's development app (`DEV_APP_ID`, `DEV_APP_KEY`, `DEV_APP_SECRET`
+// in the server's `config`), so `herald serve` and `herald bench` work
+// together without flags. The bench keeps its own copy rather than depend
+// on the server crate; a test in tests/bench_scenarios.rs checks they agree.
+
+/// Default `--app-id`: the Herald development app's id.
+pub const DEV_APP_ID: &str = "app-id";
+/// Default `--key`: the Herald development app's key.
+pub const DEV_APP_KEY: &str = "app-key";
+/// Default `--secret`: the Herald development app's (public) secret.
+pub const DEV_APP_SECRET: &str = "app-secret";
 
 /// A failure that stops a scenario, worded for the person running it.
 #[derive(Debug, Clone, PartialEq)]
@@ -242,16 +257,65 @@ pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
-/// Resident memory of a process in bytes, from `/proc/<pid>/status`.
-pub fn rss_bytes(pid: Option<u32>) -> Option<u64> {
+/// `/proc/<pid>/status`; `None` means this process.
+fn proc_status(pid: Option<u32>) -> Option<String> {
     let path = match pid {
         Some(p) => format!("/proc/{p}/status"),
         None => "/proc/self/status".to_string(),
     };
-    let text = std::fs::read_to_string(path).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+    std::fs::read_to_string(path).ok()
+}
+
+/// A `Name:   1234 kB` line of `/proc/<pid>/status`, in bytes.
+fn status_bytes(status: &str, name: &str) -> Option<u64> {
+    let line = status
+        .lines()
+        .find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(':')))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Resident memory of a process in bytes, from `/proc/<pid>/status`.
+pub fn rss_bytes(pid: Option<u32>) -> Option<u64> {
+    status_bytes(&proc_status(pid)?, "VmRSS")
+}
+
+/// A process's resident memory now and at its peak, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// `VmRSS`: resident now.
+    pub rss: u64,
+    /// `VmHWM`: the most it has been resident at once since it started
+    /// (the kernel's high-water mark, never below `rss`).
+    pub peak: u64,
+}
+
+/// Current and peak resident memory of a process, from one read of
+/// `/proc/<pid>/status` (so `peak >= rss`); `None` means this process.
+pub fn memory(pid: Option<u32>) -> Option<Memory> {
+    let status = proc_status(pid)?;
+    Some(Memory {
+        rss: status_bytes(&status, "VmRSS")?,
+        peak: status_bytes(&status, "VmHWM")?,
+    })
+}
+
+/// With the server's pid, add its peak memory (`server_rss_peak`, VmHWM)
+/// and its resident memory at the end of the run (`server_rss_end`) to a
+/// report. Every scenario calls this last.
+pub fn server_memory(report: &mut Report, server_pid: Option<u32>) {
+    let Some(pid) = server_pid else {
+        return;
+    };
+    let m = memory(Some(pid));
+    report.value("server_rss_peak", m.map(|m| m.peak as f64), "B");
+    report.value("server_rss_end", m.map(|m| m.rss as f64), "B");
+    if m.is_none() {
+        report.notes.push(format!(
+            "cannot read VmHWM and VmRSS from /proc/{pid}/status: is --server-pid {pid} the \
+             server's pid on this machine, and is it still running?"
+        ));
+    }
 }
 
 /// CPU used by this process (and optionally the server) over a run.
@@ -415,9 +479,38 @@ mod tests {
     }
 
     #[test]
+    fn status_fields_in_bytes() {
+        let status = "Name:\therald\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\nVmRSSx:\t1 kB\n";
+        assert_eq!(status_bytes(status, "VmHWM"), Some(20 * 1024 * 1024));
+        assert_eq!(status_bytes(status, "VmRSS"), Some(10 * 1024 * 1024));
+        assert_eq!(status_bytes(status, "VmSwap"), None);
+    }
+
+    #[test]
+    fn server_memory_only_with_a_pid() {
+        let mut r = Report::new("demo");
+        server_memory(&mut r, None);
+        assert!(r.metrics.is_empty() && r.notes.is_empty());
+        server_memory(&mut r, Some(std::process::id()));
+        let (peak, end) = (r.figure("server_rss_peak"), r.figure("server_rss_end"));
+        assert!(peak.unwrap() >= end.unwrap(), "{}", r.summary());
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        // A pid that cannot be read: the figures are there as none, with a note.
+        let mut r = Report::new("demo");
+        server_memory(&mut r, Some(u32::MAX));
+        assert_eq!(
+            r.get("server_rss_peak"),
+            Some(&report::Metric::Value(None, "B"))
+        );
+        assert!(r.notes[0].contains("--server-pid"), "{:?}", r.notes);
+    }
+
+    #[test]
     fn proc_probes() {
         assert!(cpu_seconds(None).is_some());
         assert!(rss_bytes(None).unwrap() > 0);
+        let m = memory(None).unwrap();
+        assert!(m.rss > 0 && m.peak >= m.rss, "{m:?}");
         let mut r = Rng::new(7);
         let hits = (0..10_000).filter(|_| r.next_f64() < 0.4).count();
         assert!((3_500..4_500).contains(&hits), "{hits}");

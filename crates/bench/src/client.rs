@@ -5,8 +5,8 @@
 
 use super::ledger::MsgId;
 use super::Target;
-use crate::signing;
 use futures_util::{SinkExt, StreamExt};
+use herald_signing as signing;
 use serde_json::Value;
 use std::fmt;
 use std::net::IpAddr;
@@ -566,7 +566,7 @@ impl HttpPublisher {
             body["socket_id"] = Value::String(s.to_string());
         }
         let body = body.to_string();
-        let query = crate::api::auth::sign_query(
+        let query = signing::sign_query(
             &self.key,
             &self.secret,
             "POST",

@@ -368,5 +368,6 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         ));
     }
     cpu.finish(&mut report);
+    super::server_memory(&mut report, p.server_pid);
     Ok(report)
 }

@@ -185,5 +185,6 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
     }
     report.errors(&live);
     cpu.finish(&mut report);
+    super::server_memory(&mut report, p.server_pid);
     Ok(report)
 }

@@ -33,11 +33,11 @@ struct BenchCommon {
     /// Server to load (loopback only unless --allow-remote).
     #[arg(long, default_value = "ws://127.0.0.1:8080")]
     url: String,
-    #[arg(long, default_value = crate::config::DEV_APP_ID)]
+    #[arg(long, default_value = super::DEV_APP_ID)]
     app_id: String,
-    #[arg(long, default_value = crate::config::DEV_APP_KEY)]
+    #[arg(long, default_value = super::DEV_APP_KEY)]
     key: String,
-    #[arg(long, default_value = crate::config::DEV_APP_SECRET)]
+    #[arg(long, default_value = super::DEV_APP_SECRET)]
     secret: String,
     /// Clients: peak users (broadcast), N (connect, idle), subscribers (fanout).
     #[arg(long)]
@@ -52,7 +52,7 @@ struct BenchCommon {
     /// Write an HTML report (histograms, timeline) to this file.
     #[arg(long)]
     html: Option<PathBuf>,
-    /// The server's pid: report its CPU and memory from /proc.
+    /// The server's pid: report its CPU and peak memory from /proc.
     #[arg(long)]
     server_pid: Option<u32>,
     /// Seconds each client may take to connect, and to subscribe.
