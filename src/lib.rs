@@ -23,8 +23,8 @@
 
 pub mod server;
 
-pub use herald_core::{broker, config, connection, fanout, hub, metrics, node};
-pub use herald_pusher::{names, signing, wire};
+pub use herald_core::{broker, config, connection, fanout, frame, hub, metrics, node, session, ws};
+pub use herald_pusher::{names, presence_data, signing, wire};
 
 /// The Pusher HTTP API (kept at its old path for tests and tools).
 pub mod api {

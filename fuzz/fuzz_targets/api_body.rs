@@ -4,7 +4,7 @@
 
 use herald::api::{parse_batch, parse_event, Checked, MAX_BATCH_EVENTS, MAX_CHANNELS_PER_EVENT};
 use herald::config::AppConfig;
-use herald::hub::channel::validate_publish_name;
+use herald::names::validate_publish_name;
 use libfuzzer_sys::fuzz_target;
 
 fn within_limits(app: &AppConfig, ev: &Checked) {

@@ -1,8 +1,8 @@
 //! A client text frame, as the session hands it to the parser.
 #![no_main]
 
-use herald::hub::channel::{validate_name, ChannelKind};
-use herald::protocol::pusher::{parse, ClientMessage};
+use herald::names::{validate_name, ChannelKind};
+use herald::wire::{parse, ClientMessage};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
