@@ -51,6 +51,10 @@ struct ServeArgs {
     /// first before one write (0 = write at once; see docs/configuration.md).
     #[arg(long, env = "HERALD_WRITE_DELAY_MS", value_parser = millis("HERALD_WRITE_DELAY_MS"))]
     write_delay_ms: Option<u64>,
+    /// Apply --write-delay-ms only to connections written to in the last
+    /// 50 ms (quiet connections write at once).
+    #[arg(long, env = "HERALD_WRITE_DELAY_BUSY_ONLY")]
+    write_delay_busy_only: Option<bool>,
     /// Log filter, e.g. `info` or `herald=debug`.
     #[arg(long, env = "HERALD_LOG")]
     log: Option<String>,
@@ -109,6 +113,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         activity_timeout: args.activity_timeout,
         shutdown_grace: args.shutdown_grace,
         write_delay_ms: args.write_delay_ms,
+        write_delay_busy_only: args.write_delay_busy_only,
         log: args.log,
         app_id: args.app_id,
         app_key: args.app_key,

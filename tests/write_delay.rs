@@ -63,3 +63,21 @@ async fn a_lone_frame_is_delivered_and_the_connection_keeps_working() {
     s.trigger("quiet", "tick", "again").await;
     assert_eq!(c.expect("tick", Some("quiet")).await["data"], "again");
 }
+
+/// With `write_delay_busy_only`, a connection that was not written to in
+/// the last 50 ms writes at once: the delay (the longest allowed, a second)
+/// is not paid by quiet connections.
+#[tokio::test]
+async fn busy_only_lets_quiet_connections_write_at_once() {
+    let s = Server::start_with("write_delay_ms = 1000\nwrite_delay_busy_only = true", "").await;
+    let mut c = s.client().await;
+    c.subscribe("calm").await;
+    let started = std::time::Instant::now();
+    s.trigger("calm", "tick", "0").await;
+    assert_eq!(c.expect("tick", Some("calm")).await["data"], "0");
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(900),
+        "a quiet connection waited {took:?}: the delay applied"
+    );
+}

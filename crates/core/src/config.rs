@@ -41,6 +41,9 @@ pub struct Config {
     /// the first before writing them together (0: write at once). Trades up
     /// to this much latency for fewer `write` calls.
     pub write_delay_ms: u64,
+    /// Apply `write_delay_ms` only to connections written to within the
+    /// last 50 ms: busy connections coalesce, quiet ones write at once.
+    pub write_delay_busy_only: bool,
     /// `tracing` filter, e.g. `info` or `herald=debug`.
     pub log: String,
     /// PEM certificate chain; with `tls_key`, Herald serves TLS (wss/https).
@@ -61,6 +64,7 @@ impl Default for Config {
             max_request_size: 1024 * 1024,
             listen_backlog: 4096,
             write_delay_ms: 0,
+            write_delay_busy_only: false,
             log: "info".into(),
             tls_cert: None,
             tls_key: None,
@@ -160,6 +164,7 @@ pub struct Overrides {
     pub activity_timeout: Option<u64>,
     pub shutdown_grace: Option<u64>,
     pub write_delay_ms: Option<u64>,
+    pub write_delay_busy_only: Option<bool>,
     pub log: Option<String>,
     /// Replace the single app's credentials (handy in containers).
     pub app_id: Option<String>,
@@ -233,6 +238,9 @@ impl Config {
         }
         if let Some(v) = o.write_delay_ms {
             self.write_delay_ms = v;
+        }
+        if let Some(v) = o.write_delay_busy_only {
+            self.write_delay_busy_only = v;
         }
         if let Some(v) = &o.log {
             self.log = v.clone();

@@ -109,7 +109,13 @@ pub struct Settings {
     pub max_messages_per_second: u32,
     /// See the server's `write_delay_ms`.
     pub write_delay: Duration,
+    /// See the server's `write_delay_busy_only`.
+    pub write_delay_busy_only: bool,
 }
+
+/// A connection written to within this long counts as busy (see
+/// [`Settings::write_delay_busy_only`]).
+pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
 
 /// What woke the loop.
 enum Wake {
@@ -146,6 +152,7 @@ pub async fn run<S, H>(
     let cancelled = shutdown.cancelled();
     tokio::pin!(cancelled);
     let mut inbound = RateWindow::new();
+    let mut last_write: Option<Instant> = None;
 
     let end: Option<Why> = 'session: loop {
         let wake = poll_fn(|cx| {
@@ -246,7 +253,10 @@ pub async fn run<S, H>(
                 }
             }
             Wake::Frames => {
-                if !settings.write_delay.is_zero() {
+                let coalesce = !settings.write_delay.is_zero()
+                    && (!settings.write_delay_busy_only
+                        || last_write.is_some_and(|t| t.elapsed() < BUSY_WINDOW));
+                if coalesce {
                     // Sleep, then take what came: waiting on the queue
                     // instead would wake this task once per frame.
                     tokio::time::sleep(settings.write_delay).await;
@@ -261,6 +271,9 @@ pub async fn run<S, H>(
                     break None;
                 }
                 metrics::count(&metrics::SOCKET_WRITES);
+                if settings.write_delay_busy_only {
+                    last_write = Some(Instant::now());
+                }
             }
             Wake::Timer => {
                 let now = Instant::now();

@@ -138,6 +138,7 @@ async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) {
         max_message: hub.app.max_frame_size,
         max_messages_per_second: hub.app.max_messages_per_second,
         write_delay: node.config.write_delay(),
+        write_delay_busy_only: node.config.write_delay_busy_only,
     };
     let shutdown = node.shutdown.clone();
     let s = PusherSession {
