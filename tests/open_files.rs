@@ -5,7 +5,7 @@
 mod common;
 
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn soft_nofile(pid: u32) -> Option<u64> {
@@ -33,7 +33,7 @@ fn serve_raises_its_soft_open_file_limit() {
         return;
     }
     let port = common::free_port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    let mut cmd = common::herald_command();
     cmd.args([
         "serve",
         "--host",

@@ -3,6 +3,8 @@
 //! The certificate in tests/fixtures is a self-signed test certificate for
 //! 127.0.0.1 / localhost, used nowhere else.
 
+mod common;
+
 use futures_util::StreamExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -60,7 +62,7 @@ async fn serves_wss_and_https_with_the_configured_certificate() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
+    let mut child = common::herald_command()
         .args(["serve", "--config"])
         .arg(&config)
         .stdin(Stdio::null())

@@ -44,6 +44,48 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `herald` as a child that dies with the test: `PR_SET_PDEATHSIG` makes
+/// the kernel send it SIGKILL when the thread that spawned it ends, so a
+/// test that panics before its guard is dropped, aborts, or is killed (a
+/// harness timeout, ^C) leaves no server running. [`Server`] and
+/// [`Spawned`] also kill it on drop; this covers the paths where drop never
+/// runs. Every test that starts `herald` should start it from here.
+pub fn herald_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    die_with_parent(&mut cmd);
+    cmd
+}
+
+/// Make `cmd`'s process get SIGKILL when the spawning thread exits (see
+/// [`herald_command`]); for commands built elsewhere, e.g. a
+/// `tokio::process::Command` through its `as_std_mut`.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid before the fork; in the child only prctl, getppid and
+    // _exit, which are async-signal-safe, and no allocation.
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl: then no
+            // signal will ever come, so do not start at all.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A running `herald serve`, killed on drop.
 pub struct Server {
     pub child: Child,
@@ -70,7 +112,7 @@ impl Server {
             let config_path = dir.join("herald.toml");
             std::fs::write(&config_path, config).unwrap();
             let log = std::fs::File::create(dir.join("herald.log")).unwrap();
-            let child = Command::new(env!("CARGO_BIN_EXE_herald"))
+            let child = herald_command()
                 .arg("serve")
                 .arg("--config")
                 .arg(&config_path)
@@ -492,7 +534,7 @@ pub struct Spawned {
 
 impl Spawned {
     pub fn serve(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Spawned {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+        let mut cmd = herald_command();
         cmd.arg("serve").args(args);
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("HERALD_") {
