@@ -462,6 +462,15 @@ impl Client {
         data(&f)
     }
 
+    /// Send a correctly signed `pusher:signin` with exactly `user_data`.
+    pub async fn signin(&mut self, user_data: &str) {
+        let auth = user_auth(&self.socket_id, user_data);
+        self.send(
+            json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }),
+        )
+        .await;
+    }
+
     pub async fn unsubscribe(&mut self, channel: &str) {
         self.send(json!({ "event": "pusher:unsubscribe", "data": { "channel": channel } }))
             .await;
@@ -513,6 +522,17 @@ pub fn presence_auth(socket_id: &str, channel: &str, channel_data: &str) -> Stri
         APP_KEY,
         APP_SECRET,
         &herald::signing::channel_string(socket_id, channel, Some(channel_data)),
+    )
+}
+
+/// `auth` for `pusher:signin`: the signature over `socket_id::user::user_data`
+/// (docs/protocol.md, "User sign-in and watchlists"), spelled out here so
+/// the string signed is the documented one.
+pub fn user_auth(socket_id: &str, user_data: &str) -> String {
+    herald::signing::token(
+        APP_KEY,
+        APP_SECRET,
+        &format!("{socket_id}::user::{user_data}"),
     )
 }
 
