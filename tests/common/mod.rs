@@ -86,6 +86,62 @@ pub fn die_with_parent(cmd: &mut Command) {
     }
 }
 
+/// A loopback port another socket listens on, for as long as the returned
+/// listener lives. A `herald` told to serve there fails to bind at once
+/// (exit status 1), so a case meant to be refused before binding can never
+/// turn into a server that runs until someone kills it. (Port 1 is no such
+/// guarantee: as root it binds.)
+pub fn occupied_port() -> (std::net::TcpListener, u16) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    let port = listener.local_addr().unwrap().port();
+    (listener, port)
+}
+
+/// Run `cmd` (built with [`herald_command`]) to its end and collect its
+/// output, waiting at most `limit`: if it is still running then, it is
+/// killed and this panics with its arguments and stderr, so a command
+/// expected to exit on its own fails fast instead of hanging the suite.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn herald");
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for herald") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = stderr.join().unwrap_or_default();
+            panic!(
+                "herald {args:?} was still running after {limit:?}; it should have exited. stderr:\n{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
 /// A running `herald serve`, killed on drop.
 pub struct Server {
     pub child: Child,
