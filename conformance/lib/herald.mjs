@@ -12,6 +12,28 @@ export const BIN = process.env.HERALD_BIN ?? new URL('../../target/debug/herald'
 
 export const DEV_APP = { id: 'app-id', key: 'app-key', secret: 'app-secret' };
 
+// ----- herald processes: none outlives this test file ----------------------------
+
+const children = new Set();
+
+function killChildren() {
+  for (const child of children) {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  }
+}
+
+// 'exit' covers a normal end, process.exit (--test-force-exit) and an
+// uncaught exception; the signals cover the runner or a user stopping this
+// file. After killing the children a signal is re-raised with its default
+// action, so the process still ends as it would have.
+process.on('exit', killChildren);
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.once(signal, () => {
+    killChildren();
+    process.kill(process.pid, signal);
+  });
+}
+
 async function freePort() {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
@@ -48,10 +70,16 @@ export async function startHerald(config = {}, { env = {} } = {}) {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  children.add(child);
   let output = '';
   child.stdout.on('data', (d) => (output += d));
   child.stderr.on('data', (d) => (output += d));
-  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const exited = new Promise((resolve) =>
+    child.on('exit', (code, signal) => {
+      children.delete(child);
+      resolve({ code, signal });
+    }),
+  );
   const base = `http://127.0.0.1:${port}`;
   // Wait for readiness by polling /ready: the process is up when it answers.
   for (let i = 0; ; i++) {
