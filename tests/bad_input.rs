@@ -179,3 +179,215 @@ async fn expect_close_code(c: &mut Client, code: u16) {
         }
     }
 }
+
+// ----- frames that break the WebSocket protocol, written by hand ----------------
+
+/// A TCP connection upgraded to a WebSocket by hand, past the server's
+/// `connection_established` frame, for frames no WebSocket library sends.
+async fn raw_socket(server: &Server) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::time::timeout(
+        TIMEOUT,
+        tokio::net::TcpStream::connect(("127.0.0.1", server.port)),
+    )
+    .await
+    .expect("connect timed out")
+    .expect("connect");
+    let request = format!(
+        "GET /app/{APP_KEY}?protocol=7&client=js&version=8.4.0 HTTP/1.1\r\n\
+         Host: 127.0.0.1:{}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        server.port
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    // The 101 response, then the first frame (connection_established).
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            assert!(head.starts_with("HTTP/1.1 101"), "upgrade refused: {head}");
+            buf.drain(..end + 4);
+            break;
+        }
+        let n = tokio::time::timeout(TIMEOUT, tcp.read(&mut chunk))
+            .await
+            .expect("no upgrade response")
+            .unwrap();
+        assert!(n > 0, "closed during the upgrade");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let mut frames = ServerFrames { buf };
+    let (opcode, payload) = frames.next(&mut tcp).await.expect("a first frame");
+    assert_eq!(opcode, 0x1);
+    assert!(
+        String::from_utf8_lossy(&payload).contains("pusher:connection_established"),
+        "{}",
+        String::from_utf8_lossy(&payload)
+    );
+    assert!(frames.buf.is_empty(), "nothing else was sent yet");
+    tcp
+}
+
+/// Server-to-client frames (never masked) read off a raw socket.
+struct ServerFrames {
+    buf: Vec<u8>,
+}
+
+impl ServerFrames {
+    /// The next frame's opcode and payload; `None` when the server closed
+    /// the TCP connection. Panics on timeout.
+    async fn next(&mut self, tcp: &mut tokio::net::TcpStream) -> Option<(u8, Vec<u8>)> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if self.buf.len() >= 2 {
+                let (len, head) = match self.buf[1] & 0x7f {
+                    126 if self.buf.len() >= 4 => {
+                        (u16::from_be_bytes([self.buf[2], self.buf[3]]) as usize, 4)
+                    }
+                    127 if self.buf.len() >= 10 => {
+                        let b: [u8; 8] = self.buf[2..10].try_into().unwrap();
+                        (u64::from_be_bytes(b) as usize, 10)
+                    }
+                    126 | 127 => (usize::MAX, 0),
+                    n => (n as usize, 2),
+                };
+                if len != usize::MAX && self.buf.len() >= head + len {
+                    let opcode = self.buf[0] & 0x0f;
+                    let payload = self.buf[head..head + len].to_vec();
+                    self.buf.drain(..head + len);
+                    return Some((opcode, payload));
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(TIMEOUT, tcp.read(&mut chunk))
+                .await
+                .expect("timed out waiting for a frame or the end of the connection")
+                .unwrap_or(0);
+            if n == 0 {
+                assert!(self.buf.is_empty(), "connection ended mid-frame");
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Send `frame` on a fresh raw socket; expect `pusher:error` 1002, a close
+/// frame with 1002, and the TCP connection dropped at once: after 1002 the
+/// server does not wait (up to 2 s) for a closing handshake, since the
+/// stream may have stopped mid-frame (docs/protocol.md).
+async fn expect_1002_at_once(server: &Server, frame: &[u8], what: &str) {
+    use tokio::io::AsyncWriteExt;
+    let before = server.metric("herald_bad_messages_total").await;
+    let mut tcp = raw_socket(server).await;
+    let mut frames = ServerFrames { buf: Vec::new() };
+    let sent = std::time::Instant::now();
+    tcp.write_all(frame).await.unwrap();
+
+    let (opcode, payload) = frames
+        .next(&mut tcp)
+        .await
+        .unwrap_or_else(|| panic!("{what}: closed without pusher:error"));
+    assert_eq!(opcode, 0x1, "{what}: a text frame first");
+    let f: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(f["event"], "pusher:error", "{what}: {f}");
+    assert_eq!(data(&f)["code"], 1002, "{what}: {f}");
+    let (opcode, payload) = frames
+        .next(&mut tcp)
+        .await
+        .unwrap_or_else(|| panic!("{what}: TCP closed without a close frame"));
+    assert_eq!(opcode, 0x8, "{what}: a close frame next");
+    assert!(payload.len() >= 2, "{what}: close frame without a code");
+    assert_eq!(
+        u16::from_be_bytes([payload[0], payload[1]]),
+        1002,
+        "{what}: close code"
+    );
+    // We never answer the close: the server ends the connection anyway.
+    assert!(
+        frames.next(&mut tcp).await.is_none(),
+        "{what}: a frame after the close"
+    );
+    let took = sent.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(1500),
+        "{what}: the connection ended {took:?} after the frame; \
+         no closing handshake is awaited after 1002"
+    );
+    assert_eq!(
+        server.metric("herald_bad_messages_total").await,
+        before + 1,
+        "{what}: counted as a bad message"
+    );
+}
+
+/// A client frame: FIN, `flags` (the RSV bits) and `opcode`, masked
+/// or not.
+fn client_frame(flags: u8, opcode: u8, payload: &[u8], masked: bool) -> Vec<u8> {
+    assert!(payload.len() < 126);
+    let mut out = vec![0x80 | flags | opcode];
+    if masked {
+        let mask = [0x12, 0x34, 0x56, 0x78];
+        out.push(0x80 | payload.len() as u8);
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    } else {
+        out.push(payload.len() as u8);
+        out.extend_from_slice(payload);
+    }
+    out
+}
+
+const PING: &[u8] = br#"{"event":"pusher:ping","data":{}}"#;
+
+#[tokio::test]
+async fn a_well_formed_raw_frame_is_answered() {
+    // The control for the cases below: the same bytes, masked and without
+    // reserved bits, get a pong, so what they change is what is refused.
+    let server = Server::start().await;
+    let mut tcp = raw_socket(&server).await;
+    use tokio::io::AsyncWriteExt;
+    tcp.write_all(&client_frame(0, 0x1, PING, true))
+        .await
+        .unwrap();
+    let mut frames = ServerFrames { buf: Vec::new() };
+    let (opcode, payload) = frames.next(&mut tcp).await.expect("a reply");
+    assert_eq!(opcode, 0x1);
+    assert!(
+        String::from_utf8_lossy(&payload).contains("pusher:pong"),
+        "{}",
+        String::from_utf8_lossy(&payload)
+    );
+}
+
+#[tokio::test]
+async fn an_unmasked_client_frame_closes_with_1002_at_once() {
+    let server = Server::start().await;
+    let mut healthy = bystander(&server).await;
+    expect_1002_at_once(
+        &server,
+        &client_frame(0, 0x1, PING, false),
+        "unmasked text frame",
+    )
+    .await;
+    // An unmasked control frame too.
+    expect_1002_at_once(
+        &server,
+        &client_frame(0, 0x9, b"hb", false),
+        "unmasked ping frame",
+    )
+    .await;
+    still_healthy(&server, &mut healthy).await;
+}
+
+#[tokio::test]
+async fn reserved_bits_close_with_1002_at_once() {
+    let server = Server::start().await;
+    let mut healthy = bystander(&server).await;
+    for (flags, name) in [(0x40, "RSV1"), (0x20, "RSV2"), (0x10, "RSV3")] {
+        let frame = client_frame(flags, 0x1, PING, true);
+        expect_1002_at_once(&server, &frame, name).await;
+    }
+    still_healthy(&server, &mut healthy).await;
+}

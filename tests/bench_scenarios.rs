@@ -3,6 +3,8 @@
 //! speeds), plus a proxy that drops messages to check that losses are
 //! reported as lost deliveries.
 
+mod common;
+
 use futures_util::{SinkExt, StreamExt};
 use herald_bench::broadcast::{self, BroadcastParams, Via};
 use herald_bench::connect::{self, ConnectParams, SweepParams};
@@ -49,6 +51,7 @@ async fn start_server() -> Server {
 async fn start_server_with(app_settings: Option<&str>) -> Server {
     let port = free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    common::die_with_parent(&mut cmd);
     cmd.args(["serve", "--port", &port.to_string(), "--log", "warn"]);
     if let Some(settings) = app_settings {
         let path = std::env::temp_dir().join(format!(
@@ -372,6 +375,13 @@ async fn wrong_credentials_are_named() {
     assert!(e.contains("--url"), "{e}");
 }
 
+/// `herald` for `tokio::process`, killed if this test process dies first.
+fn bench_command() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+    common::die_with_parent(cmd.as_std_mut());
+    cmd
+}
+
 /// `herald bench ARGS` as a child process: exit code and stderr.
 async fn bench_cli(args: &[&str]) -> (Option<i32>, String) {
     let out = bench_cli_output(args).await;
@@ -385,7 +395,7 @@ async fn bench_cli(args: &[&str]) -> (Option<i32>, String) {
 async fn bench_cli_output(args: &[&str]) -> std::process::Output {
     tokio::time::timeout(
         Duration::from_secs(60),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        bench_command()
             .arg("bench")
             .args(args)
             .arg("--no-progress")

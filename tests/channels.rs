@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use serde_json::json;
+use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn public_subscribe_and_http_trigger() {
@@ -286,4 +287,112 @@ async fn signin_and_server_to_user() {
     b.send(json!({ "event": "pusher:signin", "data": { "auth": "test-key:00", "user_data": user_data } }))
         .await;
     b.expect_closed_with(4009).await;
+}
+
+#[tokio::test]
+async fn signin_with_user_data_without_an_id_is_refused_with_4009() {
+    let server = Server::start().await;
+    // Correctly signed each time: only the missing or empty id is wrong.
+    for user_data in [
+        r#"{"user_info":{"name":"nobody"}}"#,
+        r#"{}"#,
+        r#"{"id":""}"#,
+        r#"{"id":null,"watchlist":["a"]}"#,
+    ] {
+        let mut c = server.client().await;
+        c.signin(user_data).await;
+        let f = c.recv().await;
+        assert_eq!(f["event"], "pusher:error", "for {user_data}: {f}");
+        assert_eq!(data(&f)["code"], 4009, "for {user_data}: {f}");
+        c.expect_close(4009).await;
+    }
+    // The same signing with an id is accepted, so the refusals above were
+    // about the id, not the signature.
+    let mut ok = server.client().await;
+    ok.signin(r#"{"id":"somebody"}"#).await;
+    ok.expect("pusher:signin_success", None).await;
+}
+
+#[tokio::test]
+async fn a_watchlist_of_100_is_accepted_and_of_101_refused_with_4009() {
+    let server = Server::start().await;
+    let ids = |n: usize| (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>();
+
+    // 100 users, the limit: signed in, and told all 100 are offline.
+    let mut ok = server.client().await;
+    let user_data = json!({ "id": "watcher", "watchlist": ids(100) }).to_string();
+    ok.signin(&user_data).await;
+    ok.expect("pusher:signin_success", None).await;
+    let w = ok.expect("pusher_internal:watchlist_events", None).await;
+    let mut offline: Vec<String> = data(&w)["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events in {w}"))
+        .iter()
+        .filter(|e| e["name"] == "offline")
+        .flat_map(|e| e["user_ids"].as_array().cloned().unwrap_or_default())
+        .map(|id| id.as_str().unwrap_or_default().to_owned())
+        .collect();
+    offline.sort();
+    let mut expected = ids(100);
+    expected.sort();
+    assert_eq!(offline, expected, "all 100 watched users offline: {w}");
+
+    // 101: refused as malformed user_data, with 4009 and a close.
+    let mut refused = server.client().await;
+    let user_data = json!({ "id": "greedy", "watchlist": ids(101) }).to_string();
+    refused.signin(&user_data).await;
+    refused.expect_closed_with(4009).await;
+}
+
+#[tokio::test]
+async fn a_cached_event_is_replayed_within_cache_ttl_and_missed_after() {
+    let ttl = Duration::from_secs(1);
+    let server = Server::start_with("", "cache_ttl = 1").await;
+    let published = Instant::now();
+    server.trigger("cache-brief", "e", "soon gone").await;
+
+    // Right after the publish (well within the TTL): replayed, no miss.
+    let mut first = server.client().await;
+    first.subscribe("cache-brief").await;
+    let f = first.recv().await;
+    assert_eq!(f["event"], "e", "replay expected within the TTL: {f}");
+    assert_eq!(f["data"], "soon gone");
+
+    // Fresh subscribers until one gets a miss. The event was cached no
+    // earlier than `published`, so a miss received before `published + ttl`
+    // expired it early; one never coming means it does not expire.
+    let deadline = published + ttl + Duration::from_secs(5);
+    loop {
+        let mut c = server.client().await;
+        c.subscribe("cache-brief").await;
+        let f = c.recv().await;
+        let now = Instant::now();
+        match f["event"].as_str() {
+            Some("e") => {
+                assert!(
+                    now < deadline,
+                    "still replayed {:?} after the publish, cache_ttl is 1 s",
+                    now - published
+                );
+            }
+            Some("pusher:cache_miss") => {
+                assert_eq!(f["channel"], "cache-brief", "{f}");
+                assert!(
+                    now >= published + ttl,
+                    "expired after {:?}, before cache_ttl (1 s)",
+                    now - published
+                );
+                break;
+            }
+            _ => panic!("unexpected frame {f}"),
+        }
+        c.close().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Publishing again fills the cache again.
+    server.trigger("cache-brief", "e", "back").await;
+    let mut again = server.client().await;
+    again.subscribe("cache-brief").await;
+    assert_eq!(again.expect("e", Some("cache-brief")).await["data"], "back");
 }

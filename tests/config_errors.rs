@@ -1,12 +1,37 @@
-//! `herald serve` refuses bad configuration: it exits non-zero before
+//! `herald serve` refuses bad configuration: it exits with status 2 before
 //! listening, with a message that names the offending key.
+//!
+//! Every run points herald at a port another socket already listens on and
+//! has a deadline: a case that is wrongly accepted fails to bind (status
+//! 1, not the 2 asserted) or is killed at the deadline, and either way the
+//! test fails fast and says so instead of hanging.
 
-use std::process::Command;
+mod common;
+
+use common::{herald_command, occupied_port, output_within, TIMEOUT};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-fn serve_with(toml: &str) -> (bool, String) {
+/// `herald serve ARGS` on an occupied loopback port, with no `HERALD_*`
+/// variable from the test's environment; `env` is applied last.
+fn serve(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let (_occupied, port) = occupied_port();
+    let mut cmd: Command = herald_command();
+    cmd.arg("serve").args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HERALD_HOST", "127.0.0.1")
+        .env("HERALD_PORT", port.to_string())
+        .envs(env.iter().copied());
+    output_within(&mut cmd, TIMEOUT)
+}
+
+fn serve_with(toml: &str) -> Output {
     let dir = std::env::temp_dir().join(format!(
         "herald-cfg-{}-{}",
         std::process::id(),
@@ -15,28 +40,38 @@ fn serve_with(toml: &str) -> (bool, String) {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bad.toml");
     std::fs::write(&path, toml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&path)
-        // Never actually serve if a case is unexpectedly accepted.
-        .env("HERALD_PORT", "1")
-        .output()
-        .expect("run herald");
+    let out = serve(&["--config", path.to_str().unwrap()], &[]);
     let _ = std::fs::remove_dir_all(&dir);
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    out
+}
+
+/// Refused as a configuration error (status 2, not a failure to bind),
+/// naming `key`.
+fn assert_config_error(out: &Output, case: &str, key: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{case}: not refused as a configuration error: {stderr}"
+    );
+    assert!(
+        stderr.contains(key),
+        "error for {case} does not name `{key}`: {stderr}"
+    );
 }
 
 fn assert_rejected(toml: &str, key: &str) {
-    let (ok, stderr) = serve_with(toml);
-    assert!(!ok, "config accepted:\n{toml}");
-    assert!(
-        stderr.contains(key),
-        "error for\n{toml}\ndoes not name `{key}`: {stderr}"
-    );
+    assert_config_error(&serve_with(toml), &format!("\n{toml}"), key);
+}
+
+#[test]
+fn the_occupied_port_makes_an_accepted_config_fail_fast() {
+    // The guard itself: a valid configuration fails to bind (status 1),
+    // which assert_config_error tells apart from a refusal.
+    let out = serve_with("log = \"warn\"\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot listen"), "{stderr}");
 }
 
 #[test]
@@ -73,15 +108,16 @@ fn semantic_errors_are_named() {
 
 #[test]
 fn invalid_toml_and_missing_file_fail() {
-    let (ok, stderr) = serve_with("this is = = not toml");
-    assert!(!ok);
-    assert!(stderr.contains("bad.toml"), "{stderr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--config", "/nonexistent/herald.toml"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/herald.toml"));
+    assert_config_error(
+        &serve_with("this is = = not toml"),
+        "invalid TOML",
+        "bad.toml",
+    );
+    assert_config_error(
+        &serve(&["--config", "/nonexistent/herald.toml"], &[]),
+        "a missing file",
+        "/nonexistent/herald.toml",
+    );
 }
 
 #[test]
@@ -93,21 +129,7 @@ fn bad_environment_values_name_their_variable() {
         ("HERALD_SHUTDOWN_GRACE", "-1"),
         ("HERALD_WRITE_DELAY_MS", "5ms"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-            .arg("serve")
-            .env_remove("HERALD_CONFIG")
-            .env(var, value)
-            .output()
-            .expect("run herald");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{var}={value} accepted: {stderr}"
-        );
-        assert!(
-            stderr.contains(var),
-            "{var}={value}: error does not name it: {stderr}"
-        );
+        let out = serve(&[], &[(var, value)]);
+        assert_config_error(&out, &format!("{var}={value}"), var);
     }
 }

@@ -1,10 +1,13 @@
 //! The connection handshake: `connection_established`, refusals with Pusher
-//! close codes, and keep-alive.
+//! close codes, and keep-alive (Pusher-level and WebSocket-level pings).
 
 mod common;
 
 use common::*;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test]
 async fn connection_established_has_pusher_shape() {
@@ -126,4 +129,34 @@ fn refused(ws: Ws) -> Client {
         socket_id: String::new(),
         established: serde_json::Value::Null,
     }
+}
+
+#[tokio::test]
+async fn websocket_pings_count_as_activity() {
+    let server = Server::start_with("activity_timeout = 1\npong_timeout = 1", "").await;
+    let mut c = server.client().await;
+    // 3.5 s: a client silent that long would have been sent pusher:ping
+    // after 1 s and closed with 4201 a second later. This one sends only
+    // WebSocket ping frames, every 250 ms, and must get nothing but their
+    // pongs: no pusher:ping, no close.
+    let until = tokio::time::Instant::now() + Duration::from_millis(3500);
+    let mut pongs = 0;
+    while tokio::time::Instant::now() < until {
+        c.ws.send(Message::Ping(b"hb".to_vec().into()))
+            .await
+            .expect("send a ping");
+        let tick = tokio::time::Instant::now() + Duration::from_millis(250);
+        while let Ok(msg) = tokio::time::timeout_at(tick, c.ws.next()).await {
+            match msg {
+                Some(Ok(Message::Pong(p))) => {
+                    assert_eq!(&p[..], b"hb");
+                    pongs += 1;
+                }
+                other => panic!("a client sending WebSocket pings got {other:?}"),
+            }
+        }
+    }
+    assert!(pongs >= 10, "only {pongs} pongs");
+    // Silent from now on, it is pinged: the keep-alive was live all along.
+    c.expect("pusher:ping", None).await;
 }

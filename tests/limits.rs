@@ -4,12 +4,17 @@
 //! Each refusal is the documented frame (docs/protocol.md: `pusher:error`
 //! with a null code for client events, `pusher:subscription_error` for
 //! subscriptions); the offending connection stays usable, nothing reaches
-//! other subscribers, and a bystander still receives a broadcast.
+//! other subscribers, and a bystander still receives a broadcast. Rates and
+//! counts (`client_event_rate`, `max_subscriptions_per_connection`) are
+//! pinned exactly at the limit, so an off-by-one either way fails.
 
 mod common;
 
 use common::*;
+use futures_util::SinkExt;
 use serde_json::{json, Value};
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
 
 /// A refused client event: `pusher:error`, null code (the socket stays
 /// open), and a message naming the limit.
@@ -321,5 +326,87 @@ async fn per_app_presence_limits_are_honoured() {
     r.expect("pusher_internal:subscription_succeeded", Some(ch))
         .await;
 
+    still_healthy(&server, &mut healthy).await;
+}
+
+// ----- rates and counts ------------------------------------------------------------
+
+#[tokio::test]
+async fn client_event_rate_lets_exactly_the_limit_through_then_4301() {
+    let server = Server::start_with("", "client_event_rate = 3").await;
+    let ch = "private-rate";
+    let mut a = server.client().await;
+    let mut b = server.client().await;
+    a.subscribe_private(ch).await;
+    b.subscribe_private(ch).await;
+
+    // The limit is a window of one second that starts at a connection's
+    // first client event once a second has passed since the previous
+    // window began (the first window begins with the connection). Waiting
+    // out that second makes the burst below open a fresh window, so the
+    // outcome is exact rather than dependent on where a window boundary
+    // falls; the burst takes milliseconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let event = |n: u32| json!({ "event": "client-n", "channel": ch, "data": { "n": n } });
+    for n in 0..4 {
+        a.ws.feed(Message::text(event(n).to_string()))
+            .await
+            .expect("send");
+    }
+    a.ws.flush().await.expect("send");
+
+    // The 4th of 4 in one second is refused with 4301, and a stays open.
+    let f = a.expect("pusher:error", None).await;
+    assert_eq!(data(&f)["code"], 4301, "{f}");
+    // Exactly the first three reach b, then the marker: the fourth was dropped.
+    server.trigger(ch, "marker", "m").await;
+    for n in 0..3 {
+        let f = b.expect("client-n", Some(ch)).await;
+        assert_eq!(f["data"], json!({ "n": n }), "{f}");
+    }
+    b.expect("marker", Some(ch)).await;
+    a.expect("marker", Some(ch)).await;
+
+    // A later window lets events through again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    a.send(event(9)).await;
+    assert_eq!(
+        b.expect("client-n", Some(ch)).await["data"],
+        json!({ "n": 9 })
+    );
+}
+
+#[tokio::test]
+async fn max_subscriptions_per_connection_admits_exactly_the_limit() {
+    let server = Server::start_with("", "max_subscriptions_per_connection = 5").await;
+    let mut healthy = bystander(&server).await;
+    let mut a = server.client().await;
+    // Exactly 5 succeed, of mixed kinds.
+    for ch in ["s1", "s2", "s3", "cache-s4"] {
+        a.subscribe(ch).await;
+    }
+    a.expect("pusher:cache_miss", Some("cache-s4")).await;
+    a.subscribe_private("private-s5").await;
+
+    // The 6th is refused with LimitReached 403, public or private alike.
+    a.subscribe_raw("s6", None, None).await;
+    expect_subscription_error(&mut a, "s6", "LimitReached", 403, "5").await;
+    let auth = private_auth(&a.socket_id, "private-s6");
+    a.subscribe_raw("private-s6", Some(&auth), None).await;
+    expect_subscription_error(&mut a, "private-s6", "LimitReached", 403, "5").await;
+    // The refused channel is not occupied by it.
+    server.trigger("s6", "leak", "x").await;
+
+    // Subscribing again to a channel it has is not a new subscription.
+    a.subscribe("s1").await;
+    // Unsubscribing frees exactly one slot.
+    a.unsubscribe("s2").await;
+    a.subscribe("s6").await;
+    a.subscribe_raw("s7", None, None).await;
+    expect_subscription_error(&mut a, "s7", "LimitReached", 403, "5").await;
+
+    // Still connected and receiving on its channels; "leak" never reached it.
+    server.trigger("s6", "after", "x").await;
+    a.expect("after", Some("s6")).await;
     still_healthy(&server, &mut healthy).await;
 }

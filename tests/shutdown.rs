@@ -63,3 +63,42 @@ async fn sigterm_right_after_ready_is_graceful() {
         assert!(status.success(), "exit status {status:?}\n{}", server.log());
     }
 }
+
+#[tokio::test]
+async fn websocket_upgrades_are_refused_with_503_while_draining() {
+    let mut server = Server::start().await;
+    // A client that never reads never answers the server's close frame,
+    // so the drain waits for it (the closing handshake's 2 s): the window
+    // in which new upgrades must be refused.
+    let silent = server.client().await;
+    sigterm(&server);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let (status, body) = server.raw_api("GET", "/ready", "", "").await;
+        if status == 503 {
+            assert_eq!(body, "DRAINING");
+            break;
+        }
+        assert_eq!(status, 200, "/ready: {body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/ready never turned 503 after SIGTERM"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Draining: a new WebSocket upgrade gets HTTP 503, not a socket.
+    let url = server.ws_url(APP_KEY, "?protocol=7&client=js&version=8.4.0");
+    match tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(url))
+        .await
+        .expect("upgrade attempt timed out")
+    {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 503, "{response:?}");
+        }
+        Ok((_, response)) => panic!("upgraded while draining: {response:?}"),
+        Err(e) => panic!("expected an HTTP 503 refusal, got {e}"),
+    }
+    drop(silent);
+    let status = server.wait_exit().await;
+    assert!(status.success(), "exit status {status:?}\n{}", server.log());
+}

@@ -3,9 +3,11 @@
 //! The certificate in tests/fixtures is a self-signed test certificate for
 //! 127.0.0.1 / localhost, used nowhere else.
 
+mod common;
+
 use futures_util::StreamExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,7 +62,7 @@ async fn serves_wss_and_https_with_the_configured_certificate() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
+    let mut child = common::herald_command()
         .args(["serve", "--config"])
         .arg(&config)
         .stdin(Stdio::null())
@@ -124,12 +126,18 @@ fn tls_cert_without_key_is_a_named_config_error() {
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("herald.toml");
     std::fs::write(&config, "tls_cert = \"/nonexistent.pem\"\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    // An occupied port and a deadline: accepted by mistake, it fails fast.
+    let (_occupied, port) = common::occupied_port();
+    let out = common::output_within(
+        common::herald_command()
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env_remove("HERALD_CONFIG")
+            .env("HERALD_HOST", "127.0.0.1")
+            .env("HERALD_PORT", port.to_string()),
+        common::TIMEOUT,
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tls_key"), "{err}");
 }
@@ -138,14 +146,18 @@ fn tls_cert_without_key_is_a_named_config_error() {
 fn tls_env_variables_are_read() {
     // HERALD_TLS_KEY alone: the error names the missing tls_cert, which
     // shows the variable reached the configuration.
-    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .arg("serve")
-        .env("HERALD_TLS_KEY", fixture("tls-test-key.pem"))
-        .env_remove("HERALD_TLS_CERT")
-        .env_remove("HERALD_CONFIG")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    let (_occupied, port) = common::occupied_port();
+    let out = common::output_within(
+        common::herald_command()
+            .arg("serve")
+            .env("HERALD_TLS_KEY", fixture("tls-test-key.pem"))
+            .env_remove("HERALD_TLS_CERT")
+            .env_remove("HERALD_CONFIG")
+            .env("HERALD_HOST", "127.0.0.1")
+            .env("HERALD_PORT", port.to_string()),
+        common::TIMEOUT,
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tls_cert"), "{err}");
 }

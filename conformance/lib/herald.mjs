@@ -12,6 +12,107 @@ export const BIN = process.env.HERALD_BIN ?? new URL('../../target/debug/herald'
 
 export const DEV_APP = { id: 'app-id', key: 'app-key', secret: 'app-secret' };
 
+/**
+ * How long any one awaited network event may take. Every wait in the suite
+ * is bounded by this (or its own, named limit), so a failure names its test
+ * and what it waited for instead of the whole file hitting --test-timeout.
+ */
+export const WAIT_MS = 5000;
+
+/** How long herald may take to exit: its default shutdown_grace, and more. */
+const EXIT_MS = 15000;
+
+/**
+ * `promise`, but rejected with "timed out after MS ms waiting for WHAT" if
+ * it has not settled within `ms`. The timer starts now, not at `await`.
+ */
+export function within(promise, what, ms = WAIT_MS) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what}`)), ms);
+  });
+  const bounded = Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+  // A wait set up before it is awaited (listen first, then act) must not
+  // become an unhandled rejection meanwhile; awaiting it still throws.
+  bounded.catch(() => {});
+  return bounded;
+}
+
+/**
+ * A promise settled from callbacks, bounded as `within`:
+ * `waitFor('the 4009 error', (resolve) => c.connection.bind('error', ...))`.
+ */
+export function waitFor(what, executor, ms = WAIT_MS) {
+  return within(new Promise(executor), what, ms);
+}
+
+/** A fetch Response whose body reads are bounded too. */
+function boundedResponse(res, what) {
+  if (!res || typeof res.json !== 'function') return res;
+  return new Proxy(res, {
+    get(target, prop) {
+      const v = Reflect.get(target, prop, target);
+      if (prop === 'json' || prop === 'text') return () => within(v.call(target), `the body of ${what}`);
+      return typeof v === 'function' ? v.bind(target) : v;
+    },
+  });
+}
+
+/** `fetch` with every wait (headers, then body) bounded and named. */
+export function http(url, options = {}) {
+  const what = `${options.method ?? 'GET'} ${url}`;
+  // The abort (a little after `within` gave up, so the named timeout is the
+  // error reported) ends the request itself.
+  const request = fetch(url, { signal: AbortSignal.timeout(WAIT_MS + 1000), ...options }).then(
+    (res) => boundedResponse(res, what),
+    (e) => {
+      throw new Error(`${what} failed: ${e.message}`, { cause: e });
+    },
+  );
+  return within(request, what);
+}
+
+/** Every call of the server SDK that returns a promise, bounded and named. */
+function boundedSdk(sdk) {
+  return new Proxy(sdk, {
+    get(target, prop) {
+      const v = Reflect.get(target, prop, target);
+      if (typeof v !== 'function') return v;
+      return (...args) => {
+        const r = v.apply(target, args);
+        if (!r || typeof r.then !== 'function') return r;
+        const what = `the server SDK's ${String(prop)}(${JSON.stringify(args[0])?.slice(0, 80) ?? ''})`;
+        return within(
+          r.then((res) => boundedResponse(res, what)),
+          what,
+        );
+      };
+    },
+  });
+}
+
+// ----- herald processes: none outlives this test file ----------------------------
+
+const children = new Set();
+
+function killChildren() {
+  for (const child of children) {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  }
+}
+
+// 'exit' covers a normal end, process.exit (--test-force-exit) and an
+// uncaught exception; the signals cover the runner or a user stopping this
+// file. After killing the children a signal is re-raised with its default
+// action, so the process still ends as it would have.
+process.on('exit', killChildren);
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.once(signal, () => {
+    killChildren();
+    process.kill(process.pid, signal);
+  });
+}
+
 async function freePort() {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
@@ -48,15 +149,21 @@ export async function startHerald(config = {}, { env = {} } = {}) {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  children.add(child);
   let output = '';
   child.stdout.on('data', (d) => (output += d));
   child.stderr.on('data', (d) => (output += d));
-  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const exitedPromise = new Promise((resolve) =>
+    child.on('exit', (code, signal) => {
+      children.delete(child);
+      resolve({ code, signal });
+    }),
+  );
   const base = `http://127.0.0.1:${port}`;
   // Wait for readiness by polling /ready: the process is up when it answers.
   for (let i = 0; ; i++) {
     try {
-      const r = await fetch(`${base}/ready`);
+      const r = await fetch(`${base}/ready`, { signal: AbortSignal.timeout(1000) });
       if (r.status === 200) break;
     } catch {}
     if (child.exitCode !== null) throw new Error(`herald exited early:\n${output}`);
@@ -68,7 +175,10 @@ export async function startHerald(config = {}, { env = {} } = {}) {
     port,
     base,
     child,
-    exited,
+    /** Resolves with `{code, signal}` when herald exits; bounded (15 s). */
+    get exited() {
+      return within(exitedPromise, 'herald to exit', EXIT_MS);
+    },
     output: () => output,
     /** A pusher-js client connected to this herald. */
     client(options = {}, app = DEV_APP) {
@@ -86,29 +196,44 @@ export async function startHerald(config = {}, { env = {} } = {}) {
     },
     /** The official `pusher` server SDK pointed at this herald. */
     server(app = DEV_APP, options = {}) {
-      return new PusherServer({
-        appId: app.id,
-        key: app.key,
-        secret: app.secret,
-        host: '127.0.0.1',
-        port: String(port),
-        useTLS: false,
-        ...options,
-      });
+      return boundedSdk(
+        new PusherServer({
+          appId: app.id,
+          key: app.key,
+          secret: app.secret,
+          host: '127.0.0.1',
+          port: String(port),
+          useTLS: false,
+          // Past `within`'s limit (boundedSdk): that names the timeout,
+          // this ends the request.
+          timeout: WAIT_MS + 1000,
+          ...options,
+        }),
+      );
     },
+    /** SIGTERM, then wait for the exit; SIGKILL and fail if it takes too long. */
     async stop() {
       for (const c of clients) c.disconnect();
       if (child.exitCode === null) child.kill('SIGTERM');
-      return exited;
+      try {
+        return await within(exitedPromise, 'herald to exit after SIGTERM', EXIT_MS);
+      } catch (e) {
+        child.kill('SIGKILL');
+        throw e;
+      }
     },
   };
   return h;
 }
 
 /** Resolve with the first `event` emitted on a pusher-js channel or connection. */
-export function once(emitter, event, timeoutMs = 5000) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`timed out waiting for ${event}`)), timeoutMs);
+export function once(emitter, event, timeoutMs = WAIT_MS) {
+  const on = typeof emitter.name === 'string' ? ` on ${emitter.name}` : '';
+  const p = new Promise((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${event}${on}`)),
+      timeoutMs,
+    );
     const handler = (data, meta) => {
       clearTimeout(timer);
       emitter.unbind(event, handler);
@@ -116,14 +241,16 @@ export function once(emitter, event, timeoutMs = 5000) {
     };
     emitter.bind(event, handler);
   });
+  p.catch(() => {}); // see `within`
+  return p;
 }
 
 /** Resolve when a pusher-js client's connection reaches `state`. */
-export function connectionState(client, state, timeoutMs = 5000) {
+export function connectionState(client, state, timeoutMs = WAIT_MS) {
   if (client.connection.state === state) return Promise.resolve();
-  return new Promise((resolve, reject) => {
+  const p = new Promise((resolve, reject) => {
     const timer = setTimeout(
-      () => reject(new Error(`timed out waiting for state ${state} (now ${client.connection.state})`)),
+      () => reject(new Error(`timed out after ${timeoutMs} ms waiting for state ${state} (now ${client.connection.state})`)),
       timeoutMs,
     );
     const handler = (s) => {
@@ -135,4 +262,6 @@ export function connectionState(client, state, timeoutMs = 5000) {
     };
     client.connection.bind('state_change', handler);
   });
+  p.catch(() => {}); // see `within`
+  return p;
 }

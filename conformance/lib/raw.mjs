@@ -4,7 +4,7 @@
 import { createHash, createHmac } from 'node:crypto';
 import net from 'node:net';
 import WebSocket from 'ws';
-import { DEV_APP } from './herald.mjs';
+import { DEV_APP, WAIT_MS, http, within } from './herald.mjs';
 
 export const QUERY = 'protocol=7&client=js&version=8.4.0&flash=false';
 
@@ -50,11 +50,13 @@ export function rawClient(h, { key = DEV_APP.key, query = QUERY, answerPings = t
     ws.once('error', reject);
   });
   opened.catch(() => {});
+  const last = () => JSON.stringify(messages.slice(cursor));
   function send(obj) {
     ws.send(typeof obj === 'string' ? obj : JSON.stringify(obj));
   }
-  function next(pred, timeoutMs = 5000) {
+  function next(pred, timeoutMs = WAIT_MS) {
     const test = typeof pred === 'string' ? (m) => m.event === pred : pred;
+    const what = typeof pred === 'string' ? pred : `a message matching ${pred}`;
     return new Promise((resolve, reject) => {
       const check = () => {
         for (let i = cursor; i < messages.length; i++) {
@@ -69,12 +71,12 @@ export function rawClient(h, { key = DEV_APP.key, query = QUERY, answerPings = t
         if (ws.readyState === WebSocket.CLOSED) {
           waiters.delete(check);
           clearTimeout(timer);
-          reject(new Error(`socket closed while waiting; got ${JSON.stringify(messages.slice(cursor))}`));
+          reject(new Error(`socket closed while waiting for ${what}; got ${last()}`));
         }
       };
       const timer = setTimeout(() => {
         waiters.delete(check);
-        reject(new Error(`timed out; got ${JSON.stringify(messages.slice(cursor))}`));
+        reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; got ${last()}`));
       }, timeoutMs);
       waiters.add(check);
       check();
@@ -89,7 +91,22 @@ export function rawClient(h, { key = DEV_APP.key, query = QUERY, answerPings = t
     send({ event: 'pusher:subscribe', data: { channel, ...extra } });
     return next((m) => m.channel === channel && /subscription_(succeeded|error)/.test(m.event));
   }
-  return { ws, messages, send, next, closed, opened, established, subscribe };
+  return {
+    ws,
+    messages,
+    send,
+    next,
+    /** Resolves with `{code, reason}` once the socket closed; bounded. */
+    get closed() {
+      return within(closed, `the socket to close; got ${last()}`);
+    },
+    /** Resolves once the upgrade succeeded; bounded. */
+    get opened() {
+      return within(opened, 'the WebSocket upgrade');
+    },
+    established,
+    subscribe,
+  };
 }
 
 /**
@@ -104,8 +121,8 @@ export function rawFrameClose(h, frame, { key = DEV_APP.key } = {}) {
     let upgraded = false;
     const timer = setTimeout(() => {
       sock.destroy();
-      reject(new Error(`no close frame; got ${buf.toString('latin1')}`));
-    }, 5000);
+      reject(new Error(`timed out after ${WAIT_MS} ms waiting for a close frame; got ${buf.toString('latin1')}`));
+    }, WAIT_MS);
     sock.on('connect', () => {
       sock.write(
         `GET /app/${key}?${QUERY} HTTP/1.1\r\nHost: 127.0.0.1:${h.port}\r\nUpgrade: websocket\r\n` +
@@ -199,7 +216,7 @@ export async function signedFetch(
     q.auth_signature = hmac(secret ?? app.secret, `${method}\n${signedPath}\n${sorted}`);
   }
   if (tamper) tamper(q);
-  const res = await fetch(`${h.base}${path}?${new URLSearchParams(q)}`, {
+  const res = await http(`${h.base}${path}?${new URLSearchParams(q)}`, {
     method,
     body: text,
     headers: text === undefined ? {} : { 'content-type': 'application/json' },
@@ -214,7 +231,7 @@ export async function signedFetch(
 
 /** The current value of a /metrics counter. */
 export async function metric(h, name) {
-  const text = await (await fetch(`${h.base}/metrics`)).text();
+  const text = await (await http(`${h.base}/metrics`)).text();
   const line = text.split('\n').find((l) => l.startsWith(`${name} `));
   if (!line) throw new Error(`metric ${name} not found`);
   return Number(line.split(' ')[1]);

@@ -3,7 +3,7 @@
 // presence channels, refused when the app disables them, rate limited.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once } from '../lib/herald.mjs';
+import { startHerald, once, waitFor } from '../lib/herald.mjs';
 import { channelAuth, collect, rawClient } from '../lib/raw.mjs';
 
 const APPS = [
@@ -41,7 +41,7 @@ test('a client event on a private channel reaches the others, not the sender', a
 
 test('a client event on a presence channel carries the sender\'s user_id', async () => {
   const { ca, cb } = await pair('presence-chat');
-  const got = new Promise((resolve) => cb.bind('client-hi', (data, meta) => resolve({ data, meta })));
+  const got = waitFor('client-hi with its metadata', (resolve) => cb.bind('client-hi', (data, meta) => resolve({ data, meta })));
   ca.trigger('client-hi', 'hello');
   const { data, meta } = await got;
   assert.equal(data, 'hello');
@@ -84,7 +84,7 @@ test('client events to a channel the sender is not subscribed to are refused', a
 test('an app with client_events=false refuses them', async () => {
   const { a, cb, ca } = await pair('private-quiet', OFF);
   const leaked = collect(cb, 'client-x');
-  const err = new Promise((resolve) =>
+  const err = waitFor('a PusherError for the refused client event', (resolve) =>
     a.connection.bind('error', (e) => e.type === 'PusherError' && resolve(e.data)),
   );
   ca.trigger('client-x', { a: 1 });
@@ -98,7 +98,7 @@ test('an app with client_events=false refuses them', async () => {
 test('over client_event_rate the event is dropped with pusher:error 4301', async () => {
   const { a, ca, cb } = await pair('private-burst');
   const got = collect(cb, 'client-n');
-  const limited = new Promise((resolve) =>
+  const limited = waitFor('pusher:error 4301', (resolve) =>
     a.connection.bind('error', (e) => e.type === 'PusherError' && e.data.code === 4301 && resolve(e.data)),
   );
   // 12 at once against a limit of 5/s: even split across two rate

@@ -2,7 +2,7 @@
 // with the same code. pusher-js reads these and does not reconnect.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once, connectionState, DEV_APP } from '../lib/herald.mjs';
+import { startHerald, once, connectionState, http, waitFor, DEV_APP } from '../lib/herald.mjs';
 import { rawClient, metric } from '../lib/raw.mjs';
 
 const OFF = { id: 'off', key: 'off-key', secret: 'off-secret' };
@@ -28,7 +28,9 @@ async function refusedWith(opts, code) {
 /** pusher-js sees the error code and gives up (4000-4099: do not reconnect). */
 async function pusherJsRefused(app, code) {
   const c = h.client({}, app);
-  const err = new Promise((resolve) => c.connection.bind('error', (e) => e.error?.data?.code && resolve(e.error.data.code)));
+  const err = waitFor(`pusher-js to report error ${code}`, (resolve) =>
+    c.connection.bind('error', (e) => e.error?.data?.code && resolve(e.error.data.code)),
+  );
   assert.equal(await err, code);
   await connectionState(c, 'disconnected');
 }
@@ -110,9 +112,9 @@ test('a pusher:ping from the client is answered with pusher:pong', async () => {
 });
 
 test('unknown paths are 404, not a WebSocket', async () => {
-  const res = await fetch(`${h.base}/nope`);
+  const res = await http(`${h.base}/nope`);
   assert.equal(res.status, 404);
-  assert.equal((await fetch(`${h.base}/up`)).status, 200);
+  assert.equal((await http(`${h.base}/up`)).status, 200);
 });
 
 test('a close from the client is answered with a close frame (not 1006)', async () => {

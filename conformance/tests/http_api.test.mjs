@@ -2,7 +2,7 @@
 // pusher-js clients.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, DEV_APP, once, connectionState } from '../lib/herald.mjs';
+import { startHerald, DEV_APP, once, connectionState, waitFor, within } from '../lib/herald.mjs';
 import { channelAuth, collect, userAuth } from '../lib/raw.mjs';
 
 let h;
@@ -173,14 +173,14 @@ test('terminateUserConnections closes every socket of that user, only', async ()
     const c = h.client({ userAuthentication: userAuth(sdk(), { id }) });
     c.signin();
     await connectionState(c, 'connected');
-    await c.user.signinDonePromise;
+    await within(c.user.signinDonePromise, 'pusher-js sign-in');
     return c;
   };
   const t1 = await signedIn('doomed');
   const t2 = await signedIn('doomed');
   const keep = await signedIn('spared');
   const errors = [t1, t2].map(
-    (c) => new Promise((resolve) => c.connection.bind('error', (e) => e.data?.code && resolve(e.data.code))),
+    (c) => waitFor('pusher-js to report the 4009 error', (resolve) => c.connection.bind('error', (e) => e.data?.code && resolve(e.data.code))),
   );
   const res = await sdk().terminateUserConnections('doomed');
   assert.equal(res.status, 200);
@@ -196,7 +196,7 @@ test('sendToUser reaches a signed-in pusher-js user', async () => {
   const c = h.client({ userAuthentication: userAuth(sdk(), { id: 'to-me' }) });
   c.signin();
   await connectionState(c, 'connected');
-  await c.user.signinDonePromise;
+  await within(c.user.signinDonePromise, 'pusher-js sign-in');
   const got = once(c.user, 'hello');
   const res = await sdk().sendToUser('to-me', 'hello', { a: 'b' });
   assert.equal(res.status, 200);
@@ -249,7 +249,7 @@ test('terminating a presence member\'s connections tells the others it left', as
   });
   leaver.signin();
   await connectionState(leaver, 'connected');
-  await leaver.user.signinDonePromise;
+  await within(leaver.user.signinDonePromise, 'pusher-js sign-in');
   const added = once(watcher, 'pusher:member_added');
   await subscribed(leaver, 'presence-term');
   await added;

@@ -2,7 +2,7 @@
 // deliberately mis-signed) requests: what the SDKs never send.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once, DEV_APP } from '../lib/herald.mjs';
+import { startHerald, once, http, DEV_APP } from '../lib/herald.mjs';
 import { collect, metric, signedFetch } from '../lib/raw.mjs';
 
 const DISABLED = { id: 'off', key: 'off-key', secret: 'off-secret' };
@@ -40,7 +40,7 @@ test('401 for each missing auth parameter', async () => {
 });
 
 test('401 for an unsigned request with no query at all', async () => {
-  const res = await fetch(`${h.base}${EVENTS}`, { method: 'POST', body: JSON.stringify(event('c')) });
+  const res = await http(`${h.base}${EVENTS}`, { method: 'POST', body: JSON.stringify(event('c')) });
   assert.equal(res.status, 401);
 });
 

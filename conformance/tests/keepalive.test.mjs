@@ -3,7 +3,7 @@
 // with 4201, one that answers stays.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once, connectionState } from '../lib/herald.mjs';
+import { startHerald, once, connectionState, waitFor } from '../lib/herald.mjs';
 import { rawClient } from '../lib/raw.mjs';
 
 let h;
@@ -58,7 +58,9 @@ test('pusher-js keeps its connection alive against a 1 s activity timeout', asyn
   const ch = c.subscribe('pjs-alive');
   await once(ch, 'pusher:subscription_succeeded');
   // pusher-js pings after 1 s of silence; herald's pong keeps it connected.
-  const pong = new Promise((resolve) => c.connection.bind('message', (m) => m.event === 'pusher:pong' && resolve()));
+  const pong = waitFor('pusher-js to get a pusher:pong', (resolve) =>
+    c.connection.bind('message', (m) => m.event === 'pusher:pong' && resolve()),
+  );
   await pong;
   const got = once(ch, 'ev');
   await h.server().trigger('pjs-alive', 'ev', 'ok');

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import Echo from 'laravel-echo';
 import Pusher from 'pusher-js';
-import { startHerald, once, DEV_APP } from '../lib/herald.mjs';
+import { startHerald, once, waitFor, DEV_APP } from '../lib/herald.mjs';
 import { channelAuth } from '../lib/raw.mjs';
 
 let h;
@@ -44,13 +44,14 @@ function echoWithOptions(user, extra = {}) {
   return e;
 }
 
-const subscribed = (ch) => new Promise((resolve, reject) => ch.subscribed(resolve).error(reject));
+const subscribed = (ch) =>
+  waitFor(`Echo's subscription to ${ch.name}`, (resolve, reject) => ch.subscribed(resolve).error(reject));
 
 test('channel().listen: namespaced class names and leading-dot raw names', async () => {
   const echo = echoWithOptions();
   const ch = echo.channel('orders');
-  const shipped = new Promise((resolve) => ch.listen('OrderShipped', resolve));
-  const raw = new Promise((resolve) => ch.listen('.order.raw', resolve));
+  const shipped = waitFor(`Echo listen OrderShipped on ${ch.name}`, (resolve) => ch.listen('OrderShipped', resolve));
+  const raw = waitFor(`Echo listen .order.raw on ${ch.name}`, (resolve) => ch.listen('.order.raw', resolve));
   await subscribed(ch);
   // Laravel broadcasts the event's class name.
   await h.server().trigger('orders', 'App\\Events\\OrderShipped', { id: 1 });
@@ -62,7 +63,7 @@ test('channel().listen: namespaced class names and leading-dot raw names', async
 test('a custom namespace is applied to listen()', async () => {
   const echo = echoWithOptions(undefined, { namespace: 'Domain.Events' });
   const ch = echo.channel('ns');
-  const got = new Promise((resolve) => ch.listen('Thing', resolve));
+  const got = waitFor(`Echo listen Thing on ${ch.name}`, (resolve) => ch.listen('Thing', resolve));
   await subscribed(ch);
   await h.server().trigger('ns', 'Domain\\Events\\Thing', 'ok');
   assert.equal(await got, 'ok');
@@ -71,7 +72,7 @@ test('a custom namespace is applied to listen()', async () => {
 test('private(): authorized subscription receives events', async () => {
   const echo = echoWithClient();
   const ch = echo.private('App.Models.User.1');
-  const got = new Promise((resolve) => ch.listen('.notify', resolve));
+  const got = waitFor(`Echo listen .notify on ${ch.name}`, (resolve) => ch.listen('.notify', resolve));
   await subscribed(ch);
   await h.server().trigger('private-App.Models.User.1', 'notify', { n: 1 });
   assert.deepEqual(await got, { n: 1 });
@@ -79,13 +80,13 @@ test('private(): authorized subscription receives events', async () => {
 
 test('join(): here, joining, leaving with integer user ids', async () => {
   const taylor = echoWithClient({ user_id: 1, user_info: { id: 1, name: 'Taylor' } });
-  const here = new Promise((resolve) => taylor.join('chat.1').here(resolve));
+  const here = waitFor('Echo presence chat.1 here', (resolve) => taylor.join('chat.1').here(resolve));
   assert.deepEqual(await here, [{ id: 1, name: 'Taylor' }]);
-  const joining = new Promise((resolve) => taylor.join('chat.1').joining(resolve));
-  const leaving = new Promise((resolve) => taylor.join('chat.1').leaving(resolve));
+  const joining = waitFor('Echo presence chat.1 joining', (resolve) => taylor.join('chat.1').joining(resolve));
+  const leaving = waitFor('Echo presence chat.1 leaving', (resolve) => taylor.join('chat.1').leaving(resolve));
 
   const abigail = echoWithOptions({ user_id: 2, user_info: { id: 2, name: 'Abigail' } });
-  const here2 = new Promise((resolve) => abigail.join('chat.1').here(resolve));
+  const here2 = waitFor('Echo presence chat.1 here', (resolve) => abigail.join('chat.1').here(resolve));
   const members = await here2;
   assert.deepEqual(members.map((m) => m.name).sort(), ['Abigail', 'Taylor']);
   assert.deepEqual(await joining, { id: 2, name: 'Abigail' });
@@ -102,18 +103,18 @@ test('whisper / listenForWhisper between two Echo clients, not echoed', async ()
   await Promise.all([subscribed(ca), subscribed(cb)]);
   let echoed = 0;
   ca.listenForWhisper('typing', () => echoed++);
-  const got = new Promise((resolve) => cb.listenForWhisper('typing', resolve));
+  const got = waitFor(`Echo listenForWhisper typing on ${cb.name}`, (resolve) => cb.listenForWhisper('typing', resolve));
   ca.whisper('typing', { name: 'A' });
   assert.deepEqual(await got, { name: 'A' });
   // Private channels whisper too.
   const pa = a.private('dm.1');
   const pb = b.private('dm.1');
   await Promise.all([subscribed(pa), subscribed(pb)]);
-  const dm = new Promise((resolve) => pa.listenForWhisper('read', resolve));
+  const dm = waitFor(`Echo listenForWhisper read on ${pa.name}`, (resolve) => pa.listenForWhisper('read', resolve));
   pb.whisper('read', { upTo: 5 });
   assert.deepEqual(await dm, { upTo: 5 });
   // A marker the sender does receive, sent after, proves no echo.
-  const marker = new Promise((resolve) => ca.listen('.marker', resolve));
+  const marker = waitFor(`Echo listen .marker on ${ca.name}`, (resolve) => ca.listen('.marker', resolve));
   await h.server().trigger('presence-typing.room', 'marker', {});
   await marker;
   assert.equal(echoed, 0);
@@ -128,7 +129,7 @@ test('encryptedPrivate(): Echo decrypts events the SDK encrypted', async () => {
   });
   echos.push(e);
   const ch = e.encryptedPrivate('vault');
-  const got = new Promise((resolve) => ch.listen('.opened', resolve));
+  const got = waitFor(`Echo listen .opened on ${ch.name}`, (resolve) => ch.listen('.opened', resolve));
   await subscribed(ch);
   await server.trigger('private-encrypted-vault', 'opened', { by: 'echo' });
   assert.deepEqual(await got, { by: 'echo' });
@@ -143,8 +144,8 @@ test('socketId() is herald\'s socket id, usable for toOthers() exclusion', async
   assert.match(a.socketId(), /^\d+\.\d+$/);
   let aGot = 0;
   ca.listen('.e', () => aGot++);
-  const bGot = new Promise((resolve) => cb.listen('.e', resolve));
-  const aMarker = new Promise((resolve) => ca.listen('.marker', resolve));
+  const bGot = waitFor(`Echo listen .e on ${cb.name}`, (resolve) => cb.listen('.e', resolve));
+  const aMarker = waitFor(`Echo listen .marker on ${ca.name}`, (resolve) => ca.listen('.marker', resolve));
   // Laravel's broadcast(...)->toOthers() sends the X-Socket-ID as socket_id.
   await h.server().trigger('others', 'e', 'x', { socket_id: a.socketId() });
   await h.server().trigger('others', 'marker', 'y');

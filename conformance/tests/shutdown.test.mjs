@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import WebSocket from 'ws';
-import { startHerald, once, DEV_APP } from '../lib/herald.mjs';
+import { startHerald, once, http, waitFor, DEV_APP } from '../lib/herald.mjs';
 import { QUERY, rawClient } from '../lib/raw.mjs';
 
 /**
@@ -13,7 +13,7 @@ import { QUERY, rawClient } from '../lib/raw.mjs';
  * answers anything: it holds its connection open until herald gives up.
  */
 function stubbornClient(h) {
-  return new Promise((resolve, reject) => {
+  return waitFor('the stubborn client to be established', (resolve, reject) => {
     const sock = net.connect(h.port, '127.0.0.1', () => {
       sock.write(
         `GET /app/${DEV_APP.key}?${QUERY} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n` +
@@ -43,7 +43,7 @@ test('SIGTERM: 4200 to every client, /ready 503 while draining, exit 0', async (
   const stubborn = await stubbornClient(h);
   stubborn.on('error', () => {});
 
-  const pjsError = new Promise((resolve) =>
+  const pjsError = waitFor('pusher-js to report error 4200', (resolve) =>
     pjs.connection.bind('error', (e) => {
       const code = e.data?.code ?? e.error?.data?.code;
       if (code) resolve(code);
@@ -58,12 +58,12 @@ test('SIGTERM: 4200 to every client, /ready 503 while draining, exit 0', async (
   assert.equal(await pjsError, 4200);
 
   // While the stubborn client keeps its socket, herald is draining.
-  const ready = await fetch(`${h.base}/ready`);
+  const ready = await http(`${h.base}/ready`);
   assert.equal(ready.status, 503);
   assert.equal(await ready.text(), 'DRAINING');
-  assert.equal((await fetch(`${h.base}/up`)).status, 200);
+  assert.equal((await http(`${h.base}/up`)).status, 200);
   // New WebSocket connections are refused during the drain.
-  const refused = await new Promise((resolve) => {
+  const refused = await waitFor('the upgrade during the drain to be answered', (resolve) => {
     const ws = new WebSocket(`ws://127.0.0.1:${h.port}/app/${DEV_APP.key}?${QUERY}`);
     ws.on('unexpected-response', (_req, res) => resolve(res.statusCode));
     ws.on('open', () => resolve('opened'));

@@ -2,7 +2,7 @@
 // forged sign-in refused with 4009.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startHerald, once, connectionState } from '../lib/herald.mjs';
+import { startHerald, once, connectionState, waitFor, within } from '../lib/herald.mjs';
 import { collect, rawClient, userAuth } from '../lib/raw.mjs';
 
 let h;
@@ -13,7 +13,7 @@ const signedIn = async (userData) => {
   const c = h.client({ userAuthentication: userAuth(h.server(), userData) });
   c.signin();
   await connectionState(c, 'connected');
-  await c.user.signinDonePromise;
+  await within(c.user.signinDonePromise, 'pusher-js sign-in');
   assert.equal(c.user.user_data?.id, userData.id, 'signed in');
   return c;
 };
@@ -64,7 +64,9 @@ test('watchlist: online/offline as watched users come and go', async () => {
 test('a forged sign-in gets pusher:error 4009 and is closed', async () => {
   const forger = h.server({ id: 'app-id', key: 'app-key', secret: 'wrong' });
   const c = h.client({ userAuthentication: userAuth(forger, { id: 'mallory' }) });
-  const err = new Promise((resolve) => c.connection.bind('error', (e) => e.data?.code && resolve(e.data)));
+  const err = waitFor('pusher-js to report the 4009 error', (resolve) =>
+    c.connection.bind('error', (e) => e.data?.code && resolve(e.data)),
+  );
   c.signin();
   assert.equal((await err).code, 4009);
   // 4000-4099: pusher-js does not reconnect.

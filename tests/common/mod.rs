@@ -44,6 +44,104 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `herald` as a child that dies with the test: `PR_SET_PDEATHSIG` makes
+/// the kernel send it SIGKILL when the thread that spawned it ends, so a
+/// test that panics before its guard is dropped, aborts, or is killed (a
+/// harness timeout, ^C) leaves no server running. [`Server`] and
+/// [`Spawned`] also kill it on drop; this covers the paths where drop never
+/// runs. Every test that starts `herald` should start it from here.
+pub fn herald_command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    die_with_parent(&mut cmd);
+    cmd
+}
+
+/// Make `cmd`'s process get SIGKILL when the spawning thread exits (see
+/// [`herald_command`]); for commands built elsewhere, e.g. a
+/// `tokio::process::Command` through its `as_std_mut`.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid before the fork; in the child only prctl, getppid and
+    // _exit, which are async-signal-safe, and no allocation.
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl: then no
+            // signal will ever come, so do not start at all.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A loopback port another socket listens on, for as long as the returned
+/// listener lives. A `herald` told to serve there fails to bind at once
+/// (exit status 1), so a case meant to be refused before binding can never
+/// turn into a server that runs until someone kills it. (Port 1 is no such
+/// guarantee: as root it binds.)
+pub fn occupied_port() -> (std::net::TcpListener, u16) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    let port = listener.local_addr().unwrap().port();
+    (listener, port)
+}
+
+/// Run `cmd` (built with [`herald_command`]) to its end and collect its
+/// output, waiting at most `limit`: if it is still running then, it is
+/// killed and this panics with its arguments and stderr, so a command
+/// expected to exit on its own fails fast instead of hanging the suite.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn herald");
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for herald") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = stderr.join().unwrap_or_default();
+            panic!(
+                "herald {args:?} was still running after {limit:?}; it should have exited. stderr:\n{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
 /// A running `herald serve`, killed on drop.
 pub struct Server {
     pub child: Child,
@@ -70,7 +168,7 @@ impl Server {
             let config_path = dir.join("herald.toml");
             std::fs::write(&config_path, config).unwrap();
             let log = std::fs::File::create(dir.join("herald.log")).unwrap();
-            let child = Command::new(env!("CARGO_BIN_EXE_herald"))
+            let child = herald_command()
                 .arg("serve")
                 .arg("--config")
                 .arg(&config_path)
@@ -420,6 +518,15 @@ impl Client {
         data(&f)
     }
 
+    /// Send a correctly signed `pusher:signin` with exactly `user_data`.
+    pub async fn signin(&mut self, user_data: &str) {
+        let auth = user_auth(&self.socket_id, user_data);
+        self.send(
+            json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }),
+        )
+        .await;
+    }
+
     pub async fn unsubscribe(&mut self, channel: &str) {
         self.send(json!({ "event": "pusher:unsubscribe", "data": { "channel": channel } }))
             .await;
@@ -474,6 +581,17 @@ pub fn presence_auth(socket_id: &str, channel: &str, channel_data: &str) -> Stri
     )
 }
 
+/// `auth` for `pusher:signin`: the signature over `socket_id::user::user_data`
+/// (docs/protocol.md, "User sign-in and watchlists"), spelled out here so
+/// the string signed is the documented one.
+pub fn user_auth(socket_id: &str, user_data: &str) -> String {
+    herald::signing::token(
+        APP_KEY,
+        APP_SECRET,
+        &format!("{socket_id}::user::{user_data}"),
+    )
+}
+
 /// A close code as tungstenite reports it.
 pub fn close_code(c: CloseCode) -> u16 {
     u16::from(c)
@@ -492,7 +610,7 @@ pub struct Spawned {
 
 impl Spawned {
     pub fn serve(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Spawned {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+        let mut cmd = herald_command();
         cmd.arg("serve").args(args);
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("HERALD_") {
