@@ -161,13 +161,10 @@ async fn a_presence_member_closed_for_flooding_is_removed_before_the_closing_han
 /// channels at once, not after its writes or the closing handshake time
 /// out (docs/protocol.md: "a silent client never delays member_removed").
 ///
-/// Fails today: the queue overflows while the session is blocked writing a
-/// batch to the full socket, and the session only looks at close requests
-/// between batches, so `member_removed` (and the end of the connection)
-/// wait for the batch's WRITE_TIMEOUT, about 10 s. Run it with
-/// `cargo test --test slow_client -- --ignored` once that is fixed.
+/// The queue overflows while the session is blocked writing a batch to the
+/// full socket; the session watches close requests during the write, so it
+/// does not wait for the write's 10 s timeout.
 #[tokio::test]
-#[ignore = "server bug: a session blocked writing to a full socket does not see its close request; member_removed waits ~10 s (WRITE_TIMEOUT)"]
 async fn a_presence_member_that_stops_reading_is_removed_within_a_second() {
     let s = Server::start_with("", "outbound_bytes = 262144\noutbound_queue = 100000").await;
     let ch = "presence-firehose";

@@ -72,6 +72,9 @@ async fn busy_only_lets_quiet_connections_write_at_once() {
     let s = Server::start_with("write_delay_ms = 1000\nwrite_delay_busy_only = true", "").await;
     let mut c = s.client().await;
     c.subscribe("calm").await;
+    // The confirmation was a write: let the connection become quiet (the
+    // busy window is 50 ms). A precondition, not a wait for an event.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let started = std::time::Instant::now();
     s.trigger("calm", "tick", "0").await;
     assert_eq!(c.expect("tick", Some("calm")).await["data"], "0");

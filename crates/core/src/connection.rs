@@ -164,6 +164,16 @@ impl Connection {
         }
     }
 
+    /// Ready once somebody asked this connection to close (registers the
+    /// session's waker first, like [`Connection::poll_ready`]).
+    pub fn poll_close(&self, cx: &mut Context<'_>) -> Poll<Reason> {
+        self.waker.register(cx.waker());
+        match self.close_requested() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+
     pub fn has_queued(&self) -> bool {
         !self.queue.lock().frames.is_empty()
     }

@@ -96,7 +96,8 @@ pub trait Handler: Send {
     fn closing(&mut self, why: &Why) -> Closing;
     /// The session is over: leave channels, sign out. Runs before the close
     /// handshake, so others hear of the departure without waiting on a
-    /// client that may never answer.
+    /// client that may never answer; may run more than once (it must be
+    /// idempotent): also as soon as a close is asked for mid-write.
     fn on_close(&mut self) -> impl Future<Output = ()> + Send;
 }
 
@@ -266,8 +267,25 @@ pub async fn run<S, H>(
                 if batch.is_empty() {
                     continue;
                 }
+                // A close asked for while the socket is full (the queue of a
+                // client that stopped reading overflowed) must not wait for
+                // the write to finish or time out: the session leaves its
+                // channels at once, so others hear of the departure, then
+                // finishes the write (bounded) and closes as usual.
                 let write = tokio::time::timeout(WRITE_TIMEOUT, write_frames(&mut stream, &batch));
-                if !matches!(write.await, Ok(Ok(()))) {
+                tokio::pin!(write);
+                let mut left = false;
+                let done = loop {
+                    tokio::select! {
+                        biased;
+                        done = &mut write => break done,
+                        _ = poll_fn(|cx| conn.poll_close(cx)), if !left => {
+                            handler.on_close().await;
+                            left = true;
+                        }
+                    }
+                };
+                if !matches!(done, Ok(Ok(()))) {
                     break None;
                 }
                 metrics::count(&metrics::SOCKET_WRITES);
