@@ -163,21 +163,8 @@ pub async fn run<S, H>(
             if cancelled.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Wake::Shutdown);
             }
-            let read = SCRATCH_BUF.with(|b| {
-                let mut b = b.borrow_mut();
-                let mut rb = ReadBuf::new(&mut b[..]);
-                match Pin::new(&mut stream).poll_read(cx, &mut rb) {
-                    Poll::Ready(Ok(())) if rb.filled().is_empty() => Some(Wake::Eof),
-                    Poll::Ready(Ok(())) => {
-                        decoder.feed(rb.filled());
-                        Some(Wake::Read)
-                    }
-                    Poll::Ready(Err(_)) => Some(Wake::Eof),
-                    Poll::Pending => None,
-                }
-            });
-            if let Some(w) = read {
-                return Poll::Ready(w);
+            if let Poll::Ready(got) = poll_read(&mut stream, &mut decoder, cx) {
+                return Poll::Ready(if got { Wake::Read } else { Wake::Eof });
             }
             // After reads: a busy channel must not starve the client's pongs.
             if conn.poll_ready(cx).is_ready() {
@@ -213,7 +200,10 @@ pub async fn run<S, H>(
                         break 'session Some(Why::Reason(Reason::RateLimited));
                     }
                     let next = match msg {
-                        Incoming::Text(text) => handler.on_text(text).await,
+                        // Boxed: the handler's future (a subscription may
+                        // wait on the cluster) would otherwise be part of
+                        // every idle connection's task.
+                        Incoming::Text(text) => Box::pin(handler.on_text(text)).await,
                         Incoming::Binary(_) => {
                             metrics::count(&metrics::BAD_MESSAGES);
                             Next::Close(Why::Binary)
@@ -267,25 +257,8 @@ pub async fn run<S, H>(
                 if batch.is_empty() {
                     continue;
                 }
-                // A close asked for while the socket is full (the queue of a
-                // client that stopped reading overflowed) must not wait for
-                // the write to finish or time out: the session leaves its
-                // channels at once, so others hear of the departure, then
-                // finishes the write (bounded) and closes as usual.
-                let write = tokio::time::timeout(WRITE_TIMEOUT, write_frames(&mut stream, &batch));
-                tokio::pin!(write);
-                let mut left = false;
-                let done = loop {
-                    tokio::select! {
-                        biased;
-                        done = &mut write => break done,
-                        _ = poll_fn(|cx| conn.poll_close(cx)), if !left => {
-                            handler.on_close().await;
-                            left = true;
-                        }
-                    }
-                };
-                if !matches!(done, Ok(Ok(()))) {
+                // Boxed, like the handler's futures: idle tasks stay small.
+                if !Box::pin(write_batch(&mut stream, &conn, &mut handler, &batch)).await {
                     break None;
                 }
                 metrics::count(&metrics::SOCKET_WRITES);
@@ -327,6 +300,45 @@ pub async fn run<S, H>(
         return;
     };
     let closing = handler.closing(&why);
+    Box::pin(close(stream, decoder, closing)).await;
+}
+
+/// Write one batch. A close asked for while the socket is full (the queue
+/// of a client that stopped reading overflowed) must not wait for the
+/// write to finish or time out: the session leaves its channels at once, so
+/// others hear of the departure, then finishes the write (bounded) and
+/// closes as usual. Returns whether the batch was written.
+async fn write_batch<S, H>(
+    stream: &mut S,
+    conn: &Connection,
+    handler: &mut H,
+    batch: &[Frame],
+) -> bool
+where
+    S: AsyncWrite + Unpin,
+    H: Handler,
+{
+    let write = tokio::time::timeout(WRITE_TIMEOUT, write_frames(stream, batch));
+    tokio::pin!(write);
+    let mut left = false;
+    let done = loop {
+        tokio::select! {
+            biased;
+            done = &mut write => break done,
+            _ = poll_fn(|cx| conn.poll_close(cx)), if !left => {
+                handler.on_close().await;
+                left = true;
+            }
+        }
+    };
+    matches!(done, Ok(Ok(())))
+}
+
+/// Send the closing frames and finish the closing handshake.
+async fn close<S>(mut stream: S, mut decoder: Decoder, closing: Closing)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut last = Vec::with_capacity(2);
     last.extend(closing.last);
     last.push(Frame::close(closing.code, &closing.message));
@@ -344,26 +356,7 @@ pub async fn run<S, H>(
     // connection ends after the client has read our close. Dropping it at
     // once can reset the connection and lose the close code.
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
-        loop {
-            let got = poll_fn(|cx| {
-                SCRATCH_BUF.with(|b| {
-                    let mut b = b.borrow_mut();
-                    let mut rb = ReadBuf::new(&mut b[..]);
-                    match Pin::new(&mut stream).poll_read(cx, &mut rb) {
-                        Poll::Ready(Ok(())) if rb.filled().is_empty() => Poll::Ready(false),
-                        Poll::Ready(Ok(())) => {
-                            decoder.feed(rb.filled());
-                            Poll::Ready(true)
-                        }
-                        Poll::Ready(Err(_)) => Poll::Ready(false),
-                        Poll::Pending => Poll::Pending,
-                    }
-                })
-            })
-            .await;
-            if !got {
-                return;
-            }
+        while poll_fn(|cx| poll_read(&mut stream, &mut decoder, cx)).await {
             while let Some(m) = decoder.next() {
                 if matches!(m, Ok(Incoming::Close(_)) | Err(_)) {
                     return;
@@ -373,6 +366,28 @@ pub async fn run<S, H>(
     })
     .await;
     let _ = stream.shutdown().await;
+}
+
+/// Read what the socket has into the decoder, through this thread's scratch
+/// buffer. `Ready(false)` at the end of the stream or on an error.
+fn poll_read<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    decoder: &mut Decoder,
+    cx: &mut std::task::Context<'_>,
+) -> Poll<bool> {
+    SCRATCH_BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        let mut rb = ReadBuf::new(&mut b[..]);
+        match Pin::new(stream).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) => {
+                let got = !rb.filled().is_empty();
+                decoder.feed(rb.filled());
+                Poll::Ready(got)
+            }
+            Poll::Ready(Err(_)) => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
+        }
+    })
 }
 
 /// Close codes an endpoint may send (RFC 6455 7.4).
