@@ -67,7 +67,8 @@ impl Harness {
             }],
             ..Config::default()
         };
-        let node = Node::new(config, Arc::new(LocalBroker::new()));
+        // Node 1, so the listener's socket id "1.1" is connection 1 of it.
+        let node = Node::with_id(config, Arc::new(LocalBroker::new()), 1);
         let hub = node.hub_by_id("1").unwrap().clone();
         let conn = Arc::new(Connection::new(
             1,

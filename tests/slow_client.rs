@@ -72,6 +72,15 @@ async fn a_client_that_stops_reading_is_closed_and_others_get_everything() {
 
     // Now the slow client reads: what was queued before the overflow, then
     // the error and the close.
+    let bulk = drain_until_4100(&mut slow).await;
+    assert!(bulk < sent, "the slow client was never cut off");
+    slow.expect_close(4100).await;
+    assert_eq!(slow_clients_closed(&s).await, 1);
+}
+
+/// Read a cut-off slow client: the `bulk` events queued before the
+/// overflow, then `pusher:error` 4100. Returns how many events it got.
+async fn drain_until_4100(slow: &mut common::Client) -> usize {
     let mut bulk = 0;
     loop {
         let f = slow.recv().await;
@@ -79,14 +88,11 @@ async fn a_client_that_stops_reading_is_closed_and_others_get_everything() {
             Some("bulk") => bulk += 1,
             Some("pusher:error") => {
                 assert_eq!(data(&f)["code"], 4100, "{f}");
-                break;
+                return bulk;
             }
             _ => panic!("unexpected frame {f}"),
         }
     }
-    assert!(bulk < sent, "the slow client was never cut off");
-    slow.expect_close(4100).await;
-    assert_eq!(slow_clients_closed(&s).await, 1);
 }
 
 /// `herald_slow_clients_closed_total` from the server's metrics.
@@ -317,18 +323,7 @@ async fn the_frame_limit_alone_closes_a_slow_client_with_4100() {
     }
 
     // What was queued before the overflow, then the error and the close.
-    let mut bulk = 0;
-    loop {
-        let f = slow.recv().await;
-        match f["event"].as_str() {
-            Some("bulk") => bulk += 1,
-            Some("pusher:error") => {
-                assert_eq!(data(&f)["code"], 4100, "{f}");
-                break;
-            }
-            _ => panic!("unexpected frame {f}"),
-        }
-    }
+    let bulk = drain_until_4100(&mut slow).await;
     eprintln!("cut off after {sent} events sent, {bulk} delivered");
     assert!(bulk < sent, "the slow client was never cut off");
     slow.expect_close(4100).await;

@@ -11,7 +11,7 @@
 //! to the same worker (by a hash of its name) and each worker runs its jobs
 //! in order, so one publisher's messages on one channel arrive in order.
 
-use crate::connection::Connection;
+use crate::connection::{ConnId, Connection};
 use crate::frame::Frame;
 use crate::metrics;
 use crate::wire::{same, Wire};
@@ -59,6 +59,10 @@ pub struct Publication {
     pub origin: NodeId,
     #[serde(rename = "i", default)]
     pub id: u64,
+    /// `exclude` resolved on the delivering node: the connection it names
+    /// there, if it names one of that node's (see [`Publication::resolve`]).
+    #[serde(skip)]
+    exclude_conn: Option<ConnId>,
     #[serde(skip)]
     frames: Frames,
 }
@@ -94,6 +98,7 @@ impl Publication {
             cache: false,
             origin: 0,
             id: 0,
+            exclude_conn: None,
             frames: Frames::default(),
         }
     }
@@ -151,9 +156,19 @@ impl Publication {
         wire.publication(self, tag.as_deref().unwrap_or(""))
     }
 
-    /// Whether the socket with this public id should skip the message.
-    pub fn excludes(&self, socket_id: &str) -> bool {
-        self.exclude.as_deref() == Some(socket_id)
+    /// Resolve `exclude` for delivery on node `node`: public socket ids are
+    /// `"{node}.{connection}"`, so fan-out compares connection numbers, not
+    /// strings, and a socket of another node excludes nobody here.
+    pub fn resolve(&mut self, node: NodeId) {
+        self.exclude_conn = self.exclude.as_deref().and_then(|sid| {
+            let (n, c) = sid.split_once('.')?;
+            (n.parse::<NodeId>().ok()? == node).then(|| c.parse().ok())?
+        });
+    }
+
+    /// Whether the connection with this number should skip the message.
+    pub fn excludes(&self, conn: ConnId) -> bool {
+        self.exclude_conn == Some(conn)
     }
 
     /// The publication as bytes for a broker (frames are not carried: each
@@ -188,7 +203,7 @@ pub fn deliver(p: &Publication, targets: &[Target]) -> u64 {
     let mut last: Option<(&'static dyn Wire, &Tag, Frame)> = None;
     for t in targets {
         let conn = &t.conn;
-        if p.exclude.is_some() && p.excludes(&conn.socket_id) {
+        if p.excludes(conn.id) {
             continue;
         }
         let frame = match &last {
@@ -385,7 +400,8 @@ mod tests {
 
     #[test]
     fn excluded_socket_is_skipped() {
-        let p = publication().excluding(Some("1.2".into()));
+        let mut p = publication().excluding(Some("1.2".into()));
+        p.resolve(1);
         let ts = [target(1, &TestWire, None), target(2, &TestWire, None)];
         assert_eq!(deliver(&p, &ts), 1);
         assert!(frames(&ts[1]).is_empty());

@@ -38,7 +38,11 @@ pub struct Node {
 impl Node {
     pub fn new(config: Config, broker: Arc<dyn Broker>) -> Arc<Node> {
         // Never 0: 0 marks "no origin" in a publication.
-        let id: NodeId = rand::random::<u32>() as u64 + 1;
+        Node::with_id(config, broker, rand::random::<u32>() as u64 + 1)
+    }
+
+    /// A node with a chosen id (tests that need predictable socket ids).
+    pub fn with_id(config: Config, broker: Arc<dyn Broker>, id: NodeId) -> Arc<Node> {
         let mut by_key = HashMap::new();
         let mut by_id = HashMap::new();
         for app in &config.apps {
@@ -129,6 +133,7 @@ impl Node {
         publication.origin = self.id;
         publication.id = self.next_message.fetch_add(1, Ordering::Relaxed);
         self.broker.publish(&hub.app.id, &publication);
+        publication.resolve(self.id);
         self.deliver_local(hub, Arc::new(publication)).await;
     }
 
@@ -334,8 +339,9 @@ impl NodeInbox {
 }
 
 impl Inbox for NodeInbox {
-    fn publication(&self, app_id: &str, publication: Publication) {
+    fn publication(&self, app_id: &str, mut publication: Publication) {
         self.with(app_id, |node, hub| {
+            publication.resolve(node.id);
             if publication.origin == node.id {
                 return;
             }

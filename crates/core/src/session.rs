@@ -150,8 +150,12 @@ pub async fn run<S, H>(
     };
     let timer = tokio::time::sleep_until(last_seen + first);
     tokio::pin!(timer);
+    // Poll the timer only after a reset (to register it) or once it has
+    // fired: it is not what wakes this task for a delivery.
+    let mut timer_reset = true;
     let cancelled = shutdown.cancelled();
     tokio::pin!(cancelled);
+    let mut registered = false;
     let mut inbound = RateWindow::new();
     let mut last_write: Option<Instant> = None;
 
@@ -160,7 +164,17 @@ pub async fn run<S, H>(
             if let Some(r) = conn.close_requested() {
                 return Poll::Ready(Wake::Close(r));
             }
-            if cancelled.as_mut().poll(cx).is_ready() {
+            // The shutdown future is polled once, to register this task's
+            // waker with the token; after that an atomic load suffices
+            // (the task's waker does not change). Polling it on every wake
+            // would take the token's lock, shared by every connection, once
+            // per delivered batch.
+            if !registered {
+                registered = true;
+                if cancelled.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Wake::Shutdown);
+                }
+            } else if shutdown.is_cancelled() {
                 return Poll::Ready(Wake::Shutdown);
             }
             if let Poll::Ready(got) = poll_read(&mut stream, &mut decoder, cx) {
@@ -173,8 +187,11 @@ pub async fn run<S, H>(
                     None => Wake::Frames,
                 });
             }
-            if timer.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Wake::Timer);
+            if timer_reset || timer.is_elapsed() {
+                timer_reset = false;
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Wake::Timer);
+                }
             }
             Poll::Pending
         })
@@ -233,15 +250,9 @@ pub async fn run<S, H>(
                         break 'session Some(why);
                     }
                 }
-                if conn.close_requested().is_some() {
-                    continue;
-                }
-                // Reset the keep-alive timer to the new deadline.
-                if let KeepAlive::WhenIdle { idle, .. } = keepalive {
-                    if ping_sent.is_none() {
-                        timer.as_mut().reset(last_seen + idle);
-                    }
-                }
+                // The keep-alive timer is not moved on every message (that
+                // would be timer-wheel work per message): when it fires
+                // early it re-arms itself from `last_seen`.
             }
             Wake::Frames => {
                 let coalesce = !settings.write_delay.is_zero()
@@ -268,28 +279,30 @@ pub async fn run<S, H>(
             }
             Wake::Timer => {
                 let now = Instant::now();
-                match keepalive {
+                let next = match keepalive {
                     KeepAlive::Every(every) => {
                         if let Some(f) = handler.keepalive_frame() {
                             conn.send(f);
                         }
-                        timer.as_mut().reset(now + every);
+                        now + every
                     }
                     KeepAlive::WhenIdle { idle, wait } => match ping_sent {
                         Some(at) if now >= at + wait => {
                             break Some(Why::Reason(Reason::KeepAliveTimeout));
                         }
-                        Some(at) => timer.as_mut().reset(at + wait),
+                        Some(at) => at + wait,
                         None if now >= last_seen + idle => {
                             if let Some(f) = handler.keepalive_frame() {
                                 conn.send(f);
                             }
                             ping_sent = Some(now);
-                            timer.as_mut().reset(now + wait);
+                            now + wait
                         }
-                        None => timer.as_mut().reset(last_seen + idle),
+                        None => last_seen + idle,
                     },
-                }
+                };
+                timer.as_mut().reset(next);
+                timer_reset = true;
             }
         }
     };

@@ -54,6 +54,16 @@ impl LocalBroker {
         }
     }
 
+    /// Every node's inbox but `from`'s.
+    fn others(&self, from: NodeId) -> Vec<Arc<dyn Inbox>> {
+        let s = self.state.lock();
+        s.inboxes
+            .iter()
+            .filter(|(n, _)| **n != from)
+            .map(|(_, i)| i.clone())
+            .collect()
+    }
+
     /// Nodes interested in an exact channel (tests and diagnostics).
     pub fn interested(&self, app_id: &str, channel: &str) -> Vec<NodeId> {
         let s = self.state.lock();
@@ -279,14 +289,7 @@ impl Broker for LocalBroker {
         app_id: &str,
         filter: StatsFilter,
     ) -> BoxFuture<Vec<ChannelStats>> {
-        let others: Vec<Arc<dyn Inbox>> = {
-            let s = self.state.lock();
-            s.inboxes
-                .iter()
-                .filter(|(n, _)| **n != from)
-                .map(|(_, i)| i.clone())
-                .collect()
-        };
+        let others = self.others(from);
         let answers = others
             .iter()
             .flat_map(|i| i.stats(app_id, &filter))
@@ -295,14 +298,7 @@ impl Broker for LocalBroker {
     }
 
     fn control(&self, from: NodeId, app_id: &str, control: Control) {
-        let others: Vec<Arc<dyn Inbox>> = {
-            let s = self.state.lock();
-            s.inboxes
-                .iter()
-                .filter(|(n, _)| **n != from)
-                .map(|(_, i)| i.clone())
-                .collect()
-        };
+        let others = self.others(from);
         for inbox in others {
             inbox.control(app_id, &control);
         }

@@ -496,19 +496,11 @@ impl Hub {
                 self.channels
                     .remove_if(&p.channel, |_, c| c.subs.is_empty() && c.members.is_empty());
             }
-        } else if let Some(mut ch) = self.channels.get_mut(&p.channel) {
-            if !ch.subs.is_empty() {
-                out.push(ch.snapshot());
-            }
+        } else if let Some(t) = snapshot_of(&self.channels, &p.channel) {
+            out.push(t);
         }
         if self.pattern_count.load(Ordering::Acquire) > 0 {
-            for prefix in prefixes(&p.channel) {
-                if let Some(mut ch) = self.patterns.get_mut(prefix) {
-                    if !ch.subs.is_empty() {
-                        out.push(ch.snapshot());
-                    }
-                }
-            }
+            out.extend(prefixes(&p.channel).filter_map(|pre| snapshot_of(&self.patterns, pre)));
         }
         out
     }
@@ -575,6 +567,21 @@ impl Hub {
 pub enum StatsFilter {
     Exact(String),
     Prefix(String),
+}
+
+/// A channel's subscriber snapshot: under a shared lock when it is built
+/// (the common case), rebuilt under the shard's write lock after a change.
+fn snapshot_of(map: &DashMap<String, Channel>, name: &str) -> Option<Arc<[Target]>> {
+    if let Some(ch) = map.get(name) {
+        if ch.subs.is_empty() {
+            return None;
+        }
+        if let Some(s) = &ch.snapshot {
+            return Some(s.clone());
+        }
+    }
+    let mut ch = map.get_mut(name)?;
+    (!ch.subs.is_empty()).then(|| ch.snapshot())
 }
 
 fn send_subscribed(conn: &Connection, tag: &Tag, channel: &str, ch: &Channel, presence: bool) {
