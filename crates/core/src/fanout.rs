@@ -7,9 +7,11 @@
 //!
 //! Delivery runs on a small pool of fan-out workers, not on the task that
 //! published: a publish to 100 channels of 10,000 subscribers must not run a
-//! million queue pushes on an HTTP handler's thread. A channel always goes
-//! to the same worker (by a hash of its name) and each worker runs its jobs
-//! in order, so one publisher's messages on one channel arrive in order.
+//! million queue pushes on an HTTP handler's thread. An app's publications
+//! on one channel always go to the same worker (by a hash of its name), a
+//! client's own events to the worker of (channel, sender), and each worker
+//! runs its jobs in order: one publisher's messages on one channel arrive in
+//! order, and many clients talking on one channel use every worker.
 
 use crate::connection::{ConnId, Connection};
 use crate::frame::Frame;
@@ -50,6 +52,12 @@ pub struct Publication {
     /// subscribers (the channel name is kept for the frame).
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
     pub to_user: Option<String>,
+    /// Sent by the connection `exclude` names (a client's own event): order
+    /// is owed per sender, so its fan-out may run beside other senders' on
+    /// the same channel. Otherwise (an app's publish, whose publisher is
+    /// unknown) a channel's publications are fanned out one after another.
+    #[serde(rename = "s", default)]
+    pub from_sender: bool,
     /// Keep as the channel's last event, replayed to new subscribers.
     #[serde(rename = "k", default)]
     pub cache: bool,
@@ -95,6 +103,7 @@ impl Publication {
             exclude: None,
             user_id: None,
             to_user: None,
+            from_sender: false,
             cache: false,
             origin: 0,
             id: 0,
@@ -105,6 +114,14 @@ impl Publication {
 
     pub fn excluding(mut self, socket_id: Option<String>) -> Self {
         self.exclude = socket_id;
+        self
+    }
+
+    /// A client's own event, sent by the socket `socket_id` (excluded from
+    /// delivery; see [`Publication::from_sender`]).
+    pub fn sent_by(mut self, socket_id: String) -> Self {
+        self.exclude = Some(socket_id);
+        self.from_sender = true;
         self
     }
 
@@ -264,16 +281,21 @@ impl Fanout {
         Fanout { workers }
     }
 
-    fn worker(&self, channel: &str) -> &mpsc::Sender<Job> {
+    /// The worker that owes `p` its order: one per channel, or per
+    /// (channel, sender) for clients' own events.
+    fn worker(&self, p: &Publication) -> &mpsc::Sender<Job> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        channel.hash(&mut h);
+        p.channel.hash(&mut h);
+        if p.from_sender {
+            p.exclude.hash(&mut h);
+        }
         &self.workers[h.finish() as usize % self.workers.len()]
     }
 
     /// Hand a job to the worker that owns its channel. Waits only when that
     /// worker is far behind (backpressure on the publisher, bounded memory).
     pub async fn submit(&self, job: Job) {
-        let worker = self.worker(&job.publication.channel);
+        let worker = self.worker(&job.publication);
         if let Err(mpsc::error::TrySendError::Full(job)) = worker.try_send(job) {
             let _ = worker.send(job).await;
         }
@@ -307,7 +329,7 @@ impl Fanout {
     /// a full worker queue gets the job from a task instead, which may
     /// reorder it behind later ones; counted, as it means overload.
     pub fn submit_now(&self, job: Job) {
-        let worker = self.worker(&job.publication.channel).clone();
+        let worker = self.worker(&job.publication).clone();
         if let Err(mpsc::error::TrySendError::Full(job)) = worker.try_send(job) {
             metrics::count(&metrics::FANOUT_OVERFLOW);
             tokio::spawn(async move {

@@ -421,7 +421,7 @@ impl PusherSession {
             return;
         }
         let p = Publication::new(channel, event, data)
-            .excluding(Some(self.conn.socket_id.to_string()))
+            .sent_by(self.conn.socket_id.to_string())
             .from_user(user_id.map(|u| u.to_string()))
             .cached(kind.cache);
         self.node.publish(&self.hub, p).await;
