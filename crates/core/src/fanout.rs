@@ -7,11 +7,9 @@
 //!
 //! Delivery runs on a small pool of fan-out workers, not on the task that
 //! published: a publish to 100 channels of 10,000 subscribers must not run a
-//! million queue pushes on an HTTP handler's thread. An app's publications
-//! on one channel always go to the same worker (by a hash of its name), a
-//! client's own events to the worker of (channel, sender), and each worker
-//! runs its jobs in order: one publisher's messages on one channel arrive in
-//! order, and many clients talking on one channel use every worker.
+//! million queue pushes on an HTTP handler's thread. A channel always goes
+//! to the same worker (by a hash of its name) and each worker runs its jobs
+//! in order, so one publisher's messages on one channel arrive in order.
 
 use crate::connection::{ConnId, Connection};
 use crate::frame::Frame;
@@ -52,12 +50,6 @@ pub struct Publication {
     /// subscribers (the channel name is kept for the frame).
     #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
     pub to_user: Option<String>,
-    /// Sent by the connection `exclude` names (a client's own event): order
-    /// is owed per sender, so its fan-out may run beside other senders' on
-    /// the same channel. Otherwise (an app's publish, whose publisher is
-    /// unknown) a channel's publications are fanned out one after another.
-    #[serde(rename = "s", default)]
-    pub from_sender: bool,
     /// Keep as the channel's last event, replayed to new subscribers.
     #[serde(rename = "k", default)]
     pub cache: bool,
@@ -103,7 +95,6 @@ impl Publication {
             exclude: None,
             user_id: None,
             to_user: None,
-            from_sender: false,
             cache: false,
             origin: 0,
             id: 0,
@@ -118,11 +109,9 @@ impl Publication {
     }
 
     /// A client's own event, sent by the socket `socket_id` (excluded from
-    /// delivery; see [`Publication::from_sender`]).
-    pub fn sent_by(mut self, socket_id: String) -> Self {
-        self.exclude = Some(socket_id);
-        self.from_sender = true;
-        self
+    /// its delivery).
+    pub fn sent_by(self, socket_id: String) -> Self {
+        self.excluding(Some(socket_id))
     }
 
     pub fn from_user(mut self, user_id: Option<String>) -> Self {
@@ -281,14 +270,14 @@ impl Fanout {
         Fanout { workers }
     }
 
-    /// The worker that owes `p` its order: one per channel, or per
-    /// (channel, sender) for clients' own events.
+    /// The worker that owes `p` its order: one per channel. (Spreading a
+    /// channel's client events over workers by sender was measured and
+    /// lost: two workers pushing to the same connections interleave their
+    /// bursts, which costs more wake-ups and writes than it saves;
+    /// bench/RESULTS.md, core issue.)
     fn worker(&self, p: &Publication) -> &mpsc::Sender<Job> {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         p.channel.hash(&mut h);
-        if p.from_sender {
-            p.exclude.hash(&mut h);
-        }
         &self.workers[h.finish() as usize % self.workers.len()]
     }
 
