@@ -37,6 +37,7 @@ pub struct Node {
 
 impl Node {
     pub fn new(config: Config, broker: Arc<dyn Broker>) -> Arc<Node> {
+        metrics::init();
         // Never 0: 0 marks "no origin" in a publication.
         let id: NodeId = rand::random::<u32>() as u64 + 1;
         let mut by_key = HashMap::new();

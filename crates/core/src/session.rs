@@ -69,6 +69,22 @@ pub enum Why {
     Said(u16, String),
 }
 
+impl Why {
+    /// The `reason` label this end is counted under.
+    fn closed(&self) -> metrics::Closed {
+        use metrics::Closed;
+        match self {
+            Why::Reason(Reason::SlowConsumer) => Closed::SlowConsumer,
+            Why::Reason(Reason::Terminated) => Closed::Terminated,
+            Why::Reason(Reason::ShuttingDown) => Closed::Shutdown,
+            Why::Reason(Reason::KeepAliveTimeout) => Closed::KeepAliveTimeout,
+            Why::Reason(Reason::RateLimited) => Closed::RateLimited,
+            Why::Reason(Reason::Code(_)) | Why::Said(..) => Closed::Adapter,
+            Why::Protocol(_) | Why::Binary => Closed::ProtocolError,
+        }
+    }
+}
+
 /// How to say goodbye: the close code and reason, and optionally a last
 /// text frame sent before the close (Pusher's `pusher:error`).
 #[derive(Debug, Clone)]
@@ -98,6 +114,11 @@ pub trait Handler: Send {
     /// handshake, so others hear of the departure without waiting on a
     /// client that may never answer.
     fn on_close(&mut self) -> impl Future<Output = ()> + Send;
+    /// The id of the app this session belongs to: the `app` label of its
+    /// connection and message metrics.
+    fn app_id(&self) -> &str {
+        ""
+    }
 }
 
 /// Per-session settings from the app and the server.
@@ -146,6 +167,9 @@ pub async fn run<S, H>(
     let cancelled = shutdown.cancelled();
     tokio::pin!(cancelled);
     let mut inbound = RateWindow::new();
+    let traffic = metrics::traffic(handler.app_id(), conn.wire.name());
+    traffic.opened();
+    let mut write_failed = false;
 
     let end: Option<Why> = 'session: loop {
         let wake = poll_fn(|cx| {
@@ -204,6 +228,11 @@ pub async fn run<S, H>(
                         metrics::count(&metrics::RATE_LIMITED);
                         break 'session Some(Why::Reason(Reason::RateLimited));
                     }
+                    if let Incoming::Text(t) = &msg {
+                        traffic.received(t.len());
+                    } else if let Incoming::Binary(b) = &msg {
+                        traffic.received(b.len());
+                    }
                     let next = match msg {
                         Incoming::Text(text) => handler.on_text(text).await,
                         Incoming::Binary(_) => {
@@ -223,6 +252,7 @@ pub async fn run<S, H>(
                             // The client closed first: echo its code
                             // (RFC 6455 5.5.1) and end.
                             handler.on_close().await;
+                            traffic.closed(metrics::Closed::Client);
                             let echo = match frame {
                                 Some(f) if is_sendable(f.code) => Frame::close(f.code, &f.reason),
                                 _ => Frame::close(1000, ""),
@@ -258,9 +288,11 @@ pub async fn run<S, H>(
                 }
                 let write = tokio::time::timeout(WRITE_TIMEOUT, write_frames(&mut stream, &batch));
                 if !matches!(write.await, Ok(Ok(()))) {
+                    write_failed = true;
                     break None;
                 }
                 metrics::count(&metrics::SOCKET_WRITES);
+                traffic.sent(batch.len(), batch.iter().map(Frame::len).sum());
             }
             Wake::Timer => {
                 let now = Instant::now();
@@ -292,6 +324,11 @@ pub async fn run<S, H>(
 
     // Leave channels first: the closing handshake may wait on the client.
     handler.on_close().await;
+    traffic.closed(match &end {
+        None if write_failed => metrics::Closed::WriteError,
+        None => metrics::Closed::Client,
+        Some(why) => why.closed(),
+    });
     let Some(why) = end else {
         return;
     };

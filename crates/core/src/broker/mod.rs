@@ -73,6 +73,11 @@ pub trait Inbox: Send + Sync {
 pub trait Broker: Send + Sync {
     /// Engine name for logs and `/metrics`.
     fn name(&self) -> &'static str;
+    /// Whether the engine is connected (`herald_broker_up`); an in-process
+    /// engine always is.
+    fn healthy(&self) -> bool {
+        true
+    }
     /// Register node `node`'s inbox.
     fn attach(&self, node: NodeId, inbox: Arc<dyn Inbox>);
     /// The node leaves (graceful shutdown): its members are removed now.

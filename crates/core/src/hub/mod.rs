@@ -540,6 +540,22 @@ impl Hub {
 
     // ----- queries -----------------------------------------------------------
 
+    /// Channels (and patterns) with subscribers on this node, and their
+    /// subscriptions. A scan of every channel: for scrapes, not hot paths.
+    pub fn channel_figures(&self) -> (usize, usize) {
+        let mut channels = 0;
+        let mut subscriptions = 0;
+        for map in [&self.channels, &self.patterns] {
+            for c in map.iter() {
+                if !c.subs.is_empty() {
+                    channels += 1;
+                    subscriptions += c.subs.len();
+                }
+            }
+        }
+        (channels, subscriptions)
+    }
+
     /// Figures for occupied channels whose names start with `prefix` (or
     /// for exactly `name`).
     pub fn stats(&self, filter: &StatsFilter) -> Vec<ChannelStats> {
