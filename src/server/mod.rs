@@ -134,6 +134,7 @@ pub async fn serve(
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     node.join_cluster().await;
+    herald_pusher::webhooks::start(&node);
     let housekeeping = tokio::spawn(housekeeping(node.clone()));
     let app = router(node.clone());
     let stop = tokio_util::sync::CancellationToken::new();
@@ -164,7 +165,12 @@ pub async fn serve(
     };
     node.set_ready(true);
     signal.await;
+    let grace_end = std::time::Instant::now() + node.config.shutdown_grace();
     shutdown::drain(&node).await;
+    // What observers hold (webhooks) goes out within the grace period
+    // (at least half a second, when draining took all of it).
+    let deadline = grace_end.max(std::time::Instant::now() + Duration::from_millis(500));
+    node.flush_observers(deadline).await;
     node.leave_cluster();
     stop.cancel();
     // Idle keep-alive HTTP connections close at once; do not wait long on

@@ -18,6 +18,7 @@ use herald_core::hub::presence::Member;
 use herald_core::hub::{Hub, Refused, SubscribeOptions};
 use herald_core::metrics;
 use herald_core::node::Node;
+use herald_core::observer::Change;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, RateWindow, Settings, Why};
 use herald_core::ws::Socket;
 use serde::Deserialize;
@@ -439,6 +440,7 @@ impl PusherSession {
             .excluding(Some(self.conn.socket_id.to_string()))
             .from_user(user_id.map(|u| u.to_string()))
             .cached(kind.cache);
+        self.node.notify(&self.hub, &Change::ClientEvent(&p));
         self.node.publish(&self.hub, p).await;
     }
 
