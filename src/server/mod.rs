@@ -6,9 +6,11 @@
 //! /apps/{id}/...  Pusher HTTP API
 //! /up             liveness: 200 while the process serves
 //! /ready          readiness: 503 while starting or draining
-//! /metrics        Prometheus text format
+//! /metrics        Prometheus text format (or on `metrics_port`)
+//! /dashboard      the live dashboard, when enabled (see [`dashboard`])
 //! ```
 
+pub mod dashboard;
 pub mod shutdown;
 pub mod tls;
 
@@ -32,14 +34,19 @@ pub fn router(node: Arc<Node>) -> Router {
     if node.config.metrics_port.is_none() {
         router = router.route("/metrics", get(metrics_text));
     }
-    router
+    let dashboard = dashboard::router(&node);
+    let router = router
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
                 Json(serde_json::json!({ "error": "Not found" })),
             )
         })
-        .with_state(node)
+        .with_state(node);
+    match dashboard {
+        Some(d) => router.merge(d),
+        None => router,
+    }
 }
 
 async fn ready(State(node): State<Arc<Node>>) -> Response {

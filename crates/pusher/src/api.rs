@@ -318,7 +318,7 @@ async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
 }
 
 /// Publish a checked event; returns the `info` reply object (per channel).
-async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
+pub async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
     for c in &ev.channels {
         let user = c.strip_prefix(SERVER_TO_USER_PREFIX).map(str::to_owned);
         let p = Publication::new(c.clone(), ev.name.clone(), ev.data.clone())
