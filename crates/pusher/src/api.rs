@@ -64,7 +64,8 @@ pub fn router() -> Router<Arc<Node>> {
         .route_layer(axum::middleware::from_fn(count_request))
 }
 
-/// Count every API request by endpoint (the route's pattern) and status.
+/// Count every API request by endpoint (the route's pattern after the app,
+/// e.g. `events`, `channels/:channel`) and status.
 /// The app label is the path's app id, except for 404 (the only status for
 /// an unknown app id, checked before anything else): a caller cannot grow
 /// the number of series by inventing app ids.
@@ -80,7 +81,12 @@ async fn count_request(
         .nth(2)
         .unwrap_or_default()
         .to_owned();
-    let endpoint = path.as_str().to_owned();
+    // "/apps/{app_id}/channels/{channel}" → "channels/:channel".
+    let endpoint = path
+        .as_str()
+        .trim_start_matches("/apps/{app_id}/")
+        .replace('{', ":")
+        .replace('}', "");
     let response = next.run(req).await;
     let status = response.status().as_u16();
     let app = if status == 404 { "" } else { app.as_str() };
