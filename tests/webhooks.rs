@@ -333,10 +333,12 @@ async fn a_500_is_retried_with_the_same_body() {
     }
     // Metrics: two failures that were retried, then a delivery.
     let deadline = Instant::now() + TIMEOUT;
-    while server
-        .metric_where("herald_webhook_deliveries_total", &[])
-        .await
-        < 1
+    while metric_in(
+        &server.scrape().await,
+        "herald_webhook_deliveries_total",
+        &[],
+    )
+    .is_none()
     {
         assert!(Instant::now() < deadline, "delivery not counted");
         tokio::time::sleep(Duration::from_millis(20)).await;
