@@ -38,6 +38,9 @@ pub struct Node {
     pub shutdown: CancellationToken,
     /// Told about occupancy, members, ... (see [`crate::observer`]).
     observers: RwLock<Arc<[Arc<dyn Observer>]>>,
+    /// Whether there are any (read without touching the lock: most
+    /// servers register observers at start or never).
+    observed: AtomicBool,
     /// Publications go to observers only while this is above 0.
     publication_watchers: AtomicUsize,
 }
@@ -66,6 +69,7 @@ impl Node {
             ready: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
             observers: RwLock::new(Arc::new([])),
+            observed: AtomicBool::new(false),
             publication_watchers: AtomicUsize::new(0),
         });
         broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
@@ -132,13 +136,18 @@ impl Node {
         let mut list: Vec<_> = all.iter().cloned().collect();
         list.push(observer);
         *all = list.into();
+        self.observed.store(true, Ordering::Release);
     }
 
     /// Tell every observer about `change` in `hub`'s app. Adapters report
     /// their own happenings (a client event) this way too.
     pub fn notify(&self, hub: &Hub, change: &Change<'_>) {
-        let observers = self.observers.read().clone();
-        for o in observers.iter() {
+        if !self.observed.load(Ordering::Acquire) {
+            return;
+        }
+        // Observers only queue work: calling them under the read lock
+        // holds nobody up.
+        for o in self.observers.read().iter() {
             o.changed(&hub.app.id, change);
         }
     }
