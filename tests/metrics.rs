@@ -190,14 +190,36 @@ async fn metrics_port_serves_metrics_alone() {
 
 #[tokio::test]
 async fn json_logs_are_json_and_hold_no_secrets() {
+    // A receiver that refuses every webhook: a final failure, logged with
+    // the webhook's URL, which must lose its query.
+    let refuser = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!(
+        "http://user:pass@{}/hook?token=hook-credential",
+        refuser.local_addr().unwrap()
+    );
+    let refused = std::sync::Arc::new(tokio::sync::Notify::new());
+    let seen = refused.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                seen.notify_one();
+                axum::http::StatusCode::BAD_REQUEST
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(refuser, app).await });
     let server = Server::start_with(
-        "log_format = \"json\"",
-        "webhooks = [{ url = \"http://127.0.0.1:1/hook?token=hook-credential\", event_types = [\"channel_occupied\"] }]",
+        "log_format = \"json\"\nwebhook_batch_ms = 10",
+        &format!("webhooks = [{{ url = \"{hook}\", event_types = [\"channel_occupied\"] }}]"),
     )
     .await;
-    // An unreachable webhook: its failure is logged (URL without query).
     let mut c = server.client().await;
     c.subscribe("logged").await;
+    tokio::time::timeout(TIMEOUT, refused.notified())
+        .await
+        .expect("webhook sent");
     let (status, _) = server
         .raw_api("GET", "/apps/test-app/channels", "auth_key=x", "")
         .await;
@@ -220,15 +242,21 @@ async fn json_logs_are_json_and_hold_no_secrets() {
     for l in &lines {
         assert!(l["level"].is_string() && l["timestamp"].is_string(), "{l}");
     }
-    // At `warn` (the test servers' level) the unreachable webhook is what
-    // gets logged.
+    // At `warn` (the test servers' level) the refused webhook is what gets
+    // logged, with its URL cut to scheme, host, port and path.
+    let refusal = lines
+        .iter()
+        .find(|l| l["target"].as_str().is_some_and(|t| t.contains("webhooks")))
+        .unwrap_or_else(|| panic!("no webhook line in\n{log}"));
     assert!(
-        lines
-            .iter()
-            .any(|l| l["target"].as_str().is_some_and(|t| t.contains("webhooks"))),
-        "{log}"
+        refusal["url"].as_str().unwrap().ends_with("/hook"),
+        "{refusal}"
     );
-    for secret in [APP_SECRET, "hook-credential"] {
+    assert!(
+        refusal["message"].as_str().unwrap().contains("400"),
+        "{refusal}"
+    );
+    for secret in [APP_SECRET, "hook-credential", "pass@"] {
         assert!(!log.contains(secret), "{secret} logged:\n{log}");
     }
 }
