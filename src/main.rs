@@ -73,6 +73,16 @@ struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "HERALD_TLS_KEY")]
     tls_key: Option<String>,
+    /// Log lines as `text` (default) or `json`.
+    #[arg(long, env = "HERALD_LOG_FORMAT")]
+    log_format: Option<herald::config::LogFormat>,
+    /// Serve /metrics on this port only (same host), not on --port.
+    #[arg(long, env = "HERALD_METRICS_PORT", value_parser = metrics_port)]
+    metrics_port: Option<u16>,
+    /// The dashboard's access token (the dashboard also needs
+    /// `dashboard = true` in the config file).
+    #[arg(long, env = "HERALD_DASHBOARD_TOKEN", hide_env_values = true)]
+    dashboard_token: Option<String>,
 }
 
 /// `--port` / `HERALD_PORT`. clap names only the flag in its errors; a
@@ -80,6 +90,12 @@ struct ServeArgs {
 fn port(s: &str) -> Result<u16, String> {
     s.parse()
         .map_err(|_| format!("{s:?} is not a port number (0-65535; from --port or HERALD_PORT)"))
+}
+
+fn metrics_port(s: &str) -> Result<u16, String> {
+    s.parse().map_err(|_| {
+        format!("{s:?} is not a port number (0-65535; from --metrics-port or HERALD_METRICS_PORT)")
+    })
 }
 
 /// A whole number of `unit`s, from a flag or the environment variable `env`.
@@ -120,6 +136,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         app_secret: args.app_secret,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
+        log_format: args.log_format,
+        metrics_port: args.metrics_port,
+        dashboard_token: args.dashboard_token,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
@@ -128,10 +147,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        herald::config::LogFormat::Text => logs.init(),
+        herald::config::LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

@@ -133,3 +133,40 @@ fn bad_environment_values_name_their_variable() {
         assert_config_error(&out, &format!("{var}={value}"), var);
     }
 }
+
+#[test]
+fn webhook_dashboard_and_metrics_errors_are_named() {
+    let app = "[[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"s\"\n";
+    assert_rejected(
+        &format!(
+            "{app}webhooks = [{{ url = \"ftp://x\", event_types = [\"channel_occupied\"] }}]\n"
+        ),
+        "apps[0].webhooks[0].url",
+    );
+    assert_rejected(
+        &format!("{app}webhooks = [{{ url = \"http://127.0.0.1/h\", event_types = [\"channel_ocupied\"] }}]\n"),
+        "channel_ocupied",
+    );
+    assert_rejected(
+        &format!("{app}webhooks = [{{ url = \"http://127.0.0.1/h\", event_types = [] }}]\n"),
+        "apps[0].webhooks[0].event_types",
+    );
+    assert_rejected(
+        &format!("{app}webhooks = [{{ url = \"http://127.0.0.1/h\", event_types = [\"cache_miss\"], lambda_function = \"f\" }}]\n"),
+        "lambda_function",
+    );
+    assert_rejected(
+        &format!("{app}webhooks = [{{ url = \"http://127.0.0.1/h\", event_types = [\"cache_miss\"], headers = {{ \"Content-Type\" = \"x\" }} }}]\n"),
+        "headers.Content-Type",
+    );
+    assert_rejected("dashboard = true\n", "dashboard_token");
+    assert_rejected(
+        "dashboard = true\ndashboard_token = \"short\"\n",
+        "dashboard_token",
+    );
+    assert_rejected("log_format = \"xml\"\n", "log_format");
+    // Not a port number at all (the same-port rule is a unit test of the
+    // config: here the server's port is an occupied one picked per run).
+    assert_rejected("metrics_port = 70000\n", "metrics_port");
+    assert_rejected("webhook_batch_size = 0\n", "webhook_batch_size");
+}

@@ -18,7 +18,7 @@ async fn trigger_each(s: &Server, channel: &str, n: usize) {
 async fn frames_close_together_share_one_write_in_order() {
     // The longest delay allowed, so five HTTP calls fit easily inside it
     // even on a loaded machine.
-    let s = Server::start_with("write_delay_ms = 1000", "").await;
+    let s = Server::start_with("write_delay_ms = 1000\nwrite_delay_busy_only = false", "").await;
     let mut c = s.client().await;
     c.subscribe("busy").await;
     let before = s.metric("herald_socket_writes_total").await;
@@ -37,7 +37,7 @@ async fn frames_close_together_share_one_write_in_order() {
 
 #[tokio::test]
 async fn without_a_delay_frames_are_written_as_they_come() {
-    let s = Server::start().await;
+    let s = Server::start_with("write_delay_ms = 0", "").await;
     let mut c = s.client().await;
     c.subscribe("eager").await;
     let before = s.metric("herald_socket_writes_total").await;
@@ -52,7 +52,7 @@ async fn without_a_delay_frames_are_written_as_they_come() {
 
 #[tokio::test]
 async fn a_lone_frame_is_delivered_and_the_connection_keeps_working() {
-    let s = Server::start_with("write_delay_ms = 200", "").await;
+    let s = Server::start_with("write_delay_ms = 200\nwrite_delay_busy_only = false", "").await;
     let mut c = s.client().await;
     c.subscribe("quiet").await;
     let before = s.metric("herald_socket_writes_total").await;

@@ -126,7 +126,14 @@ async function freePort() {
 
 /** Render a flat TOML document: top-level keys, then [[apps]] tables. */
 function toml(config) {
-  const value = (v) => (typeof v === 'string' ? JSON.stringify(v) : String(v));
+  const key = (k) => (/^[A-Za-z0-9_-]+$/.test(k) ? k : JSON.stringify(k));
+  const value = (v) => {
+    if (typeof v === 'string') return JSON.stringify(v);
+    if (Array.isArray(v)) return `[${v.map(value).join(', ')}]`;
+    if (v && typeof v === 'object')
+      return `{ ${Object.entries(v).map(([k, x]) => `${key(k)} = ${value(x)}`).join(', ')} }`;
+    return String(v);
+  };
   const lines = [];
   for (const [k, v] of Object.entries(config)) if (k !== 'apps') lines.push(`${k} = ${value(v)}`);
   for (const app of config.apps ?? []) {

@@ -229,12 +229,12 @@ export async function signedFetch(
   return { status: res.status, json, text: raw };
 }
 
-/** The current value of a /metrics counter. */
+/** The current value of a /metrics counter or gauge: the sum of its series (every app, protocol, ...). */
 export async function metric(h, name) {
   const text = await (await http(`${h.base}/metrics`)).text();
-  const line = text.split('\n').find((l) => l.startsWith(`${name} `));
-  if (!line) throw new Error(`metric ${name} not found`);
-  return Number(line.split(' ')[1]);
+  const lines = text.split('\n').filter((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`));
+  if (lines.length === 0) throw new Error(`metric ${name} not found`);
+  return lines.reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
 }
 
 /**

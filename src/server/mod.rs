@@ -6,9 +6,11 @@
 //! /apps/{id}/...  Pusher HTTP API
 //! /up             liveness: 200 while the process serves
 //! /ready          readiness: 503 while starting or draining
-//! /metrics        Prometheus text format
+//! /metrics        Prometheus text format (or on `metrics_port`)
+//! /dashboard      the live dashboard, when enabled (see [`dashboard`])
 //! ```
 
+pub mod dashboard;
 pub mod shutdown;
 pub mod tls;
 
@@ -25,18 +27,26 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
 
 pub fn router(node: Arc<Node>) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .merge(herald_pusher::router())
         .route("/up", get(|| async { "OK" }))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics_text))
+        .route("/ready", get(ready));
+    if node.config.metrics_port.is_none() {
+        router = router.route("/metrics", get(metrics_text));
+    }
+    let dashboard = dashboard::router(&node);
+    let router = router
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
                 Json(serde_json::json!({ "error": "Not found" })),
             )
         })
-        .with_state(node)
+        .with_state(node);
+    match dashboard {
+        Some(d) => router.merge(d),
+        None => router,
+    }
 }
 
 async fn ready(State(node): State<Arc<Node>>) -> Response {
@@ -52,12 +62,35 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
-async fn metrics_text(State(node): State<Arc<Node>>) -> String {
-    metrics::render(&[(
-        "herald_connections",
-        "Open client connections",
-        node.connection_count(),
-    )])
+/// `/metrics` on its own port (`metrics_port`): nothing else is served there.
+pub fn metrics_router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .with_state(node)
+}
+
+async fn metrics_text(State(node): State<Arc<Node>>) -> Response {
+    let figures: Vec<(&str, (usize, usize))> = node
+        .hubs()
+        .map(|h| (h.app.id.as_str(), h.channel_figures()))
+        .collect();
+    let apps: Vec<metrics::AppGauges<'_>> = figures
+        .iter()
+        .map(|(app, (channels, subscriptions))| metrics::AppGauges {
+            app,
+            channels: *channels,
+            subscriptions: *subscriptions,
+        })
+        .collect();
+    let text = metrics::render(&apps, node.broker.name(), node.broker.healthy());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// Raise the open-file soft limit to the hard limit. Every connection is a
@@ -108,9 +141,24 @@ pub async fn serve(
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     node.join_cluster().await;
+    herald_pusher::webhooks::start(&node);
     let housekeeping = tokio::spawn(housekeeping(node.clone()));
     let app = router(node.clone());
     let stop = tokio_util::sync::CancellationToken::new();
+    let metrics_server = match node.config.metrics_port {
+        Some(port) => {
+            let addr = SocketAddr::new(listener.local_addr()?.ip(), port);
+            let l = bind(addr, 128).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {addr} (metrics_port): {e}"),
+                )
+            })?;
+            tracing::info!(%addr, "metrics listening");
+            Some(spawn_server(l, metrics_router(node.clone()), stop.clone()))
+        }
+        None => None,
+    };
     let server = match (&node.config.tls_cert, &node.config.tls_key) {
         (Some(cert), Some(key)) => {
             let acceptor = tls::acceptor(cert.as_ref(), key.as_ref())?;
@@ -124,12 +172,20 @@ pub async fn serve(
     };
     node.set_ready(true);
     signal.await;
+    let grace_end = std::time::Instant::now() + node.config.shutdown_grace();
     shutdown::drain(&node).await;
+    // What observers hold (webhooks) goes out within the grace period
+    // (at least half a second, when draining took all of it).
+    let deadline = grace_end.max(std::time::Instant::now() + Duration::from_millis(500));
+    node.flush_observers(deadline).await;
     node.leave_cluster();
     stop.cancel();
     // Idle keep-alive HTTP connections close at once; do not wait long on
     // anything else.
     let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    if let Some(m) = metrics_server {
+        let _ = tokio::time::timeout(Duration::from_secs(1), m).await;
+    }
     housekeeping.abort();
     Ok(())
 }
@@ -162,7 +218,10 @@ pub async fn housekeeping(node: Arc<Node>) {
     let mut counts = tokio::time::interval(SUBSCRIPTION_COUNT_INTERVAL);
     loop {
         tokio::select! {
-            _ = tick.tick() => node.tick(),
+            _ = tick.tick() => {
+                node.tick();
+                metrics::upkeep();
+            }
             _ = counts.tick() => node.flush_counts(),
         }
     }

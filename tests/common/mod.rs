@@ -299,15 +299,23 @@ impl Server {
         (status, value)
     }
 
-    /// The current value of a `/metrics` counter or gauge.
+    /// The current value of a `/metrics` counter or gauge: the sum of its
+    /// series (over every app, protocol, reason...).
     pub async fn metric(&self, name: &str) -> u64 {
-        let (status, body) = self.raw_api("GET", "/metrics", "", "").await;
-        assert_eq!(status, 200, "GET /metrics: {body}");
-        let text = body.as_str().unwrap_or_default();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+        self.metric_where(name, &[]).await
+    }
+
+    /// The sum of the series of `name` whose labels include `labels`.
+    /// Panics if there is none.
+    pub async fn metric_where(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let scrape = self.scrape().await;
+        metric_in(&scrape, name, labels)
+            .unwrap_or_else(|| panic!("no {name} with {labels:?} in /metrics"))
+    }
+
+    /// `/metrics`, parsed with a Prometheus text-format parser.
+    pub async fn scrape(&self) -> prometheus_parse::Scrape {
+        scrape_url(&self.url("/metrics")).await
     }
 
     /// Publish `data` (a string) as `event` on `channel`; asserts 200.
@@ -682,4 +690,39 @@ pub async fn is_ready(host: &str, port: u16) -> bool {
         client.get(format!("http://{host}:{port}/ready")).send().await,
         Ok(r) if r.status() == 200
     )
+}
+
+/// GET a Prometheus text endpoint and parse it.
+pub async fn scrape_url(url: &str) -> prometheus_parse::Scrape {
+    let resp = tokio::time::timeout(TIMEOUT, reqwest::get(url))
+        .await
+        .expect("GET /metrics timed out")
+        .expect("GET /metrics");
+    assert_eq!(resp.status(), 200, "GET {url}");
+    let text = resp.text().await.expect("metrics body");
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("/metrics parses as Prometheus text format")
+}
+
+/// The sum of the series of counter or gauge `name` whose labels include
+/// `labels`; `None` if there is no such series.
+pub fn metric_in(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<u64> {
+    let mut found = None;
+    for s in &scrape.samples {
+        if s.metric != name || !labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)) {
+            continue;
+        }
+        let v = match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => continue,
+        };
+        *found.get_or_insert(0) += v as u64;
+    }
+    found
 }

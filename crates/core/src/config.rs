@@ -50,7 +50,124 @@ pub struct Config {
     pub tls_cert: Option<String>,
     /// PEM private key for `tls_cert`.
     pub tls_key: Option<String>,
+    /// Log lines as text (default) or JSON objects.
+    pub log_format: LogFormat,
+    /// Serve `/metrics` on this port only (same `host`), not on `port`.
+    pub metrics_port: Option<u16>,
+    /// Serve the live dashboard at `/dashboard` (needs `dashboard_token`).
+    pub dashboard: bool,
+    /// The bearer token the dashboard asks for (at least 16 characters).
+    pub dashboard_token: Option<String>,
+    /// Webhooks: longest wait before a batch is sent, in milliseconds.
+    pub webhook_batch_ms: u64,
+    /// Webhooks: most events in one request.
+    pub webhook_batch_size: usize,
+    /// Webhooks: how long `channel_vacated` and `member_removed` wait, in
+    /// milliseconds, and are dropped if the channel or member comes back.
+    pub webhook_leave_delay_ms: u64,
+    /// Webhooks: one request's time limit, in milliseconds.
+    pub webhook_timeout_ms: u64,
+    /// Webhooks: first retry delay in milliseconds (doubling, with jitter,
+    /// up to a minute).
+    pub webhook_retry_ms: u64,
+    /// Webhooks: seconds after which a failing request is given up.
+    pub webhook_retry_for: u64,
+    /// Webhooks: events one app may have waiting; more are dropped.
+    pub webhook_queue: usize,
     pub apps: Vec<AppConfig>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("{s:?} is not a log format (text or json)")),
+        }
+    }
+}
+
+/// The webhook event types an app may ask for.
+pub const WEBHOOK_EVENT_TYPES: [&str; 7] = [
+    "channel_occupied",
+    "channel_vacated",
+    "member_added",
+    "member_removed",
+    "client_event",
+    "cache_miss",
+    "subscription_count",
+];
+
+/// One webhook endpoint of an app, written as soketi and sockudo configs
+/// write it: `{ url, event_types, headers, filter }`.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    pub url: String,
+    pub event_types: Vec<String>,
+    /// Extra request headers (e.g. a token for the receiver).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub filter: WebhookFilter,
+}
+
+/// Only events on channels whose names match are sent.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFilter {
+    pub channel_name_starts_with: Option<String>,
+    pub channel_name_ends_with: Option<String>,
+}
+
+impl WebhookFilter {
+    pub fn matches(&self, channel: &str) -> bool {
+        self.channel_name_starts_with
+            .as_deref()
+            .is_none_or(|p| channel.starts_with(p))
+            && self
+                .channel_name_ends_with
+                .as_deref()
+                .is_none_or(|p| channel.ends_with(p))
+    }
+}
+
+/// Header values and URL queries may hold credentials: Debug shows only
+/// the URL's origin and the header names.
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("url", &redact_url(&self.url))
+            .field("event_types", &self.event_types)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("filter", &self.filter)
+            .finish()
+    }
+}
+
+/// A URL as logs may show it: scheme, host and port, path; no user info,
+/// query or fragment (they may carry credentials).
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => format!(
+            "{}://{}{}{}",
+            u.scheme(),
+            u.host_str().unwrap_or(""),
+            u.port().map(|p| format!(":{p}")).unwrap_or_default(),
+            u.path()
+        ),
+        Err(_) => "(invalid URL)".into(),
+    }
 }
 
 impl Default for Config {
@@ -72,6 +189,17 @@ impl Default for Config {
             log: "info".into(),
             tls_cert: None,
             tls_key: None,
+            log_format: LogFormat::Text,
+            metrics_port: None,
+            dashboard: false,
+            dashboard_token: None,
+            webhook_batch_ms: 250,
+            webhook_batch_size: 20,
+            webhook_leave_delay_ms: 3000,
+            webhook_timeout_ms: 5000,
+            webhook_retry_ms: 1000,
+            webhook_retry_for: 300,
+            webhook_queue: 10_000,
             apps: Vec::new(),
         }
     }
@@ -114,6 +242,8 @@ pub struct AppConfig {
     pub outbound_queue: usize,
     /// Bytes queued for one connection before it is closed as too slow.
     pub outbound_bytes: usize,
+    /// Where to send webhooks, and which events.
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 impl Default for AppConfig {
@@ -139,6 +269,7 @@ impl Default for AppConfig {
             cache_ttl: 1800,
             outbound_queue: 1024,
             outbound_bytes: 1024 * 1024,
+            webhooks: Vec::new(),
         }
     }
 }
@@ -176,6 +307,9 @@ pub struct Overrides {
     pub app_secret: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
+    pub log_format: Option<LogFormat>,
+    pub metrics_port: Option<u16>,
+    pub dashboard_token: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +330,65 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
         key: key.into(),
         message: message.into(),
     }
+}
+
+/// Check one webhook: an http(s) URL, known event types, sendable headers.
+/// Errors name the field (relative to the webhook) and what is wrong.
+fn validate_webhook(hook: &WebhookConfig) -> Result<(), (String, String)> {
+    let url = url::Url::parse(&hook.url)
+        .map_err(|e| (".url".to_string(), format!("is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return Err((
+            ".url".into(),
+            "must be an http:// or https:// URL with a host".into(),
+        ));
+    }
+    if hook.event_types.is_empty() {
+        return Err((
+            ".event_types".into(),
+            format!(
+                "must list at least one of {}",
+                WEBHOOK_EVENT_TYPES.join(", ")
+            ),
+        ));
+    }
+    for t in &hook.event_types {
+        if !WEBHOOK_EVENT_TYPES.contains(&t.as_str()) {
+            return Err((
+                ".event_types".into(),
+                format!(
+                    "has unknown event type {t:?} (known: {})",
+                    WEBHOOK_EVENT_TYPES.join(", ")
+                ),
+            ));
+        }
+    }
+    for (name, value) in &hook.headers {
+        let token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            return Err((
+                format!(".headers.{name}"),
+                "is not a valid header name".into(),
+            ));
+        }
+        let lower = name.to_ascii_lowercase();
+        if matches!(lower.as_str(), "content-type" | "content-length" | "host") {
+            return Err((
+                format!(".headers.{name}"),
+                "is set by Herald and cannot be overridden".into(),
+            ));
+        }
+        if value.chars().any(|c| c.is_control()) {
+            return Err((
+                format!(".headers.{name}"),
+                "must not contain control characters".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Config {
@@ -255,6 +448,15 @@ impl Config {
         if let Some(v) = &o.tls_key {
             self.tls_key = Some(v.clone());
         }
+        if let Some(v) = o.log_format {
+            self.log_format = v;
+        }
+        if let Some(v) = o.metrics_port {
+            self.metrics_port = Some(v);
+        }
+        if let Some(v) = &o.dashboard_token {
+            self.dashboard_token = Some(v.clone());
+        }
         if self.apps.is_empty() {
             self.apps.push(AppConfig::development());
         }
@@ -307,6 +509,47 @@ impl Config {
         }
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
             return Err(invalid("log", "is not a valid log filter"));
+        }
+        if self.metrics_port.is_some_and(|p| p != 0 && p == self.port) {
+            return Err(invalid("metrics_port", "must differ from port"));
+        }
+        if self.dashboard {
+            match &self.dashboard_token {
+                None => {
+                    return Err(invalid(
+                        "dashboard_token",
+                        "is required with dashboard = true",
+                    ))
+                }
+                Some(t) if t.chars().count() < 16 || t.chars().any(char::is_control) => {
+                    return Err(invalid(
+                        "dashboard_token",
+                        "must be at least 16 characters, without control characters",
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let positive = [
+            ("webhook_batch_ms", self.webhook_batch_ms as usize),
+            ("webhook_batch_size", self.webhook_batch_size),
+            ("webhook_timeout_ms", self.webhook_timeout_ms as usize),
+            ("webhook_retry_ms", self.webhook_retry_ms as usize),
+            ("webhook_queue", self.webhook_queue),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(invalid(field, "must be positive"));
+            }
+        }
+        if self.webhook_batch_ms > 60_000 || self.webhook_leave_delay_ms > 60_000 {
+            return Err(invalid(
+                "webhook_batch_ms/webhook_leave_delay_ms",
+                "must be at most 60000 (a minute)",
+            ));
+        }
+        if self.webhook_batch_size > 1000 {
+            return Err(invalid("webhook_batch_size", "must be at most 1000"));
         }
         let mut ids = std::collections::HashSet::new();
         let mut keys = std::collections::HashSet::new();
@@ -366,6 +609,10 @@ impl Config {
             if app.max_frame_size < 1024 {
                 return Err(invalid(k("max_frame_size"), "must be at least 1024 bytes"));
             }
+            for (j, hook) in app.webhooks.iter().enumerate() {
+                validate_webhook(hook)
+                    .map_err(|(field, msg)| invalid(k(&format!("webhooks[{j}]{field}")), msg))?;
+            }
         }
         Ok(())
     }
@@ -384,6 +631,11 @@ impl Config {
 
     pub fn write_delay(&self) -> Duration {
         Duration::from_millis(self.write_delay_ms)
+    }
+
+    /// Whether the dashboard is served (on, with a valid token).
+    pub fn dashboard_token(&self) -> Option<&str> {
+        self.dashboard_token.as_deref().filter(|_| self.dashboard)
     }
 }
 
@@ -432,6 +684,14 @@ mod tests {
         c.apply(&Overrides::default()).unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("apps[1].key"), "{err}");
+    }
+
+    #[test]
+    fn metrics_port_must_differ_from_port() {
+        let mut c = Config::from_toml("port = 9000\nmetrics_port = 9000", "x").unwrap();
+        c.apply(&Overrides::default()).unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("metrics_port"), "{err}");
     }
 
     #[test]

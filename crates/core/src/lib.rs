@@ -26,7 +26,8 @@
 //!
 //! Around them: `frame` (finished WebSocket frames, shared), `ws` (the
 //! upgrade and the client-frame decoder), `wire` (what an adapter
-//! implements to encode), `config`, `metrics`.
+//! implements to encode), `config`, `metrics`, `observer` (what the node
+//! decided about channels and members, for webhooks and the dashboard).
 
 pub mod broker;
 pub mod config;
@@ -36,6 +37,7 @@ pub mod frame;
 pub mod hub;
 pub mod metrics;
 pub mod node;
+pub mod observer;
 pub mod session;
 pub mod testing;
 pub mod wire;

@@ -1,15 +1,83 @@
-//! Process-wide counters, exposed in Prometheus text format on `/metrics`.
+//! Herald's metrics, exposed in Prometheus text format on `/metrics`
+//! through the `metrics` crate and its Prometheus exporter.
 //!
-//! Plain atomics for now: they cost one relaxed add on the paths that count
-//! and need no registry. The metrics issue may move these onto the
-//! `metrics` crate with histograms; the names are the contract.
+//! Two kinds of counting, by how hot the path is:
+//!
+//! - **Hot paths** (frames delivered, bytes and messages in and out,
+//!   socket writes) count into [`Sharded`] counters: one cache line per
+//!   shard, a thread always adding to its own shard, so worker threads never
+//!   contend on one atomic. Their totals are handed to the `metrics`
+//!   recorder when `/metrics` is scraped ([`render`]).
+//! - **Everything else** (API requests, client-event rejections, webhooks,
+//!   the fan-out time histogram, once per publication) records straight
+//!   into the `metrics` recorder.
+//!
+//! Labels are the app and the protocol (plus a bounded reason, endpoint or
+//! status), never a channel or a user: the number of series stays bounded.
+//! The names are a contract (tests, dashboards, alerts); docs/operations.md
+//! lists every one.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+// ----- sharded counters ------------------------------------------------------
+
+/// Shards per counter: more than the threads that count on most machines.
+const SHARDS: usize = 16;
+
+#[repr(align(64))]
+struct Slot(AtomicU64);
+
+/// A counter spread over cache lines; each thread adds to its own.
+pub struct Sharded([Slot; SHARDS]);
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn shard() -> usize {
+    SHARD.with(|s| {
+        let mut i = s.get();
+        if i == usize::MAX {
+            i = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            s.set(i);
+        }
+        i
+    })
+}
+
+impl Sharded {
+    pub const fn new() -> Sharded {
+        Sharded([const { Slot(AtomicU64::new(0)) }; SHARDS])
+    }
+
+    pub fn add(&self, n: u64) {
+        self.0[shard()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl Default for Sharded {
+    fn default() -> Self {
+        Sharded::new()
+    }
+}
+
+/// A process-wide counter without labels.
 pub struct Counter {
     pub name: &'static str,
     pub help: &'static str,
-    value: AtomicU64,
+    value: Sharded,
 }
 
 impl Counter {
@@ -17,31 +85,23 @@ impl Counter {
         Counter {
             name,
             help,
-            value: AtomicU64::new(0),
+            value: Sharded::new(),
         }
     }
 
     pub fn get(&self) -> u64 {
-        self.value.load(Ordering::Relaxed)
+        self.value.get()
     }
 }
 
 pub fn count(c: &Counter) {
-    c.value.fetch_add(1, Ordering::Relaxed);
+    c.value.add(1);
 }
 
 pub fn add(c: &Counter, n: u64) {
-    c.value.fetch_add(n, Ordering::Relaxed);
+    c.value.add(n);
 }
 
-pub static CONNECTIONS_OPENED: Counter = Counter::new(
-    "herald_connections_opened_total",
-    "WebSocket connections accepted",
-);
-pub static CONNECTIONS_CLOSED: Counter = Counter::new(
-    "herald_connections_closed_total",
-    "WebSocket connections ended",
-);
 pub static CONNECTIONS_REFUSED: Counter = Counter::new(
     "herald_connections_refused_total",
     "Connections refused at open (unknown or disabled app, quota, protocol version, draining)",
@@ -64,7 +124,7 @@ pub static SLOW_CLIENTS_CLOSED: Counter = Counter::new(
 );
 pub static MESSAGES_PUBLISHED: Counter = Counter::new(
     "herald_messages_published_total",
-    "Events published to channels",
+    "Events published to channels (from this node's API and clients, and from other nodes)",
 );
 pub static FRAMES_DELIVERED: Counter = Counter::new(
     "herald_frames_delivered_total",
@@ -94,21 +154,12 @@ pub static BROKER_RECEIVED: Counter = Counter::new(
     "herald_broker_publications_received_total",
     "Publications received from other nodes through the broker",
 );
-pub static API_REQUESTS: Counter = Counter::new("herald_api_requests_total", "HTTP API requests");
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
     "HTTP API requests answered with an error",
 );
 
-/// Time one publication's fan-out took.
-pub fn observe_fanout(took: std::time::Duration) {
-    count(&FANOUT_JOBS);
-    add(&FANOUT_MICROS, took.as_micros() as u64);
-}
-
-static ALL: [&Counter; 17] = [
-    &CONNECTIONS_OPENED,
-    &CONNECTIONS_CLOSED,
+static ALL: [&Counter; 14] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
     &RATE_LIMITED,
@@ -122,25 +173,405 @@ static ALL: [&Counter; 17] = [
     &FANOUT_MICROS,
     &BROKER_RECEIVED,
     &FANOUT_OVERFLOW,
-    &API_REQUESTS,
     &API_ERRORS,
 ];
 
-/// Render every counter, plus the given gauges, in Prometheus text format.
-pub fn render(gauges: &[(&str, &str, u64)]) -> String {
-    let mut out = String::new();
+// ----- per (app, protocol) traffic ---------------------------------------------
+
+/// Why a connection ended, as the `reason` label of
+/// `herald_connections_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The client closed or went away.
+    Client,
+    /// Writing to the socket failed or timed out.
+    WriteError,
+    SlowConsumer,
+    Terminated,
+    Shutdown,
+    KeepAliveTimeout,
+    RateLimited,
+    /// The client's bytes broke the WebSocket protocol or the wire format.
+    ProtocolError,
+    /// The adapter closed it with a code of its own.
+    Adapter,
+}
+
+impl Closed {
+    const ALL: [Closed; 9] = [
+        Closed::Client,
+        Closed::WriteError,
+        Closed::SlowConsumer,
+        Closed::Terminated,
+        Closed::Shutdown,
+        Closed::KeepAliveTimeout,
+        Closed::RateLimited,
+        Closed::ProtocolError,
+        Closed::Adapter,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Closed::Client => "client",
+            Closed::WriteError => "write_error",
+            Closed::SlowConsumer => "slow_consumer",
+            Closed::Terminated => "terminated",
+            Closed::Shutdown => "shutdown",
+            Closed::KeepAliveTimeout => "keepalive_timeout",
+            Closed::RateLimited => "rate_limited",
+            Closed::ProtocolError => "protocol_error",
+            Closed::Adapter => "adapter",
+        }
+    }
+}
+
+/// The connections and messages of one (app, protocol): what the session
+/// loop counts. Each session holds an `Arc` to its own.
+pub struct Traffic {
+    pub app: Box<str>,
+    pub protocol: &'static str,
+    opened: AtomicU64,
+    closed: [AtomicU64; Closed::ALL.len()],
+    received: Sharded,
+    received_bytes: Sharded,
+    sent: Sharded,
+    sent_bytes: Sharded,
+}
+
+impl Traffic {
+    fn new(app: &str, protocol: &'static str) -> Traffic {
+        Traffic {
+            app: app.into(),
+            protocol,
+            opened: AtomicU64::new(0),
+            closed: Default::default(),
+            received: Sharded::new(),
+            received_bytes: Sharded::new(),
+            sent: Sharded::new(),
+            sent_bytes: Sharded::new(),
+        }
+    }
+
+    pub fn opened(&self) {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn closed(&self, why: Closed) {
+        self.closed[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One client message of `bytes` bytes arrived.
+    pub fn received(&self, bytes: usize) {
+        self.received.add(1);
+        self.received_bytes.add(bytes as u64);
+    }
+
+    /// `frames` frames of `bytes` bytes in all were written to a client.
+    pub fn sent(&self, frames: usize, bytes: usize) {
+        self.sent.add(frames as u64);
+        self.sent_bytes.add(bytes as u64);
+    }
+
+    /// Connections open now (opened minus closed).
+    pub fn open(&self) -> u64 {
+        let closed: u64 = self.closed.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        self.opened.load(Ordering::Relaxed).saturating_sub(closed)
+    }
+
+    pub fn messages_received(&self) -> u64 {
+        self.received.get()
+    }
+
+    pub fn messages_sent(&self) -> u64 {
+        self.sent.get()
+    }
+}
+
+static TRAFFIC: OnceLock<Mutex<HashMap<(Box<str>, &'static str), Arc<Traffic>>>> = OnceLock::new();
+
+/// The traffic counters of (`app`, `protocol`), created on first use. A
+/// session looks its own up once, when it starts.
+pub fn traffic(app: &str, protocol: &'static str) -> Arc<Traffic> {
+    let mut map = TRAFFIC.get_or_init(Default::default).lock();
+    if let Some(t) = map.get(&(Box::from(app), protocol)) {
+        return t.clone();
+    }
+    let t = Arc::new(Traffic::new(app, protocol));
+    map.insert((app.into(), protocol), t.clone());
+    t
+}
+
+/// Every (app, protocol) seen so far.
+pub fn all_traffic() -> Vec<Arc<Traffic>> {
+    TRAFFIC
+        .get_or_init(Default::default)
+        .lock()
+        .values()
+        .cloned()
+        .collect()
+}
+
+// ----- the recorder ----------------------------------------------------------------
+
+/// Buckets of `herald_fanout_seconds`: 10 µs to 1 s.
+const FANOUT_BUCKETS: [f64; 12] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1, 1.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Install the Prometheus recorder (once per process; later calls return
+/// the same handle). `None` if another recorder was installed first.
+pub fn init() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("herald_fanout_seconds".into()),
+                    &FANOUT_BUCKETS,
+                )
+                .ok()?;
+            let handle = builder.install_recorder().ok()?;
+            describe();
+            Some(handle)
+        })
+        .as_ref()
+}
+
+fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     for c in ALL {
-        out.push_str(&format!(
-            "# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n",
-            c.name,
-            c.help,
-            c.get()
-        ));
+        describe_counter!(c.name, c.help);
     }
-    for (name, help, value) in gauges {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
-        ));
+    describe_gauge!(
+        "herald_connections",
+        "Open client connections (by app and protocol)"
+    );
+    describe_counter!(
+        "herald_connections_opened_total",
+        "Client connections accepted (by app and protocol)"
+    );
+    describe_counter!(
+        "herald_connections_closed_total",
+        "Client connections ended, by reason (client, write_error, slow_consumer, terminated, \
+         shutdown, keepalive_timeout, rate_limited, protocol_error, adapter)"
+    );
+    describe_counter!(
+        "herald_messages_received_total",
+        "Messages received from clients"
+    );
+    describe_counter!(
+        "herald_bytes_received_total",
+        Unit::Bytes,
+        "Bytes of messages received from clients (payloads)"
+    );
+    describe_counter!("herald_messages_sent_total", "Frames written to clients");
+    describe_counter!(
+        "herald_bytes_sent_total",
+        Unit::Bytes,
+        "Bytes written to clients (whole WebSocket frames)"
+    );
+    describe_gauge!("herald_channels", "Channels with subscribers on this node");
+    describe_gauge!("herald_subscriptions", "Subscriptions on this node");
+    describe_histogram!(
+        "herald_fanout_seconds",
+        Unit::Seconds,
+        "Time to queue one publication to this node's subscribers"
+    );
+    describe_counter!(
+        "herald_client_events_rejected_total",
+        "Client events refused, by reason"
+    );
+    describe_counter!(
+        "herald_api_requests_total",
+        "HTTP API requests, by endpoint and status"
+    );
+    describe_counter!(
+        "herald_webhook_deliveries_total",
+        "Webhook requests answered with 2xx"
+    );
+    describe_counter!(
+        "herald_webhook_failures_total",
+        "Webhook requests that failed (non-2xx, timeout, connection error), by whether they will be retried"
+    );
+    describe_counter!(
+        "herald_webhook_events_dropped_total",
+        "Webhook events dropped because the app's webhook queue was full"
+    );
+    describe_gauge!(
+        "herald_webhook_queue_depth",
+        "Webhook events waiting to be sent (batched, delayed or retrying)"
+    );
+    describe_gauge!(
+        "herald_broker_up",
+        "1 while the cluster broker is connected, else 0"
+    );
+}
+
+/// Time one publication's fan-out took.
+pub fn observe_fanout(took: Duration) {
+    count(&FANOUT_JOBS);
+    add(&FANOUT_MICROS, took.as_micros() as u64);
+    static HISTOGRAM: OnceLock<::metrics::Histogram> = OnceLock::new();
+    if init().is_some() {
+        HISTOGRAM
+            .get_or_init(|| ::metrics::histogram!("herald_fanout_seconds"))
+            .record(took.as_secs_f64());
     }
-    out
+}
+
+/// A client event refused (`reason`: a short fixed word).
+pub fn client_event_rejected(app: &str, protocol: &'static str, reason: &'static str) {
+    ::metrics::counter!("herald_client_events_rejected_total",
+        "app" => app.to_owned(), "protocol" => protocol, "reason" => reason)
+    .increment(1);
+}
+
+/// An HTTP API request answered. `endpoint` is the route's pattern (never
+/// the path itself); `app` is a configured app's id or empty.
+pub fn api_request(app: &str, protocol: &'static str, endpoint: &str, status: u16) {
+    ::metrics::counter!("herald_api_requests_total",
+        "app" => app.to_owned(), "protocol" => protocol,
+        "endpoint" => endpoint.to_owned(), "status" => status.to_string())
+    .increment(1);
+}
+
+/// Webhook requests: delivered (2xx), or failed (`retry`: it will be sent
+/// again).
+pub fn webhook_sent(app: &str, ok: bool, retry: bool) {
+    if ok {
+        ::metrics::counter!("herald_webhook_deliveries_total", "app" => app.to_owned())
+            .increment(1);
+    } else {
+        let r = if retry { "true" } else { "false" };
+        ::metrics::counter!("herald_webhook_failures_total", "app" => app.to_owned(), "retry" => r)
+            .increment(1);
+    }
+}
+
+/// `n` webhook events dropped for `app` (its queue was full).
+pub fn webhook_dropped(app: &str, n: u64) {
+    ::metrics::counter!("herald_webhook_events_dropped_total", "app" => app.to_owned())
+        .increment(n);
+}
+
+/// Webhook events waiting for `app`.
+pub fn webhook_queue(app: &str, depth: usize) {
+    ::metrics::gauge!("herald_webhook_queue_depth", "app" => app.to_owned()).set(depth as f64);
+}
+
+/// One app's figures that are read when scraping, not counted.
+pub struct AppGauges<'a> {
+    pub app: &'a str,
+    pub channels: usize,
+    pub subscriptions: usize,
+}
+
+/// Bounds memory: histograms hold samples until this runs (the server runs
+/// it on its housekeeping tick and before each scrape).
+pub fn upkeep() {
+    if let Some(h) = init() {
+        h.run_upkeep();
+    }
+}
+
+/// Everything in Prometheus text format: the counters above, every
+/// (app, protocol)'s traffic, and the gauges read now.
+pub fn render(apps: &[AppGauges<'_>], broker: &'static str, broker_up: bool) -> String {
+    use ::metrics::{counter, gauge};
+    let Some(handle) = init() else {
+        return String::new();
+    };
+    for c in ALL {
+        counter!(c.name).absolute(c.get());
+    }
+    for t in all_traffic() {
+        let (app, protocol) = (t.app.to_string(), t.protocol);
+        let labels = [("app", app), ("protocol", protocol.to_owned())];
+        gauge!("herald_connections", &labels).set(t.open() as f64);
+        counter!("herald_connections_opened_total", &labels)
+            .absolute(t.opened.load(Ordering::Relaxed));
+        for why in Closed::ALL {
+            let n = t.closed[why as usize].load(Ordering::Relaxed);
+            if n > 0 {
+                let mut l = labels.to_vec();
+                l.push(("reason", why.as_str().to_owned()));
+                counter!("herald_connections_closed_total", &l).absolute(n);
+            }
+        }
+        counter!("herald_messages_received_total", &labels).absolute(t.received.get());
+        counter!("herald_bytes_received_total", &labels).absolute(t.received_bytes.get());
+        counter!("herald_messages_sent_total", &labels).absolute(t.sent.get());
+        counter!("herald_bytes_sent_total", &labels).absolute(t.sent_bytes.get());
+    }
+    for a in apps {
+        let app = a.app.to_owned();
+        gauge!("herald_channels", "app" => app.clone()).set(a.channels as f64);
+        gauge!("herald_subscriptions", "app" => app).set(a.subscriptions as f64);
+    }
+    gauge!("herald_broker_up", "broker" => broker).set(if broker_up { 1.0 } else { 0.0 });
+    handle.run_upkeep();
+    handle.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharded_counts_from_many_threads() {
+        static C: Sharded = Sharded::new();
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..1000 {
+                        C.add(1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(C.get(), 8000);
+    }
+
+    #[test]
+    fn traffic_is_shared_per_app_and_protocol() {
+        let a = traffic("metrics-test-app", "p1");
+        let b = traffic("metrics-test-app", "p1");
+        let c = traffic("metrics-test-app", "p2");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        a.opened();
+        a.opened();
+        b.closed(Closed::Client);
+        assert_eq!(a.open(), 1);
+        assert_eq!(c.open(), 0);
+    }
+
+    #[test]
+    fn render_has_labels_and_the_histogram() {
+        let t = traffic("render-test-app", "p");
+        t.opened();
+        t.received(10);
+        observe_fanout(Duration::from_micros(30));
+        let text = render(
+            &[AppGauges {
+                app: "render-test-app",
+                channels: 2,
+                subscriptions: 3,
+            }],
+            "local",
+            true,
+        );
+        assert!(
+            text.contains(r#"herald_connections{app="render-test-app",protocol="p"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"herald_channels{app="render-test-app"} 2"#));
+        assert!(text.contains("herald_fanout_seconds_bucket"));
+        assert!(text.contains(r#"herald_broker_up{broker="local"} 1"#));
+        assert!(text.contains("# TYPE herald_frames_delivered_total counter"));
+    }
 }

@@ -15,8 +15,11 @@ use crate::connection::{ConnId, Connection};
 use crate::fanout::{Fanout, Job, NodeId, Publication, Tag};
 use crate::hub::{ChannelStats, Hub, Joined, Refused, StatsFilter, SubscribeOptions};
 use crate::metrics;
+use crate::observer::{Change, Observer};
+use futures_util::FutureExt;
+use parking_lot::RwLock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio_util::sync::CancellationToken;
 
@@ -33,10 +36,18 @@ pub struct Node {
     ready: AtomicBool,
     /// Cancelled when the server starts draining; every session watches it.
     pub shutdown: CancellationToken,
+    /// Told about occupancy, members, ... (see [`crate::observer`]).
+    observers: RwLock<Arc<[Arc<dyn Observer>]>>,
+    /// Whether there are any (read without touching the lock: most
+    /// servers register observers at start or never).
+    observed: AtomicBool,
+    /// Publications go to observers only while this is above 0.
+    publication_watchers: AtomicUsize,
 }
 
 impl Node {
     pub fn new(config: Config, broker: Arc<dyn Broker>) -> Arc<Node> {
+        metrics::init();
         // Never 0: 0 marks "no origin" in a publication.
         Node::with_id(config, broker, rand::random::<u32>() as u64 + 1)
     }
@@ -61,6 +72,9 @@ impl Node {
             next_message: AtomicU64::new(1),
             ready: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
+            observers: RwLock::new(Arc::new([])),
+            observed: AtomicBool::new(false),
+            publication_watchers: AtomicUsize::new(0),
         });
         broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
         node
@@ -118,6 +132,45 @@ impl Node {
         self.hubs().map(|h| h.connection_count() as u64).sum()
     }
 
+    // ----- observers -----------------------------------------------------------
+
+    /// Register an observer for every app's changes.
+    pub fn observe(&self, observer: Arc<dyn Observer>) {
+        let mut all = self.observers.write();
+        let mut list: Vec<_> = all.iter().cloned().collect();
+        list.push(observer);
+        *all = list.into();
+        self.observed.store(true, Ordering::Release);
+    }
+
+    /// Tell every observer about `change` in `hub`'s app. Adapters report
+    /// their own happenings (a client event) this way too.
+    pub fn notify(&self, hub: &Hub, change: &Change<'_>) {
+        if !self.observed.load(Ordering::Acquire) {
+            return;
+        }
+        // Observers only queue work: calling them under the read lock
+        // holds nobody up.
+        for o in self.observers.read().iter() {
+            o.changed(&hub.app.id, change);
+        }
+    }
+
+    /// Observers hear of every publication while the returned guard lives
+    /// (the dashboard's live console); otherwise publishing skips them.
+    pub fn watch_publications(self: &Arc<Self>) -> PublicationWatch {
+        self.publication_watchers.fetch_add(1, Ordering::AcqRel);
+        PublicationWatch(self.clone())
+    }
+
+    /// Graceful shutdown: let every observer finish before `deadline`.
+    pub async fn flush_observers(&self, deadline: std::time::Instant) {
+        let observers = self.observers.read().clone();
+        for o in observers.iter() {
+            o.flush(deadline).await;
+        }
+    }
+
     fn fanout(&self) -> &Fanout {
         self.fanout.get_or_init(|| {
             let n = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -132,6 +185,9 @@ impl Node {
     pub async fn publish(&self, hub: &Hub, mut publication: Publication) {
         publication.origin = self.id;
         publication.id = self.next_message.fetch_add(1, Ordering::Relaxed);
+        if self.publication_watchers.load(Ordering::Relaxed) > 0 {
+            self.notify(hub, &Change::Published(&publication));
+        }
         self.broker.publish(&hub.app.id, &publication);
         publication.resolve(self.id);
         self.deliver_local(hub, Arc::new(publication)).await;
@@ -182,6 +238,15 @@ impl Node {
         };
         if joined.first_here {
             self.broker.interest(self.id, app, channel, pattern, true);
+            if !pattern && self.broker.occupancy(self.id, app, channel, true).await {
+                self.notify(hub, &Change::Occupied { channel });
+            }
+        }
+        if joined.cache_miss {
+            self.notify(hub, &Change::CacheMiss { channel });
+        }
+        if let (true, Some((user_id, _))) = (joined.member_added, &joined.member_joined) {
+            self.notify(hub, &Change::MemberAdded { channel, user_id });
         }
         if let Some((user_id, info)) = &joined.member_joined {
             self.broker.presence(
@@ -209,6 +274,9 @@ impl Node {
     ) -> bool {
         let left = hub.unsubscribe(conn, channel, tag, pattern);
         let app = &hub.app.id;
+        if let (true, Some(user_id)) = (left.member_removed, &left.member_left) {
+            self.notify(hub, &Change::MemberRemoved { channel, user_id });
+        }
         if let Some(user_id) = left.member_left {
             self.broker.presence(
                 app,
@@ -222,8 +290,33 @@ impl Node {
         }
         if left.last_here {
             self.broker.interest(self.id, app, channel, pattern, false);
+            if !pattern {
+                self.vacated(hub, channel);
+            }
         }
         left.was_subscribed
+    }
+
+    /// The last subscriber here left `channel`: report `Vacated` if the
+    /// broker says the whole cluster has none now. An engine that answers
+    /// later (over the network) is awaited on a task.
+    fn vacated(&self, hub: &Hub, channel: &str) {
+        let mut answer = self.broker.occupancy(self.id, &hub.app.id, channel, false);
+        match (&mut answer).now_or_never() {
+            Some(true) => self.notify(hub, &Change::Vacated { channel }),
+            Some(false) => {}
+            None => {
+                let observers = self.observers.read().clone();
+                let (app, channel) = (hub.app.id.clone(), channel.to_owned());
+                tokio::spawn(async move {
+                    if answer.await {
+                        for o in observers.iter() {
+                            o.changed(&app, &Change::Vacated { channel: &channel });
+                        }
+                    }
+                });
+            }
+        }
     }
 
     // ----- users ---------------------------------------------------------------
@@ -307,7 +400,26 @@ impl Node {
     }
 
     pub fn flush_counts(&self) {
-        self.hubs().for_each(|hub| hub.flush_subscription_counts());
+        for hub in self.hubs() {
+            for (channel, count) in hub.flush_subscription_counts() {
+                self.notify(
+                    hub,
+                    &Change::SubscriptionCount {
+                        channel: &channel,
+                        count,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Keeps publications flowing to observers while it lives.
+pub struct PublicationWatch(Arc<Node>);
+
+impl Drop for PublicationWatch {
+    fn drop(&mut self) {
+        self.0.publication_watchers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

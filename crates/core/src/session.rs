@@ -69,6 +69,22 @@ pub enum Why {
     Said(u16, String),
 }
 
+impl Why {
+    /// The `reason` label this end is counted under.
+    fn closed(&self) -> metrics::Closed {
+        use metrics::Closed;
+        match self {
+            Why::Reason(Reason::SlowConsumer) => Closed::SlowConsumer,
+            Why::Reason(Reason::Terminated) => Closed::Terminated,
+            Why::Reason(Reason::ShuttingDown) => Closed::Shutdown,
+            Why::Reason(Reason::KeepAliveTimeout) => Closed::KeepAliveTimeout,
+            Why::Reason(Reason::RateLimited) => Closed::RateLimited,
+            Why::Reason(Reason::Code(_)) | Why::Said(..) => Closed::Adapter,
+            Why::Protocol(_) | Why::Binary => Closed::ProtocolError,
+        }
+    }
+}
+
 /// How to say goodbye: the close code and reason, and optionally a last
 /// text frame sent before the close (Pusher's `pusher:error`).
 #[derive(Debug, Clone)]
@@ -99,6 +115,11 @@ pub trait Handler: Send {
     /// client that may never answer; may run more than once (it must be
     /// idempotent): also as soon as a close is asked for mid-write.
     fn on_close(&mut self) -> impl Future<Output = ()> + Send;
+    /// The id of the app this session belongs to: the `app` label of its
+    /// connection and message metrics.
+    fn app_id(&self) -> &str {
+        ""
+    }
 }
 
 /// Per-session settings from the app and the server.
@@ -158,6 +179,9 @@ pub async fn run<S, H>(
     let mut registered = false;
     let mut inbound = RateWindow::new();
     let mut last_write: Option<Instant> = None;
+    let traffic = metrics::traffic(handler.app_id(), conn.wire.name());
+    traffic.opened();
+    let mut write_failed = false;
 
     let end: Option<Why> = 'session: loop {
         let wake = poll_fn(|cx| {
@@ -216,6 +240,11 @@ pub async fn run<S, H>(
                         metrics::count(&metrics::RATE_LIMITED);
                         break 'session Some(Why::Reason(Reason::RateLimited));
                     }
+                    if let Incoming::Text(t) = &msg {
+                        traffic.received(t.len());
+                    } else if let Incoming::Binary(b) = &msg {
+                        traffic.received(b.len());
+                    }
                     let next = match msg {
                         // Boxed: the handler's future (a subscription may
                         // wait on the cluster) would otherwise be part of
@@ -238,6 +267,7 @@ pub async fn run<S, H>(
                             // The client closed first: echo its code
                             // (RFC 6455 5.5.1) and end.
                             handler.on_close().await;
+                            traffic.closed(metrics::Closed::Client);
                             let echo = match frame {
                                 Some(f) if is_sendable(f.code) => Frame::close(f.code, &f.reason),
                                 _ => Frame::close(1000, ""),
@@ -270,9 +300,11 @@ pub async fn run<S, H>(
                 }
                 // Boxed, like the handler's futures: idle tasks stay small.
                 if !Box::pin(write_batch(&mut stream, &conn, &mut handler, &batch)).await {
+                    write_failed = true;
                     break None;
                 }
                 metrics::count(&metrics::SOCKET_WRITES);
+                traffic.sent(batch.len(), batch.iter().map(Frame::len).sum());
                 if settings.write_delay_busy_only {
                     last_write = Some(Instant::now());
                 }
@@ -309,6 +341,11 @@ pub async fn run<S, H>(
 
     // Leave channels first: the closing handshake may wait on the client.
     handler.on_close().await;
+    traffic.closed(match &end {
+        None if write_failed => metrics::Closed::WriteError,
+        None => metrics::Closed::Client,
+        Some(why) => why.closed(),
+    });
     let Some(why) = end else {
         return;
     };

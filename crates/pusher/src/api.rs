@@ -61,6 +61,37 @@ pub fn router() -> Router<Arc<Node>> {
             "/apps/{app_id}/users/{user_id}/terminate_connections",
             post(terminate),
         )
+        .route_layer(axum::middleware::from_fn(count_request))
+}
+
+/// Count every API request by endpoint (the route's pattern after the app,
+/// e.g. `events`, `channels/:channel`) and status.
+/// The app label is the path's app id, except for 404 (the only status for
+/// an unknown app id, checked before anything else): a caller cannot grow
+/// the number of series by inventing app ids.
+async fn count_request(
+    path: axum::extract::MatchedPath,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let app = req
+        .uri()
+        .path()
+        .split('/')
+        .nth(2)
+        .unwrap_or_default()
+        .to_owned();
+    // "/apps/{app_id}/channels/{channel}" → "channels/:channel".
+    let endpoint = path
+        .as_str()
+        .trim_start_matches("/apps/{app_id}/")
+        .replace('{', ":")
+        .replace('}', "");
+    let response = next.run(req).await;
+    let status = response.status().as_u16();
+    let app = if status == 404 { "" } else { app.as_str() };
+    metrics::api_request(app, crate::wire::NAME, &endpoint, status);
+    response
 }
 
 /// An authenticated API request: the app's hub, the body (read within
@@ -77,10 +108,14 @@ impl axum::extract::FromRequest<Arc<Node>> for Signed {
     type Rejection = ApiError;
 
     async fn from_request(req: axum::extract::Request, node: &Arc<Node>) -> Result<Self, ApiError> {
-        metrics::count(&metrics::API_REQUESTS);
         let (parts, body) = req.into_parts();
         // Routes are all `/apps/{app_id}/...`.
         let app_id = parts.uri.path().split('/').nth(2).unwrap_or_default();
+        // Before the body: only a known app's requests get further (and
+        // are counted under its id).
+        if node.hub_by_id(app_id).is_none() {
+            return Err(ApiError::new(404, "Unknown app id"));
+        }
         let limit = node.config.max_request_size;
         let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
             ApiError::new(
@@ -289,7 +324,7 @@ async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
 }
 
 /// Publish a checked event; returns the `info` reply object (per channel).
-async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
+pub async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
     for c in &ev.channels {
         let user = c.strip_prefix(SERVER_TO_USER_PREFIX).map(str::to_owned);
         let p = Publication::new(c.clone(), ev.name.clone(), ev.data.clone())

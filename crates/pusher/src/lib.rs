@@ -10,6 +10,7 @@
 //! api       /apps/{id}/...: the HTTP API (events, batches, channel queries,
 //!   └ auth           terminate) and its request signatures
 //! wire      parse/encode Pusher frames, error codes; the core's `Wire`
+//! webhooks  Pusher-compatible webhooks from the core's observers
 //! ```
 
 pub mod api;
@@ -17,6 +18,7 @@ pub mod auth;
 pub mod names;
 pub mod presence_data;
 pub mod session;
+pub mod webhooks;
 pub mod wire;
 
 /// HMAC channel and user auth, API signatures (shared with `herald bench`).

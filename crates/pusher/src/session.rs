@@ -7,7 +7,7 @@
 use crate::names::{validate_name, ChannelKind, SERVER_TO_USER_PREFIX};
 use crate::presence_data::{self, MemberLimits};
 use crate::signing;
-use crate::wire::{self as wire, code, ClientMessage, WIRE};
+use crate::wire::{self as wire, code, ClientMessage, NAME as WIRE_NAME, WIRE};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -18,6 +18,7 @@ use herald_core::hub::presence::Member;
 use herald_core::hub::{Hub, Refused, SubscribeOptions};
 use herald_core::metrics;
 use herald_core::node::Node;
+use herald_core::observer::Change;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, RateWindow, Settings, Why};
 use herald_core::ws::Socket;
 use serde::Deserialize;
@@ -129,7 +130,6 @@ async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) {
         bytes: hub.app.outbound_bytes,
     };
     let conn = Arc::new(Connection::new(id, socket_id, &WIRE, limit));
-    metrics::count(&metrics::CONNECTIONS_OPENED);
     conn.send(Frame::text(&wire::connection_established(
         &conn.socket_id,
         node.config.activity_timeout,
@@ -255,12 +255,21 @@ impl Handler for PusherSession {
     async fn on_close(&mut self) {
         self.cleanup();
     }
+
+    fn app_id(&self) -> &str {
+        &self.hub.app.id
+    }
 }
 
 impl PusherSession {
     fn error(&self, message: &str) {
         metrics::count(&metrics::BAD_MESSAGES);
         self.conn.send(Frame::text(&wire::error(None, message)));
+    }
+
+    fn reject_client_event(&self, reason: &'static str, message: &str) {
+        metrics::client_event_rejected(&self.hub.app.id, WIRE_NAME, reason);
+        self.error(message);
     }
 
     fn subscription_error(&self, channel: &str, kind: &str, message: &str, status: u16) {
@@ -388,31 +397,39 @@ impl PusherSession {
     ) {
         let app = &self.hub.app;
         if !app.client_events {
-            return self.error("Client events are disabled for this app");
+            return self.reject_client_event("disabled", "Client events are disabled for this app");
         }
         if event.chars().count() > app.max_event_name {
-            return self.error(&format!(
-                "Event name is longer than {} characters",
-                app.max_event_name
-            ));
+            return self.reject_client_event(
+                "too_large",
+                &format!(
+                    "Event name is longer than {} characters",
+                    app.max_event_name
+                ),
+            );
         }
         if data.get().len() > app.max_payload {
-            return self.error(&format!(
-                "Event data is larger than {} bytes",
-                app.max_payload
-            ));
+            return self.reject_client_event(
+                "too_large",
+                &format!("Event data is larger than {} bytes", app.max_payload),
+            );
         }
         let kind = ChannelKind::of(&channel);
         if !kind.allows_client_events() {
-            return self.error(
+            return self.reject_client_event(
+                "channel_type",
                 "Client events are only allowed on private and presence channels (not encrypted ones)",
             );
         }
         let Some(user_id) = self.hub.subscription(&self.conn, &channel, &None) else {
-            return self.error("Client events require a subscription to the channel");
+            return self.reject_client_event(
+                "not_subscribed",
+                "Client events require a subscription to the channel",
+            );
         };
         if !self.client_events.allow(app.client_event_rate) {
             metrics::count(&metrics::RATE_LIMITED);
+            metrics::client_event_rejected(&app.id, WIRE_NAME, "rate_limited");
             let rate = app.client_event_rate;
             self.conn.send(Frame::text(&wire::error(
                 Some(code::CLIENT_EVENT_RATE_LIMIT),
@@ -424,6 +441,7 @@ impl PusherSession {
             .sent_by(self.conn.socket_id.to_string())
             .from_user(user_id.map(|u| u.to_string()))
             .cached(kind.cache);
+        self.node.notify(&self.hub, &Change::ClientEvent(&p));
         self.node.publish(&self.hub, p).await;
     }
 
@@ -483,7 +501,6 @@ impl Drop for PusherSession {
     fn drop(&mut self) {
         self.cleanup();
         self.hub.release();
-        metrics::count(&metrics::CONNECTIONS_CLOSED);
     }
 }
 

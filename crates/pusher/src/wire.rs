@@ -550,9 +550,12 @@ pub struct PusherWire;
 /// The one instance every Pusher connection points to.
 pub static WIRE: PusherWire = PusherWire;
 
+/// The wire's name: the `protocol` label of Pusher metrics.
+pub const NAME: &str = "pusher";
+
 impl herald_core::wire::Wire for PusherWire {
     fn name(&self) -> &'static str {
-        "pusher"
+        NAME
     }
 
     fn publication(

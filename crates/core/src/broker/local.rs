@@ -28,6 +28,8 @@ struct State {
     interest: HashMap<(String, String, bool), HashSet<NodeId>>,
     /// (app, scope) → user → node → info.
     presence: HashMap<(String, Scope), Members>,
+    /// (app, channel) → nodes with subscribers to it.
+    occupied: HashMap<(String, String), HashSet<NodeId>>,
     heartbeats: HashMap<NodeId, Instant>,
 }
 
@@ -105,6 +107,10 @@ impl LocalBroker {
                 nodes.remove(&node);
             }
             s.interest.retain(|_, n| !n.is_empty());
+            for nodes in s.occupied.values_mut() {
+                nodes.remove(&node);
+            }
+            s.occupied.retain(|_, n| !n.is_empty());
             let mut gone = Vec::new();
             for ((app, scope), users) in s.presence.iter_mut() {
                 for (user, nodes) in users.iter_mut() {
@@ -204,6 +210,33 @@ impl Broker for LocalBroker {
                 s.interest.remove(&key);
             }
         }
+    }
+
+    fn occupancy(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        channel: &str,
+        occupied: bool,
+    ) -> BoxFuture<bool> {
+        let mut s = self.state.lock();
+        let key = (app_id.to_owned(), channel.to_owned());
+        let flipped = if occupied {
+            let nodes = s.occupied.entry(key).or_default();
+            nodes.insert(node) && nodes.len() == 1
+        } else {
+            match s.occupied.get_mut(&key) {
+                Some(nodes) => {
+                    let last = nodes.remove(&node) && nodes.is_empty();
+                    if nodes.is_empty() {
+                        s.occupied.remove(&key);
+                    }
+                    last
+                }
+                None => false,
+            }
+        };
+        Box::pin(std::future::ready(flipped))
     }
 
     fn presence(&self, app_id: &str, change: PresenceChange) {

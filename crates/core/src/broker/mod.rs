@@ -73,6 +73,11 @@ pub trait Inbox: Send + Sync {
 pub trait Broker: Send + Sync {
     /// Engine name for logs and `/metrics`.
     fn name(&self) -> &'static str;
+    /// Whether the engine is connected (`herald_broker_up`); an in-process
+    /// engine always is.
+    fn healthy(&self) -> bool {
+        true
+    }
     /// Register node `node`'s inbox.
     fn attach(&self, node: NodeId, inbox: Arc<dyn Inbox>);
     /// The node leaves (graceful shutdown): its members are removed now.
@@ -83,6 +88,23 @@ pub trait Broker: Send + Sync {
     /// Node `node` starts (`on`) or stops receiving `channel`'s
     /// publications; `pattern` marks a prefix subscription.
     fn interest(&self, node: NodeId, app_id: &str, channel: &str, pattern: bool, on: bool);
+    /// Node `node`'s first subscriber to `channel` joined (`occupied`) or
+    /// its last one left. Resolves to whether that changed whether the
+    /// channel has subscribers anywhere in the cluster: the one node that
+    /// gets `true` reports the channel occupied or vacated, so observers
+    /// (webhooks) hear it once for the cluster. The engine must decide
+    /// atomically (two nodes joining at once: one `true`). The default
+    /// suits a single node: its own first and last subscriber decide.
+    fn occupancy(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        channel: &str,
+        occupied: bool,
+    ) -> BoxFuture<bool> {
+        let _ = (node, app_id, channel, occupied);
+        Box::pin(std::future::ready(true))
+    }
     /// Record a presence change and tell the other interested nodes.
     fn presence(&self, app_id: &str, change: PresenceChange);
     /// Members of `scope` on nodes other than `except`.

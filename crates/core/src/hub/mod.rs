@@ -71,6 +71,11 @@ pub struct Joined {
     pub first_here: bool,
     /// The member's first socket on this node joined.
     pub member_joined: Option<(String, Option<Box<serde_json::value::RawValue>>)>,
+    /// The member was nowhere in the channel (as this node knows the
+    /// cluster's members) and now is: this socket added it.
+    pub member_added: bool,
+    /// The subscriber asked for the channel's last event and there was none.
+    pub cache_miss: bool,
 }
 
 /// What an unsubscribe changed, for the node to tell the cluster.
@@ -81,6 +86,8 @@ pub struct Left {
     pub last_here: bool,
     /// The member's last socket on this node left.
     pub member_left: Option<String>,
+    /// ... and it has no socket in the channel anywhere now.
+    pub member_removed: bool,
 }
 
 /// One channel's subscribers and members on this node.
@@ -246,7 +253,7 @@ impl Hub {
         let mut joined = Joined {
             new: true,
             first_here,
-            member_joined: None,
+            ..Joined::default()
         };
         let mut added = false;
         let user = opts.member.map(|m| {
@@ -282,11 +289,12 @@ impl Hub {
             });
             ch.send_to_all(Some(conn.id), &mut event);
         }
+        joined.member_added = added;
         if opts.pattern {
             self.pattern_count.fetch_add(1, Ordering::AcqRel);
         }
         if opts.cache {
-            self.replay_cache(conn, &opts.tag, channel);
+            joined.cache_miss = !self.replay_cache(conn, &opts.tag, channel);
         }
         if opts.count {
             ch.count = true;
@@ -317,6 +325,7 @@ impl Hub {
                 if m.local == 0 {
                     left.member_left = Some(uid.to_owned());
                     if !m.visible() {
+                        left.member_removed = true;
                         ch.members.remove(uid);
                         let mut event = EncodeOnce::new(Event::MemberRemoved {
                             channel,
@@ -451,23 +460,28 @@ impl Hub {
     }
 
     /// Send the count of every channel whose count changed since the last
-    /// call (run periodically).
-    pub fn flush_subscription_counts(&self) {
+    /// call (run periodically); returns the counts sent.
+    pub fn flush_subscription_counts(&self) -> Vec<(String, usize)> {
         let changed: Vec<String> = self.counts_changed.iter().map(|c| c.clone()).collect();
         // Unmark before reading the count: a change after this point marks
         // the channel again and goes out with the next flush.
         for channel in &changed {
             self.counts_changed.remove(channel);
         }
-        for channel in &changed {
-            if let Some(ch) = self.channels.get(channel) {
+        let mut sent = Vec::new();
+        for channel in changed {
+            if let Some(ch) = self.channels.get(&channel) {
+                let count = ch.subs.len();
                 let mut event = EncodeOnce::new(Event::SubscriptionCount {
-                    channel,
-                    count: ch.subs.len(),
+                    channel: &channel,
+                    count,
                 });
                 ch.send_to_all(None, &mut event);
+                drop(ch);
+                sent.push((channel, count));
             }
         }
+        sent
     }
 
     // ----- publishing --------------------------------------------------------
@@ -505,13 +519,16 @@ impl Hub {
         out
     }
 
-    fn replay_cache(&self, conn: &Connection, tag: &Tag, channel: &str) {
+    /// Queue the channel's last event, or `CacheMiss`; returns whether
+    /// there was one.
+    fn replay_cache(&self, conn: &Connection, tag: &Tag, channel: &str) -> bool {
         let ttl = Duration::from_secs(self.app.cache_ttl);
         let hit = self
             .cache
             .get(channel)
             .filter(|c| c.at.elapsed() < ttl)
             .map(|c| c.publication.clone());
+        let found = hit.is_some();
         let frame = match hit {
             Some(p) => Some(p.frame(conn.wire, tag)),
             None => conn
@@ -521,6 +538,7 @@ impl Hub {
         if let Some(f) = frame {
             conn.send(f);
         }
+        found
     }
 
     /// Drop cache slots older than the TTL (run periodically so memory stays
@@ -531,6 +549,22 @@ impl Hub {
     }
 
     // ----- queries -----------------------------------------------------------
+
+    /// Channels (and patterns) with subscribers on this node, and their
+    /// subscriptions. A scan of every channel: for scrapes, not hot paths.
+    pub fn channel_figures(&self) -> (usize, usize) {
+        let mut channels = 0;
+        let mut subscriptions = 0;
+        for map in [&self.channels, &self.patterns] {
+            for c in map.iter() {
+                if !c.subs.is_empty() {
+                    channels += 1;
+                    subscriptions += c.subs.len();
+                }
+            }
+        }
+        (channels, subscriptions)
+    }
 
     /// Figures for occupied channels whose names start with `prefix` (or
     /// for exactly `name`).

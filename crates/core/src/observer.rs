@@ -1,0 +1,68 @@
+//! Observers: what the node decided about an app's channels and members,
+//! for whoever registered to hear it (an adapter's webhooks, the
+//! dashboard). The core never calls out otherwise.
+//!
+//! What is reported, and who decides it:
+//!
+//! - `Occupied` / `Vacated`: a channel's first subscriber joined, its last
+//!   left. The node asks the broker ([`crate::broker::Broker::occupancy`])
+//!   whether that changed the channel for the whole cluster, so exactly one
+//!   node reports it; with one node the node's own count decides.
+//! - `MemberAdded` / `MemberRemoved`: a presence member's first socket
+//!   anywhere joined, its last one anywhere left, reported by the node
+//!   where that socket is (the hub's view of the cluster's members).
+//! - `CacheMiss`: a subscriber asked for a channel's last event and there
+//!   was none.
+//! - `SubscriptionCount`: a counted channel's count changed (coalesced, as
+//!   the count pushes are; this node's count).
+//! - `Published`: a publication passed through this node's `publish`, only
+//!   while somebody watches ([`crate::node::Node::watch_publications`]).
+//! - `ClientEvent`: reported by an adapter ([`crate::node::Node::notify`])
+//!   when a client published on a channel.
+//!
+//! Observers are called on the task that made the change: they must not
+//! block (queue the work and return).
+
+use crate::broker::BoxFuture;
+use crate::fanout::Publication;
+use std::time::Instant;
+
+/// Something that happened in one app.
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    Occupied {
+        channel: &'a str,
+    },
+    Vacated {
+        channel: &'a str,
+    },
+    MemberAdded {
+        channel: &'a str,
+        user_id: &'a str,
+    },
+    MemberRemoved {
+        channel: &'a str,
+        user_id: &'a str,
+    },
+    CacheMiss {
+        channel: &'a str,
+    },
+    SubscriptionCount {
+        channel: &'a str,
+        count: usize,
+    },
+    Published(&'a Publication),
+    /// A client's own publication (its `exclude` is the sender's socket,
+    /// its `user_id` the sender's user where the protocol has one).
+    ClientEvent(&'a Publication),
+}
+
+/// Hears about changes in every app of a node.
+pub trait Observer: Send + Sync {
+    fn changed(&self, app_id: &str, change: &Change<'_>);
+
+    /// Graceful shutdown: finish pending work before `deadline`.
+    fn flush(&self, _deadline: Instant) -> BoxFuture<()> {
+        Box::pin(std::future::ready(()))
+    }
+}

@@ -1,0 +1,623 @@
+//! Pusher-compatible webhooks: each app's `webhooks = [{ url, event_types,
+//! headers, filter }]` receive `POST {"time_ms", "events": [...]}` signed
+//! as Pusher signs them (`X-Pusher-Key`, and `X-Pusher-Signature`: the hex
+//! HMAC-SHA256 of the body with the app secret), so the `pusher` SDKs'
+//! webhook validation accepts them.
+//!
+//! The events come from the core's observers (occupied, vacated, members,
+//! cache misses, counts) and from this adapter (client events). Per app:
+//!
+//! - events are batched: a batch goes out `webhook_batch_ms` after its
+//!   first event, or at once when it holds `webhook_batch_size`;
+//! - `channel_vacated` and `member_removed` wait `webhook_leave_delay_ms`
+//!   and are dropped, together with the `channel_occupied` or
+//!   `member_added` that cancels them, when the channel or member comes
+//!   back meanwhile (a page reload is no leave);
+//! - a request answered 5xx, 408 or 429, timed out or not connected is
+//!   retried with exponential backoff and jitter for `webhook_retry_for`
+//!   seconds; other answers are final;
+//! - at most `webhook_queue` events wait (batched, delayed or being sent);
+//!   beyond that events are dropped, counted, and logged once per episode;
+//! - on graceful shutdown what waits is sent at once (delayed leaves too)
+//!   and the server waits for it within the grace period.
+
+use herald_core::config::{redact_url, AppConfig, Config, WebhookFilter};
+use herald_core::metrics;
+use herald_core::node::Node;
+use herald_core::observer::{Change, Observer};
+use parking_lot::Mutex;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+
+/// Longest backoff between two tries of one request.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The delivery settings (from the server's `webhook_*` keys).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub batch: Duration,
+    pub batch_size: usize,
+    pub leave_delay: Duration,
+    pub timeout: Duration,
+    pub retry: Duration,
+    pub retry_for: Duration,
+    pub queue: usize,
+}
+
+impl Settings {
+    pub fn from_config(c: &Config) -> Settings {
+        Settings {
+            batch: Duration::from_millis(c.webhook_batch_ms),
+            batch_size: c.webhook_batch_size,
+            leave_delay: Duration::from_millis(c.webhook_leave_delay_ms),
+            timeout: Duration::from_millis(c.webhook_timeout_ms),
+            retry: Duration::from_millis(c.webhook_retry_ms),
+            retry_for: Duration::from_secs(c.webhook_retry_for),
+            queue: c.webhook_queue,
+        }
+    }
+}
+
+/// Start sending webhooks for every app that has some: registers an
+/// observer on `node` and one worker task per such app. `None` when no app
+/// has webhooks.
+pub fn start(node: &Arc<Node>) -> Option<Arc<Webhooks>> {
+    let settings = Arc::new(Settings::from_config(&node.config));
+    let client = reqwest::Client::builder()
+        .timeout(settings.timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("herald/", env!("CARGO_PKG_VERSION")))
+        .build();
+    let client = match client {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the webhook HTTP client; webhooks are off");
+            return None;
+        }
+    };
+    let apps: HashMap<String, Arc<AppHooks>> = node
+        .config
+        .apps
+        .iter()
+        .filter(|a| !a.webhooks.is_empty())
+        .map(|a| {
+            let hooks = Arc::new(AppHooks::new(a, settings.clone(), client.clone()));
+            tokio::spawn(hooks.clone().run());
+            (a.id.clone(), hooks)
+        })
+        .collect();
+    if apps.is_empty() {
+        return None;
+    }
+    let webhooks = Arc::new(Webhooks { apps });
+    node.observe(webhooks.clone());
+    Some(webhooks)
+}
+
+pub struct Webhooks {
+    apps: HashMap<String, Arc<AppHooks>>,
+}
+
+impl Observer for Webhooks {
+    fn changed(&self, app_id: &str, change: &Change<'_>) {
+        if let Some(app) = self.apps.get(app_id) {
+            app.changed(change);
+        }
+    }
+
+    fn flush(&self, deadline: std::time::Instant) -> herald_core::broker::BoxFuture<()> {
+        let apps: Vec<_> = self.apps.values().cloned().collect();
+        Box::pin(async move {
+            for app in &apps {
+                app.start_flush();
+            }
+            let deadline = tokio::time::Instant::from_std(deadline);
+            for app in &apps {
+                let _ = tokio::time::timeout_at(deadline, app.drained()).await;
+                let left = app.depth();
+                if left > 0 {
+                    tracing::warn!(
+                        app_id = %app.app_id,
+                        events = left,
+                        "shutdown grace over: webhook events not delivered"
+                    );
+                }
+            }
+        })
+    }
+}
+
+/// One endpoint of an app.
+struct Endpoint {
+    url: reqwest::Url,
+    /// The URL as logs show it (no query or credentials).
+    shown: String,
+    types: Vec<String>,
+    headers: HeaderMap,
+    filter: WebhookFilter,
+}
+
+impl Endpoint {
+    fn wants(&self, e: &Pending) -> bool {
+        self.types.iter().any(|t| t == e.name) && self.filter.matches(&e.channel)
+    }
+}
+
+/// An event waiting to be sent.
+struct Pending {
+    name: &'static str,
+    channel: String,
+    body: Value,
+}
+
+/// A delayed leave: (channel, user id for `member_removed`).
+type LeaveKey = (String, Option<String>);
+
+#[derive(Default)]
+struct State {
+    ready: Vec<Pending>,
+    /// When the oldest ready event arrived (the batch window starts).
+    since: Option<Instant>,
+    delayed: HashMap<LeaveKey, (Instant, Pending)>,
+    /// Dropping events (logged once until the queue drains to half).
+    dropping: bool,
+    /// Shutting down: send everything now.
+    flushing: bool,
+}
+
+struct AppHooks {
+    app_id: String,
+    key: String,
+    secret: String,
+    endpoints: Vec<Endpoint>,
+    settings: Arc<Settings>,
+    client: reqwest::Client,
+    state: Mutex<State>,
+    /// Events handed to deliveries that are not finished.
+    in_flight: AtomicUsize,
+    /// The worker's wake-up (new events, flush).
+    wake: Notify,
+    /// Signalled when the queue may have become empty.
+    progress: Notify,
+}
+
+impl AppHooks {
+    fn new(app: &AppConfig, settings: Arc<Settings>, client: reqwest::Client) -> AppHooks {
+        let endpoints = app
+            .webhooks
+            .iter()
+            .filter_map(|w| {
+                // The config was validated: URL and headers are sendable.
+                let url = reqwest::Url::parse(&w.url).ok()?;
+                let mut headers = HeaderMap::new();
+                for (k, v) in &w.headers {
+                    if let (Ok(k), Ok(v)) = (
+                        HeaderName::from_bytes(k.as_bytes()),
+                        HeaderValue::from_str(v),
+                    ) {
+                        headers.insert(k, v);
+                    }
+                }
+                Some(Endpoint {
+                    shown: redact_url(&w.url),
+                    url,
+                    types: w.event_types.clone(),
+                    headers,
+                    filter: w.filter.clone(),
+                })
+            })
+            .collect();
+        AppHooks {
+            app_id: app.id.clone(),
+            key: app.key.clone(),
+            secret: app.secret.clone(),
+            endpoints,
+            settings,
+            client,
+            state: Mutex::new(State::default()),
+            in_flight: AtomicUsize::new(0),
+            wake: Notify::new(),
+            progress: Notify::new(),
+        }
+    }
+
+    fn wanted(&self, name: &str) -> bool {
+        self.endpoints
+            .iter()
+            .any(|e| e.types.iter().any(|t| t == name))
+    }
+
+    /// Events waiting: batched, delayed, or being sent.
+    fn depth(&self) -> usize {
+        let s = self.state.lock();
+        s.ready.len() + s.delayed.len() + self.in_flight.load(Ordering::Acquire)
+    }
+
+    fn report_depth(&self, s: &State) {
+        let depth = s.ready.len() + s.delayed.len() + self.in_flight.load(Ordering::Acquire);
+        metrics::webhook_queue(&self.app_id, depth);
+    }
+
+    /// Room for one more event? Counts and logs a drop otherwise.
+    fn admit(&self, s: &mut State) -> bool {
+        let depth = s.ready.len() + s.delayed.len() + self.in_flight.load(Ordering::Acquire);
+        let limit = self.settings.queue;
+        if depth < limit {
+            if s.dropping && depth <= limit / 2 {
+                s.dropping = false;
+            }
+            return true;
+        }
+        metrics::webhook_dropped(&self.app_id, 1);
+        if !s.dropping {
+            s.dropping = true;
+            tracing::warn!(
+                app_id = %self.app_id,
+                limit,
+                "webhook queue full: dropping events until it drains (see webhook_queue, \
+                 herald_webhook_events_dropped_total)"
+            );
+        }
+        false
+    }
+
+    fn changed(&self, change: &Change<'_>) {
+        let event = |name: &'static str, channel: &str, body: Value| Pending {
+            name,
+            channel: channel.to_owned(),
+            body,
+        };
+        match *change {
+            Change::Occupied { channel } => {
+                self.arrive(&(channel.to_owned(), None), || {
+                    event(
+                        "channel_occupied",
+                        channel,
+                        json!({ "name": "channel_occupied", "channel": channel }),
+                    )
+                });
+            }
+            Change::Vacated { channel } => self.leave(
+                (channel.to_owned(), None),
+                event(
+                    "channel_vacated",
+                    channel,
+                    json!({ "name": "channel_vacated", "channel": channel }),
+                ),
+            ),
+            Change::MemberAdded { channel, user_id } => {
+                self.arrive(&(channel.to_owned(), Some(user_id.to_owned())), || {
+                    event(
+                        "member_added",
+                        channel,
+                        json!({ "name": "member_added", "channel": channel, "user_id": user_id }),
+                    )
+                });
+            }
+            Change::MemberRemoved { channel, user_id } => self.leave(
+                (channel.to_owned(), Some(user_id.to_owned())),
+                event(
+                    "member_removed",
+                    channel,
+                    json!({ "name": "member_removed", "channel": channel, "user_id": user_id }),
+                ),
+            ),
+            Change::CacheMiss { channel } => self.push(event(
+                "cache_miss",
+                channel,
+                json!({ "name": "cache_miss", "channel": channel }),
+            )),
+            Change::SubscriptionCount { channel, count } => self.push(event(
+                "subscription_count",
+                channel,
+                json!({ "name": "subscription_count", "channel": channel,
+                        "subscription_count": count }),
+            )),
+            Change::ClientEvent(p) => {
+                // Pusher sends `data` as a string: the client's string as
+                // is, anything else as its JSON text.
+                let data = match serde_json::from_str::<Value>(p.data.get()) {
+                    Ok(Value::String(s)) => s,
+                    _ => p.data.get().to_owned(),
+                };
+                let mut body = json!({
+                    "name": "client_event",
+                    "channel": p.channel,
+                    "event": p.event,
+                    "data": data,
+                    "socket_id": p.exclude,
+                });
+                if crate::names::ChannelKind::of(&p.channel).presence {
+                    body["user_id"] = json!(p.user_id);
+                }
+                self.push(event("client_event", &p.channel, body));
+            }
+            Change::Published(_) => {}
+        }
+    }
+
+    /// A channel or member arrived: cancel its pending leave (and send
+    /// nothing: the receiver never saw it leave), or send the arrival.
+    fn arrive(&self, key: &LeaveKey, event: impl FnOnce() -> Pending) {
+        let mut s = self.state.lock();
+        if s.delayed.remove(key).is_some() {
+            self.report_depth(&s);
+            return;
+        }
+        drop(s);
+        self.push(event());
+    }
+
+    /// A channel or member left: send it after the leave delay, unless it
+    /// comes back meanwhile.
+    fn leave(&self, key: LeaveKey, event: Pending) {
+        if self.settings.leave_delay.is_zero() {
+            return self.push(event);
+        }
+        // Kept even when no endpoint wants the leave itself: it still
+        // cancels the arrival that follows a reload.
+        let mut s = self.state.lock();
+        if !self.admit(&mut s) {
+            return;
+        }
+        let due = Instant::now() + self.settings.leave_delay;
+        s.delayed.insert(key, (due, event));
+        self.report_depth(&s);
+        drop(s);
+        self.wake.notify_one();
+    }
+
+    fn push(&self, event: Pending) {
+        if !self.wanted(event.name) {
+            return;
+        }
+        let mut s = self.state.lock();
+        if !self.admit(&mut s) {
+            return;
+        }
+        s.ready.push(event);
+        s.since.get_or_insert_with(Instant::now);
+        self.report_depth(&s);
+        drop(s);
+        // The worker recomputes its deadline (or sends a full batch).
+        self.wake.notify_one();
+    }
+
+    fn start_flush(&self) {
+        self.state.lock().flushing = true;
+        self.wake.notify_one();
+    }
+
+    /// Resolves when nothing waits any more.
+    async fn drained(&self) {
+        loop {
+            let notified = self.progress.notified();
+            if self.depth() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The worker: moves due leaves to the batch, sends batches when their
+    /// window is over or they are full.
+    async fn run(self: Arc<Self>) {
+        loop {
+            let (batch, next) = {
+                let mut s = self.state.lock();
+                let now = Instant::now();
+                let flushing = s.flushing;
+                let due: Vec<LeaveKey> = s
+                    .delayed
+                    .iter()
+                    .filter(|(_, (at, _))| flushing || *at <= now)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in due {
+                    if let Some((_, e)) = s.delayed.remove(&k) {
+                        if self.wanted(e.name) {
+                            s.ready.push(e);
+                            s.since.get_or_insert(now);
+                        }
+                    }
+                }
+                let window_over = s.since.is_some_and(|t| now >= t + self.settings.batch);
+                let batch = if !s.ready.is_empty()
+                    && (flushing || window_over || s.ready.len() >= self.settings.batch_size)
+                {
+                    let n = s.ready.len().min(self.settings.batch_size);
+                    let batch: Vec<Pending> = s.ready.drain(..n).collect();
+                    s.since = (!s.ready.is_empty()).then_some(now);
+                    self.in_flight.fetch_add(batch.len(), Ordering::AcqRel);
+                    batch
+                } else {
+                    Vec::new()
+                };
+                let next = [
+                    s.since.map(|t| t + self.settings.batch),
+                    s.delayed.values().map(|(at, _)| *at).min(),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                self.report_depth(&s);
+                (batch, next)
+            };
+            if !batch.is_empty() {
+                self.send_batch(batch);
+                continue;
+            }
+            self.progress.notify_waiters();
+            match next {
+                Some(at) => {
+                    let _ = tokio::time::timeout_at(at.into(), self.wake.notified()).await;
+                }
+                None => self.wake.notified().await,
+            }
+        }
+    }
+
+    /// Send one batch to every endpoint that wants some of it, each on its
+    /// own task (retries must not hold up the next batches).
+    fn send_batch(self: &Arc<Self>, batch: Vec<Pending>) {
+        let n = batch.len();
+        let done = Arc::new(BatchDone {
+            hooks: self.clone(),
+            n,
+        });
+        let time_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        for (i, endpoint) in self.endpoints.iter().enumerate() {
+            let events: Vec<&Value> = batch
+                .iter()
+                .filter(|e| endpoint.wants(e))
+                .map(|e| &e.body)
+                .collect();
+            if events.is_empty() {
+                continue;
+            }
+            let body = json!({ "time_ms": time_ms, "events": events }).to_string();
+            let hooks = self.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                hooks.deliver(i, body, n).await;
+                drop(done);
+            });
+        }
+    }
+
+    /// POST `body` to endpoint `i`, retrying as the module doc says.
+    async fn deliver(&self, i: usize, body: String, events: usize) {
+        let endpoint = &self.endpoints[i];
+        let signature = herald_signing::sign(&self.secret, &body);
+        let mut headers = endpoint.headers.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Ok(v) = HeaderValue::from_str(&self.key) {
+            headers.insert("x-pusher-key", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&signature) {
+            headers.insert("x-pusher-signature", v);
+        }
+        let first = Instant::now();
+        let mut backoff = self.settings.retry;
+        loop {
+            let result = self
+                .client
+                .post(endpoint.url.clone())
+                .headers(headers.clone())
+                .body(body.clone())
+                .send()
+                .await;
+            let (retryable, what) = match &result {
+                Ok(r) if r.status().is_success() => {
+                    metrics::webhook_sent(&self.app_id, true, false);
+                    return;
+                }
+                Ok(r) => {
+                    let s = r.status().as_u16();
+                    (
+                        s >= 500 || s == 408 || s == 429,
+                        format!("answered {}", r.status()),
+                    )
+                }
+                Err(e) if e.is_timeout() => (true, "timed out".to_owned()),
+                Err(e) => (true, format!("failed: {}", causes(e))),
+            };
+            let flushing = self.state.lock().flushing;
+            let jittered = jitter(backoff);
+            let give_up = !retryable || first.elapsed() + jittered > self.settings.retry_for;
+            metrics::webhook_sent(&self.app_id, false, !give_up);
+            if give_up {
+                tracing::warn!(
+                    app_id = %self.app_id,
+                    url = %endpoint.shown,
+                    events,
+                    "webhook delivery {what}; giving up"
+                );
+                return;
+            }
+            tracing::debug!(
+                app_id = %self.app_id,
+                url = %endpoint.shown,
+                retry_in_ms = jittered.as_millis() as u64,
+                "webhook delivery {what}; will retry"
+            );
+            // While shutting down the grace period bounds the wait, not
+            // the backoff: retry sooner.
+            let wait = if flushing {
+                jittered.min(Duration::from_millis(200))
+            } else {
+                jittered
+            };
+            tokio::time::sleep(wait).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// Releases a batch's events from the queue count when its last
+/// delivery ends.
+struct BatchDone {
+    hooks: Arc<AppHooks>,
+    n: usize,
+}
+
+impl Drop for BatchDone {
+    fn drop(&mut self) {
+        self.hooks.in_flight.fetch_sub(self.n, Ordering::AcqRel);
+        let s = self.hooks.state.lock();
+        self.hooks.report_depth(&s);
+        drop(s);
+        self.hooks.progress.notify_waiters();
+        // The worker may be waiting for room.
+        self.hooks.wake.notify_one();
+    }
+}
+
+/// Between half and all of `d` ("equal jitter"): retries of many nodes and
+/// apps spread out instead of arriving together.
+fn jitter(d: Duration) -> Duration {
+    let half = d / 2;
+    half + half.mul_f64(rand::random::<f64>())
+}
+
+/// An error's causes on one line. Not the error's own message: reqwest's
+/// names the whole URL, whose query may hold credentials.
+fn causes(e: &reqwest::Error) -> String {
+    let mut parts = Vec::new();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        parts.push(c.to_string());
+        cause = c.source();
+    }
+    if parts.is_empty() {
+        parts.push(
+            if e.is_connect() {
+                "cannot connect"
+            } else {
+                "request error"
+            }
+            .into(),
+        );
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_half_and_whole() {
+        for _ in 0..100 {
+            let j = jitter(Duration::from_millis(1000));
+            assert!(j >= Duration::from_millis(500) && j <= Duration::from_millis(1000));
+        }
+    }
+}
