@@ -40,7 +40,10 @@ pub fn router(node: Arc<Node>) -> Router {
 }
 
 async fn ready(State(node): State<Arc<Node>>) -> Response {
-    if node.is_ready() {
+    let broker_down = !node.broker.connected() && node.config.broker.ready_needs_broker;
+    if node.is_ready() && broker_down {
+        (StatusCode::SERVICE_UNAVAILABLE, "BROKER DOWN").into_response()
+    } else if node.is_ready() {
         "READY".into_response()
     } else {
         let why = if node.is_draining() {
@@ -53,11 +56,18 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
 }
 
 async fn metrics_text(State(node): State<Arc<Node>>) -> String {
-    metrics::render(&[(
-        "herald_connections",
-        "Open client connections",
-        node.connection_count(),
-    )])
+    metrics::render(&[
+        (
+            "herald_connections",
+            "Open client connections",
+            node.connection_count(),
+        ),
+        (
+            "herald_broker_up",
+            "1 while the cluster broker is reachable (always 1 for local)",
+            node.broker.connected() as u64,
+        ),
+    ])
 }
 
 /// Raise the open-file soft limit to the hard limit. Every connection is a
@@ -126,6 +136,8 @@ pub async fn serve(
     signal.await;
     shutdown::drain(&node).await;
     node.leave_cluster();
+    // The others must hear we left before the process ends.
+    let _ = tokio::time::timeout(Duration::from_secs(2), node.broker.flush()).await;
     stop.cancel();
     // Idle keep-alive HTTP connections close at once; do not wait long on
     // anything else.

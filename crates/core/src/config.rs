@@ -47,7 +47,55 @@ pub struct Config {
     pub tls_cert: Option<String>,
     /// PEM private key for `tls_cert`.
     pub tls_key: Option<String>,
+    /// The cluster's broker (`[broker]`).
+    pub broker: BrokerConfig,
     pub apps: Vec<AppConfig>,
+}
+
+/// How nodes find each other: `local` (one node), or a Redis or NATS
+/// server shared by every node.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    /// `local`, `redis://…`, `rediss://…` (TLS), `nats://…` or `tls://…`
+    /// (NATS over TLS); credentials may be in the URL.
+    pub url: String,
+    /// Namespaces keys and subjects, so several environments can share one
+    /// Redis or NATS server.
+    pub prefix: String,
+    /// Seconds a node may go without a heartbeat before the others remove
+    /// its members.
+    pub ttl: u64,
+    /// `/ready` answers 503 while the broker is unreachable, so a load
+    /// balancer moves new clients to nodes that reach the cluster.
+    pub ready_needs_broker: bool,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            url: "local".into(),
+            prefix: "herald".into(),
+            ttl: 30,
+            ready_needs_broker: true,
+        }
+    }
+}
+
+impl BrokerConfig {
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl)
+    }
+
+    /// The URL without its password or token, for logs.
+    pub fn shown_url(&self) -> String {
+        match (self.url.find("://"), self.url.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                format!("{}://***@{}", &self.url[..s], &self.url[at + 1..])
+            }
+            _ => self.url.clone(),
+        }
+    }
 }
 
 impl Default for Config {
@@ -64,6 +112,7 @@ impl Default for Config {
             log: "info".into(),
             tls_cert: None,
             tls_key: None,
+            broker: BrokerConfig::default(),
             apps: Vec::new(),
         }
     }
@@ -167,6 +216,8 @@ pub struct Overrides {
     pub app_secret: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
+    /// `broker.url`.
+    pub broker: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -243,6 +294,9 @@ impl Config {
         if let Some(v) = &o.tls_key {
             self.tls_key = Some(v.clone());
         }
+        if let Some(v) = &o.broker {
+            self.broker.url = v.clone();
+        }
         if self.apps.is_empty() {
             self.apps.push(AppConfig::development());
         }
@@ -292,6 +346,29 @@ impl Config {
             (Some(_), None) => return Err(invalid("tls_key", "is required with tls_cert")),
             (None, Some(_)) => return Err(invalid("tls_cert", "is required with tls_key")),
             _ => {}
+        }
+        let b = &self.broker;
+        let schemes = ["redis://", "rediss://", "nats://", "tls://"];
+        if b.url != "local" && !schemes.iter().any(|s| b.url.starts_with(s)) {
+            return Err(invalid(
+                "broker.url",
+                "must be `local`, or a redis://, rediss://, nats:// or tls:// URL",
+            ));
+        }
+        if b.prefix.is_empty()
+            || b.prefix.len() > 64
+            || !b
+                .prefix
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        {
+            return Err(invalid(
+                "broker.prefix",
+                "must be 1 to 64 letters, digits, '_' or '-'",
+            ));
+        }
+        if b.ttl == 0 || b.ttl > 3600 {
+            return Err(invalid("broker.ttl", "must be 1 to 3600 (seconds)"));
         }
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
             return Err(invalid("log", "is not a valid log filter"));
@@ -420,6 +497,28 @@ mod tests {
         c.apply(&Overrides::default()).unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("apps[1].key"), "{err}");
+    }
+
+    #[test]
+    fn broker_settings_are_checked() {
+        let c =
+            Config::from_toml("[broker]\nurl = 'nats://u:p@127.0.0.1:4222'\nttl = 3", "x").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.broker.shown_url(), "nats://***@127.0.0.1:4222");
+        assert_eq!(c.broker.prefix, "herald");
+        for (toml, key) in [
+            ("[broker]\nurl = 'http://x'", "broker.url"),
+            ("[broker]\nprefix = 'a.b'", "broker.prefix"),
+            ("[broker]\nttl = 0", "broker.ttl"),
+        ] {
+            let err = Config::from_toml(toml, "x")
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        let err = Config::from_toml("[broker]\nurll = 'x'", "x").unwrap_err();
+        assert!(err.to_string().contains("urll"), "{err}");
     }
 
     #[test]

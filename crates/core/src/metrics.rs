@@ -94,6 +94,14 @@ pub static BROKER_RECEIVED: Counter = Counter::new(
     "herald_broker_publications_received_total",
     "Publications received from other nodes through the broker",
 );
+pub static BROKER_DROPPED: Counter = Counter::new(
+    "herald_broker_dropped_total",
+    "Messages for other nodes dropped: the broker was unreachable or the engine's queue was full",
+);
+pub static BROKER_OUTAGES: Counter = Counter::new(
+    "herald_broker_outages_total",
+    "Times the connection to the broker was lost",
+);
 pub static API_REQUESTS: Counter = Counter::new("herald_api_requests_total", "HTTP API requests");
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
@@ -106,7 +114,7 @@ pub fn observe_fanout(took: std::time::Duration) {
     add(&FANOUT_MICROS, took.as_micros() as u64);
 }
 
-static ALL: [&Counter; 17] = [
+static ALL: [&Counter; 19] = [
     &CONNECTIONS_OPENED,
     &CONNECTIONS_CLOSED,
     &CONNECTIONS_REFUSED,
@@ -122,6 +130,8 @@ static ALL: [&Counter; 17] = [
     &FANOUT_MICROS,
     &BROKER_RECEIVED,
     &FANOUT_OVERFLOW,
+    &BROKER_DROPPED,
+    &BROKER_OUTAGES,
     &API_REQUESTS,
     &API_ERRORS,
 ];

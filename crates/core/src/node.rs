@@ -159,12 +159,19 @@ impl Node {
         let app = &hub.app.id;
         let pattern = opts.pattern;
         let mut seeded = false;
-        if opts.member.is_some() && !hub.has_channel(channel) {
+        let new_here = !hub.has_channel(channel);
+        if opts.member.is_some() && new_here {
+            hub.begin_sync(channel);
             self.broker.interest(self.id, app, channel, false, true);
             let scope = Scope::Channel(channel.to_owned());
             let members = self.broker.members(app, &scope, self.id).await;
             hub.seed_members(channel, members);
             seeded = true;
+        }
+        if opts.cache && new_here {
+            if let Some((p, age)) = self.broker.cached(self.id, app, channel).await {
+                hub.seed_cache(channel, p, age);
+            }
         }
         let joined = match hub.subscribe(conn, channel, opts) {
             Ok(j) => j,
@@ -302,7 +309,12 @@ impl Node {
     }
 
     pub fn flush_counts(&self) {
-        self.hubs().for_each(|hub| hub.flush_subscription_counts());
+        for hub in self.hubs() {
+            let counts = hub.flush_subscription_counts();
+            if !counts.is_empty() {
+                self.broker.counts(self.id, &hub.app.id, counts);
+            }
+        }
     }
 }
 
@@ -372,5 +384,39 @@ impl Inbox for NodeInbox {
             .upgrade()
             .and_then(|node| node.hub_by_id(app_id).map(|hub| hub.stats(filter)))
             .unwrap_or_default()
+    }
+
+    fn cached(&self, app_id: &str, channel: &str) -> Option<(Publication, std::time::Duration)> {
+        let node = self.0.upgrade()?;
+        let (p, age) = node.hub_by_id(app_id)?.cached(channel)?;
+        // A copy without the built frames (bytes are what a broker carries).
+        Publication::from_bytes(&p.to_bytes())
+            .ok()
+            .map(|p| (p, age))
+    }
+
+    fn count(&self, app_id: &str, channel: &str, node: NodeId, count: usize) {
+        self.with(app_id, |_, hub| hub.remote_count(channel, node, count));
+    }
+
+    fn connections(&self) -> Vec<(String, u32)> {
+        self.0
+            .upgrade()
+            .map(|node| {
+                node.hubs()
+                    .map(|h| (h.app.id.clone(), h.connection_count()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn remote_connections(&self, app_id: &str, count: u32) {
+        self.with(app_id, |_, hub| hub.set_remote_connections(count));
+    }
+
+    fn node_gone(&self, gone: NodeId) {
+        if let Some(node) = self.0.upgrade() {
+            node.hubs().for_each(|hub| hub.forget_node(gone));
+        }
     }
 }
