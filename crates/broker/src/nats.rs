@@ -105,6 +105,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr)
             o = rx.recv() => match o {
                 None => return,
                 Some(Out::Flush(done)) => {
+                    apply_dirty(&shared, &client, &in_tx, &mut subs).await;
                     if shared.is_up() {
                         let _ = tokio::time::timeout(Duration::from_secs(5), client.flush()).await;
                     }

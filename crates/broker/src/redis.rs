@@ -134,15 +134,21 @@ async fn session(
                 }
                 let mut pipe = redis::pipe();
                 let mut flushes = Vec::new();
+                let mut any = false;
                 for o in batch.drain(..) {
                     match o {
                         Out::Send(subject, bytes) => {
                             pipe.cmd("PUBLISH").arg(subject).arg(bytes.as_ref()).ignore();
+                            any = true;
                         }
                         Out::Flush(done) => flushes.push(done),
                     }
                 }
-                let r: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
+                let r: redis::RedisResult<()> = if any {
+                    pipe.query_async(&mut conn).await
+                } else {
+                    Ok(())
+                };
                 for done in flushes {
                     let _ = done.send(());
                 }

@@ -173,11 +173,23 @@ impl Node {
                 hub.seed_cache(channel, p, age);
             }
         }
+        // A channel new to this node: its interest is in effect at the
+        // broker before the subscriber is confirmed, so it receives
+        // everything published anywhere after its confirmation.
+        let mut registered = false;
+        if !seeded && !hub.has_subscribers(channel, pattern) {
+            self.broker.interest(self.id, app, channel, pattern, true);
+            self.broker.flush().await;
+            registered = true;
+        }
         let joined = match hub.subscribe(conn, channel, opts) {
             Ok(j) => j,
             Err(e) => {
                 if seeded && hub.drop_if_unused(channel) {
                     self.broker.interest(self.id, app, channel, false, false);
+                }
+                if registered && !hub.has_subscribers(channel, pattern) {
+                    self.broker.interest(self.id, app, channel, pattern, false);
                 }
                 return Err(e);
             }

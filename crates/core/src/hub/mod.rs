@@ -471,6 +471,13 @@ impl Hub {
         }
     }
 
+    /// Whether `channel` (or the pattern) has a subscriber on this node.
+    pub fn has_subscribers(&self, channel: &str, pattern: bool) -> bool {
+        map_of(self, pattern)
+            .get(channel)
+            .is_some_and(|c| !c.subs.is_empty())
+    }
+
     /// Whether this node holds presence state for `channel`.
     pub fn has_channel(&self, channel: &str) -> bool {
         self.channels.contains_key(channel)
