@@ -226,9 +226,6 @@ impl Shared {
 
     /// The connection is up (subscriptions in place) or down.
     pub fn set_up(&self, up: bool, why: &str) {
-        if std::env::var("HDEBUG").is_ok() {
-            eprintln!("{} up={up} {why}", self.me());
-        }
         let was = self.up.swap(up, Ordering::AcqRel);
         if was == up {
             return;
@@ -308,13 +305,6 @@ impl Shared {
 
     /// A message arrived on subscription `via` (a subject or a pattern).
     pub fn on_message(&self, via: &str, payload: &[u8]) {
-        if std::env::var("HDEBUG").is_ok() {
-            eprintln!(
-                "{} via {via}: {}",
-                self.me(),
-                String::from_utf8_lossy(payload)
-            );
-        }
         let Ok(msg) = serde_json::from_slice::<Msg>(payload) else {
             tracing::debug!(via, "unreadable broker message ignored");
             return;
