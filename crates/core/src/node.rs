@@ -159,6 +159,15 @@ impl Node {
         let app = &hub.app.id;
         let pattern = opts.pattern;
         let mut seeded = false;
+        // Another subscriber here is fetching this presence channel's
+        // members: wait for them (bounded), so this one's list is whole too.
+        if opts.member.is_some() {
+            let mut waited = 0;
+            while hub.is_syncing(channel) && waited < 400 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                waited += 1;
+            }
+        }
         let new_here = !hub.has_channel(channel);
         if opts.member.is_some() && new_here {
             hub.begin_sync(channel);

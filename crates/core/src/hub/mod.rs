@@ -471,6 +471,14 @@ impl Hub {
         }
     }
 
+    /// Whether the members of `channel` on other nodes are being fetched
+    /// (see [`Hub::begin_sync`]).
+    pub fn is_syncing(&self, channel: &str) -> bool {
+        self.channels
+            .get(channel)
+            .is_some_and(|c| c.syncing.is_some())
+    }
+
     /// Whether `channel` (or the pattern) has a subscriber on this node.
     pub fn has_subscribers(&self, channel: &str, pattern: bool) -> bool {
         map_of(self, pattern)
