@@ -173,10 +173,12 @@ for (const kind of ['redis', 'nats']) {
       await marker;
       assert.equal(removed.length, 0);
       const gone = once(ca, 'pusher:member_removed');
+      const goneForCarol = once(cc, 'pusher:member_removed');
       bob2.disconnect();
       assert.equal((await gone).id, 'bob');
       assert.deepEqual(ids(ca.members), ['alice', 'carol']);
-      // Carol, on node 2, saw bob leave once as well.
+      // Carol, on bob's last node, saw him leave as well.
+      assert.equal((await goneForCarol).id, 'bob');
       assert.deepEqual(ids(cc.members), ['alice', 'carol']);
       alice.disconnect();
       carol.disconnect();
