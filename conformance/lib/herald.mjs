@@ -12,7 +12,7 @@ export const BIN = process.env.HERALD_BIN ?? new URL('../../target/debug/herald'
 
 export const DEV_APP = { id: 'app-id', key: 'app-key', secret: 'app-secret' };
 
-async function freePort() {
+export async function freePort() {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
     srv.listen(0, '127.0.0.1', () => {

@@ -9,22 +9,11 @@ import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import net from 'node:net';
-import { startHerald, DEV_APP, once, connectionState } from '../lib/herald.mjs';
+import { startHerald, freePort, DEV_APP, once, connectionState } from '../lib/herald.mjs';
 import { channelAuth, collect, userAuth } from '../lib/raw.mjs';
 
 const APP = { ...DEV_APP, subscription_count: true };
 const TTL = 2;
-
-async function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
-}
 
 function canConnect(port) {
   return new Promise((resolve) => {

@@ -255,7 +255,13 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.progress = progress;
                 p.server_pid = common.server_pid;
                 for url in &a.subscriber_url {
-                    match Target::new(url, &common.app_id, &common.key, &common.secret, common.allow_remote) {
+                    match Target::new(
+                        url,
+                        &common.app_id,
+                        &common.key,
+                        &common.secret,
+                        common.allow_remote,
+                    ) {
                         Ok(t) => p.subscriber_targets.push(t),
                         Err(e) => return Err(e),
                     }

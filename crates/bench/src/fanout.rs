@@ -111,7 +111,11 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let mut report = Report::new("fanout");
     report.param("url", &p.target.url);
     if !p.subscriber_targets.is_empty() {
-        let urls: Vec<&str> = p.subscriber_targets.iter().map(|t| t.url.as_str()).collect();
+        let urls: Vec<&str> = p
+            .subscriber_targets
+            .iter()
+            .map(|t| t.url.as_str())
+            .collect();
         report.param("subscriber urls", urls.join(","));
     }
     report.param("subscribers", p.subscribers);

@@ -130,6 +130,16 @@ impl LocalBroker {
         }
     }
 
+    /// The inboxes of every node but `from`.
+    fn others(&self, from: NodeId) -> Vec<Arc<dyn Inbox>> {
+        let s = self.state.lock();
+        s.inboxes
+            .iter()
+            .filter(|(n, _)| **n != from)
+            .map(|(_, i)| i.clone())
+            .collect()
+    }
+
     /// Every other node's connections per app, summed, told to each node.
     fn share_connections(&self) {
         let inboxes: Vec<(NodeId, Arc<dyn Inbox>)> = {
@@ -311,14 +321,7 @@ impl Broker for LocalBroker {
         app_id: &str,
         filter: StatsFilter,
     ) -> BoxFuture<Vec<ChannelStats>> {
-        let others: Vec<Arc<dyn Inbox>> = {
-            let s = self.state.lock();
-            s.inboxes
-                .iter()
-                .filter(|(n, _)| **n != from)
-                .map(|(_, i)| i.clone())
-                .collect()
-        };
+        let others = self.others(from);
         let answers = others
             .iter()
             .flat_map(|i| i.stats(app_id, &filter))
@@ -332,14 +335,7 @@ impl Broker for LocalBroker {
         app_id: &str,
         channel: &str,
     ) -> BoxFuture<Option<(Publication, Duration)>> {
-        let others: Vec<Arc<dyn Inbox>> = {
-            let s = self.state.lock();
-            s.inboxes
-                .iter()
-                .filter(|(n, _)| **n != from)
-                .map(|(_, i)| i.clone())
-                .collect()
-        };
+        let others = self.others(from);
         let newest = others
             .iter()
             .filter_map(|i| i.cached(app_id, channel))
@@ -360,14 +356,7 @@ impl Broker for LocalBroker {
     }
 
     fn control(&self, from: NodeId, app_id: &str, control: Control) {
-        let others: Vec<Arc<dyn Inbox>> = {
-            let s = self.state.lock();
-            s.inboxes
-                .iter()
-                .filter(|(n, _)| **n != from)
-                .map(|(_, i)| i.clone())
-                .collect()
-        };
+        let others = self.others(from);
         for inbox in others {
             inbox.control(app_id, &control);
         }
