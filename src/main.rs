@@ -2,14 +2,12 @@
 //! load-tests any server speaking the Pusher protocol.
 
 use clap::{Args, Parser, Subcommand};
-use herald::broker::local::LocalBroker;
 use herald::config::{Config, Overrides};
 use herald::node::Node;
 use herald::server;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -83,6 +81,10 @@ struct ServeArgs {
     /// `dashboard = true` in the config file).
     #[arg(long, env = "HERALD_DASHBOARD_TOKEN", hide_env_values = true)]
     dashboard_token: Option<String>,
+    /// Cluster broker: `local` (default), redis://…, rediss://…, nats://…
+    /// (see docs/cluster.md).
+    #[arg(long, env = "HERALD_BROKER", hide_env_values = true)]
+    broker: Option<String>,
 }
 
 /// `--port` / `HERALD_PORT`. clap names only the flag in its errors; a
@@ -139,6 +141,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         log_format: args.log_format,
         metrics_port: args.metrics_port,
         dashboard_token: args.dashboard_token,
+        broker: args.broker,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
@@ -203,7 +206,10 @@ async fn run(config: Config) -> std::io::Result<()> {
             );
         }
     }
-    let node = Node::new(config, Arc::new(LocalBroker::new()));
-    tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), "herald listening");
+    let broker = herald_broker::from_config(&config.broker)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let shown = config.broker.shown_url();
+    let node = Node::new(config, broker);
+    tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
     server::serve(node, listener, server::shutdown::signal()).await
 }

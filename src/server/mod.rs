@@ -50,7 +50,10 @@ pub fn router(node: Arc<Node>) -> Router {
 }
 
 async fn ready(State(node): State<Arc<Node>>) -> Response {
-    if node.is_ready() {
+    let broker_down = !node.broker.connected() && node.config.broker.ready_needs_broker;
+    if node.is_ready() && broker_down {
+        (StatusCode::SERVICE_UNAVAILABLE, "BROKER DOWN").into_response()
+    } else if node.is_ready() {
         "READY".into_response()
     } else {
         let why = if node.is_draining() {
@@ -82,7 +85,7 @@ async fn metrics_text(State(node): State<Arc<Node>>) -> Response {
             subscriptions: *subscriptions,
         })
         .collect();
-    let text = metrics::render(&apps, node.broker.name(), node.broker.healthy());
+    let text = metrics::render(&apps, node.broker.name(), node.broker.connected());
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -179,6 +182,8 @@ pub async fn serve(
     let deadline = grace_end.max(std::time::Instant::now() + Duration::from_millis(500));
     node.flush_observers(deadline).await;
     node.leave_cluster();
+    // The others must hear we left before the process ends.
+    let _ = tokio::time::timeout(Duration::from_secs(2), node.broker.flush()).await;
     stop.cancel();
     // Idle keep-alive HTTP connections close at once; do not wait long on
     // anything else.

@@ -132,6 +132,10 @@ struct FanoutArgs {
     /// Longest wait for outstanding deliveries after the last publish.
     #[arg(long, default_value = "5s", value_parser = super::parse_duration)]
     drain: std::time::Duration,
+    /// Subscribers connect to these servers, round-robin (nodes of one
+    /// cluster; comma-separated ws:// URLs); publishers use --url.
+    #[arg(long, value_delimiter = ',')]
+    subscriber_url: Vec<String>,
 }
 
 #[derive(Args)]
@@ -250,6 +254,18 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.timeout = common.timeout;
                 p.progress = progress;
                 p.server_pid = common.server_pid;
+                for url in &a.subscriber_url {
+                    match Target::new(
+                        url,
+                        &common.app_id,
+                        &common.key,
+                        &common.secret,
+                        common.allow_remote,
+                    ) {
+                        Ok(t) => p.subscriber_targets.push(t),
+                        Err(e) => return Err(e),
+                    }
+                }
                 fanout::run(&p).await
             }
             BenchScenario::Idle(a) => {

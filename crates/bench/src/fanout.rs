@@ -35,6 +35,9 @@ const RATE_TOLERANCE: f64 = 0.99;
 #[derive(Debug, Clone)]
 pub struct FanoutParams {
     pub target: Target,
+    /// Where subscribers connect, round-robin (several nodes of one
+    /// cluster); empty: `target`. Publishers always use `target`.
+    pub subscriber_targets: Vec<Target>,
     pub subscribers: usize,
     pub channels: usize,
     pub publishers: usize,
@@ -54,6 +57,7 @@ impl FanoutParams {
     pub fn new(target: Target) -> FanoutParams {
         FanoutParams {
             target,
+            subscriber_targets: Vec::new(),
             subscribers: 1000,
             channels: 10,
             publishers: 10,
@@ -106,6 +110,14 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     }
     let mut report = Report::new("fanout");
     report.param("url", &p.target.url);
+    if !p.subscriber_targets.is_empty() {
+        let urls: Vec<&str> = p
+            .subscriber_targets
+            .iter()
+            .map(|t| t.url.as_str())
+            .collect();
+        report.param("subscriber urls", urls.join(","));
+    }
     report.param("subscribers", p.subscribers);
     report.param("channels", p.channels);
     report.param("publishers", p.publishers);
@@ -150,7 +162,11 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let (channels, publishers) = (p.channels as u64, p.publishers as u64);
     for i in 0..p.subscribers {
         let c = i % p.channels;
-        let (s, target, timeout) = (s.clone(), p.target.clone(), p.timeout);
+        let target = match p.subscriber_targets.len() {
+            0 => p.target.clone(),
+            n => p.subscriber_targets[i % n].clone(),
+        };
+        let (s, timeout) = (s.clone(), p.timeout);
         let (gate, mut stop, ready) = (gate.clone(), stop_rx.clone(), ready_tx.clone());
         subscribers.spawn(async move {
             let permit = gate.acquire().await;

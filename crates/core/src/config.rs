@@ -74,6 +74,8 @@ pub struct Config {
     pub webhook_retry_for: u64,
     /// Webhooks: events one app may have waiting; more are dropped.
     pub webhook_queue: usize,
+    /// The cluster's broker (`[broker]`).
+    pub broker: BrokerConfig,
     pub apps: Vec<AppConfig>,
 }
 
@@ -93,6 +95,36 @@ impl std::str::FromStr for LogFormat {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
             _ => Err(format!("{s:?} is not a log format (text or json)")),
+        }
+    }
+}
+
+/// How nodes find each other: `local` (one node), or a Redis or NATS
+/// server shared by every node.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    /// `local`, `redis://…`, `rediss://…` (TLS), `nats://…` or `tls://…`
+    /// (NATS over TLS); credentials may be in the URL.
+    pub url: String,
+    /// Namespaces keys and subjects, so several environments can share one
+    /// Redis or NATS server.
+    pub prefix: String,
+    /// Seconds a node may go without a heartbeat before the others remove
+    /// its members.
+    pub ttl: u64,
+    /// `/ready` answers 503 while the broker is unreachable, so a load
+    /// balancer moves new clients to nodes that reach the cluster.
+    pub ready_needs_broker: bool,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            url: "local".into(),
+            prefix: "herald".into(),
+            ttl: 30,
+            ready_needs_broker: true,
         }
     }
 }
@@ -170,6 +202,22 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+impl BrokerConfig {
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl)
+    }
+
+    /// The URL without its password or token, for logs.
+    pub fn shown_url(&self) -> String {
+        match (self.url.find("://"), self.url.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                format!("{}://***@{}", &self.url[..s], &self.url[at + 1..])
+            }
+            _ => self.url.clone(),
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -200,6 +248,7 @@ impl Default for Config {
             webhook_retry_ms: 1000,
             webhook_retry_for: 300,
             webhook_queue: 10_000,
+            broker: BrokerConfig::default(),
             apps: Vec::new(),
         }
     }
@@ -310,6 +359,8 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     pub metrics_port: Option<u16>,
     pub dashboard_token: Option<String>,
+    /// `broker.url`.
+    pub broker: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -457,6 +508,9 @@ impl Config {
         if let Some(v) = &o.dashboard_token {
             self.dashboard_token = Some(v.clone());
         }
+        if let Some(v) = &o.broker {
+            self.broker.url = v.clone();
+        }
         if self.apps.is_empty() {
             self.apps.push(AppConfig::development());
         }
@@ -506,6 +560,29 @@ impl Config {
             (Some(_), None) => return Err(invalid("tls_key", "is required with tls_cert")),
             (None, Some(_)) => return Err(invalid("tls_cert", "is required with tls_key")),
             _ => {}
+        }
+        let b = &self.broker;
+        let schemes = ["redis://", "rediss://", "nats://", "tls://"];
+        if b.url != "local" && !schemes.iter().any(|s| b.url.starts_with(s)) {
+            return Err(invalid(
+                "broker.url",
+                "must be `local`, or a redis://, rediss://, nats:// or tls:// URL",
+            ));
+        }
+        if b.prefix.is_empty()
+            || b.prefix.len() > 64
+            || !b
+                .prefix
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        {
+            return Err(invalid(
+                "broker.prefix",
+                "must be 1 to 64 letters, digits, '_' or '-'",
+            ));
+        }
+        if b.ttl == 0 || b.ttl > 3600 {
+            return Err(invalid("broker.ttl", "must be 1 to 3600 (seconds)"));
         }
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
             return Err(invalid("log", "is not a valid log filter"));
@@ -692,6 +769,28 @@ mod tests {
         c.apply(&Overrides::default()).unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("metrics_port"), "{err}");
+    }
+
+    #[test]
+    fn broker_settings_are_checked() {
+        let c =
+            Config::from_toml("[broker]\nurl = 'nats://u:p@127.0.0.1:4222'\nttl = 3", "x").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.broker.shown_url(), "nats://***@127.0.0.1:4222");
+        assert_eq!(c.broker.prefix, "herald");
+        for (toml, key) in [
+            ("[broker]\nurl = 'http://x'", "broker.url"),
+            ("[broker]\nprefix = 'a.b'", "broker.prefix"),
+            ("[broker]\nttl = 0", "broker.ttl"),
+        ] {
+            let err = Config::from_toml(toml, "x")
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        let err = Config::from_toml("[broker]\nurll = 'x'", "x").unwrap_err();
+        assert!(err.to_string().contains("urll"), "{err}");
     }
 
     #[test]

@@ -154,12 +154,20 @@ pub static BROKER_RECEIVED: Counter = Counter::new(
     "herald_broker_publications_received_total",
     "Publications received from other nodes through the broker",
 );
+pub static BROKER_DROPPED: Counter = Counter::new(
+    "herald_broker_dropped_total",
+    "Messages for other nodes dropped: the broker was unreachable or the engine's queue was full",
+);
+pub static BROKER_OUTAGES: Counter = Counter::new(
+    "herald_broker_outages_total",
+    "Times the connection to the broker was lost",
+);
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
     "HTTP API requests answered with an error",
 );
 
-static ALL: [&Counter; 14] = [
+static ALL: [&Counter; 16] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
     &RATE_LIMITED,
@@ -173,6 +181,8 @@ static ALL: [&Counter; 14] = [
     &FANOUT_MICROS,
     &BROKER_RECEIVED,
     &FANOUT_OVERFLOW,
+    &BROKER_DROPPED,
+    &BROKER_OUTAGES,
     &API_ERRORS,
 ];
 

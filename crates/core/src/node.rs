@@ -220,18 +220,46 @@ impl Node {
         let app = &hub.app.id;
         let pattern = opts.pattern;
         let mut seeded = false;
-        if opts.member.is_some() && !hub.has_channel(channel) {
+        // Another subscriber here is fetching this presence channel's
+        // members: wait for them (bounded), so this one's list is whole too.
+        if opts.member.is_some() {
+            let mut waited = 0;
+            while hub.is_syncing(channel) && waited < 400 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                waited += 1;
+            }
+        }
+        let new_here = !hub.has_channel(channel);
+        if opts.member.is_some() && new_here {
+            hub.begin_sync(channel);
             self.broker.interest(self.id, app, channel, false, true);
             let scope = Scope::Channel(channel.to_owned());
             let members = self.broker.members(app, &scope, self.id).await;
             hub.seed_members(channel, members);
             seeded = true;
         }
+        if opts.cache && new_here {
+            if let Some((p, age)) = self.broker.cached(self.id, app, channel).await {
+                hub.seed_cache(channel, p, age);
+            }
+        }
+        // A channel new to this node: its interest is in effect at the
+        // broker before the subscriber is confirmed, so it receives
+        // everything published anywhere after its confirmation.
+        let mut registered = false;
+        if !seeded && !hub.has_subscribers(channel, pattern) {
+            self.broker.interest(self.id, app, channel, pattern, true);
+            self.broker.flush().await;
+            registered = true;
+        }
         let joined = match hub.subscribe(conn, channel, opts) {
             Ok(j) => j,
             Err(e) => {
                 if seeded && hub.drop_if_unused(channel) {
                     self.broker.interest(self.id, app, channel, false, false);
+                }
+                if registered && !hub.has_subscribers(channel, pattern) {
+                    self.broker.interest(self.id, app, channel, pattern, false);
                 }
                 return Err(e);
             }
@@ -401,14 +429,18 @@ impl Node {
 
     pub fn flush_counts(&self) {
         for hub in self.hubs() {
-            for (channel, count) in hub.flush_subscription_counts() {
+            let counts = hub.flush_subscription_counts();
+            for (channel, count) in &counts.sent {
                 self.notify(
                     hub,
                     &Change::SubscriptionCount {
-                        channel: &channel,
-                        count,
+                        channel,
+                        count: *count,
                     },
                 );
+            }
+            if !counts.announce.is_empty() {
+                self.broker.counts(self.id, &hub.app.id, counts.announce);
             }
         }
     }
@@ -490,5 +522,39 @@ impl Inbox for NodeInbox {
             .upgrade()
             .and_then(|node| node.hub_by_id(app_id).map(|hub| hub.stats(filter)))
             .unwrap_or_default()
+    }
+
+    fn cached(&self, app_id: &str, channel: &str) -> Option<(Publication, std::time::Duration)> {
+        let node = self.0.upgrade()?;
+        let (p, age) = node.hub_by_id(app_id)?.cached(channel)?;
+        // A copy without the built frames (bytes are what a broker carries).
+        Publication::from_bytes(&p.to_bytes())
+            .ok()
+            .map(|p| (p, age))
+    }
+
+    fn count(&self, app_id: &str, channel: &str, node: NodeId, count: usize) {
+        self.with(app_id, |_, hub| hub.remote_count(channel, node, count));
+    }
+
+    fn connections(&self) -> Vec<(String, u32)> {
+        self.0
+            .upgrade()
+            .map(|node| {
+                node.hubs()
+                    .map(|h| (h.app.id.clone(), h.connection_count()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn remote_connections(&self, app_id: &str, count: u32) {
+        self.with(app_id, |_, hub| hub.set_remote_connections(count));
+    }
+
+    fn node_gone(&self, gone: NodeId) {
+        if let Some(node) = self.0.upgrade() {
+            node.hubs().for_each(|hub| hub.forget_node(gone));
+        }
     }
 }

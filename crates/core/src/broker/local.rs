@@ -140,6 +140,37 @@ impl LocalBroker {
                 inbox.presence(&app, &change);
             }
         }
+        let others: Vec<Arc<dyn Inbox>> = self.state.lock().inboxes.values().cloned().collect();
+        for inbox in others {
+            inbox.node_gone(node);
+        }
+    }
+
+    /// Every other node's connections per app, summed, told to each node.
+    fn share_connections(&self) {
+        let inboxes: Vec<(NodeId, Arc<dyn Inbox>)> = {
+            let s = self.state.lock();
+            s.inboxes.iter().map(|(n, i)| (*n, i.clone())).collect()
+        };
+        if inboxes.len() < 2 {
+            return;
+        }
+        let loads: Vec<(NodeId, Vec<(String, u32)>)> =
+            inboxes.iter().map(|(n, i)| (*n, i.connections())).collect();
+        for (n, inbox) in &inboxes {
+            let mut sums: HashMap<&str, u32> = HashMap::new();
+            for (m, load) in &loads {
+                if m == n {
+                    continue;
+                }
+                for (app, c) in load {
+                    *sums.entry(app).or_default() += c;
+                }
+            }
+            for (app, c) in sums {
+                inbox.remote_connections(app, c);
+            }
+        }
     }
 }
 
@@ -310,6 +341,7 @@ impl Broker for LocalBroker {
             tracing::warn!(node = n, "node missed its heartbeats; removing its members");
             self.forget(n);
         }
+        self.share_connections();
     }
 
     fn ttl(&self) -> Duration {
@@ -328,6 +360,32 @@ impl Broker for LocalBroker {
             .flat_map(|i| i.stats(app_id, &filter))
             .collect();
         Box::pin(std::future::ready(answers))
+    }
+
+    fn cached(
+        &self,
+        from: NodeId,
+        app_id: &str,
+        channel: &str,
+    ) -> BoxFuture<Option<(Publication, Duration)>> {
+        let others = self.others(from);
+        let newest = others
+            .iter()
+            .filter_map(|i| i.cached(app_id, channel))
+            .min_by_key(|(_, age)| *age);
+        Box::pin(std::future::ready(newest))
+    }
+
+    fn counts(&self, node: NodeId, app_id: &str, counts: Vec<(String, usize)>) {
+        for (channel, count) in counts {
+            let to = {
+                let s = self.state.lock();
+                Self::audience(&s, app_id, &Scope::Channel(channel.clone()), node)
+            };
+            for inbox in to {
+                inbox.count(app_id, &channel, node, count);
+            }
+        }
     }
 
     fn control(&self, from: NodeId, app_id: &str, control: Control) {

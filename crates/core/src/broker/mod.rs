@@ -17,8 +17,16 @@
 //!
 //! Engines implement [`Broker`]: the in-process [`local::LocalBroker`]
 //! (several nodes in one process form a real cluster, which the multi-node
-//! tests use); Redis and NATS are a matter of transport behind the same
-//! trait.
+//! tests use); the Redis and NATS engines live in their own crate behind
+//! the same trait.
+//!
+//! Beyond those, a few things the networked engines need and the local one
+//! may ignore (each has a default): whether the engine is connected
+//! ([`Broker::connected`]), waiting until what was sent has gone out
+//! ([`Broker::flush`]), a cache channel's last event held by another node
+//! ([`Broker::cached`]), per-channel subscription counts
+//! ([`Broker::counts`]) and per-app connection counts (asked of the
+//! [`Inbox`] with each heartbeat).
 
 pub mod local;
 
@@ -34,7 +42,7 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// What a presence change is about: a channel's members, or the app's
 /// signed-in users.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Scope {
     Channel(String),
     Users,
@@ -54,7 +62,7 @@ pub struct PresenceChange {
 pub type RemoteMember = (NodeId, String, Option<Box<RawValue>>);
 
 /// Commands for every node of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Control {
     /// Close every connection of this signed-in user.
     Terminate { user_id: String },
@@ -67,17 +75,23 @@ pub trait Inbox: Send + Sync {
     fn control(&self, app_id: &str, control: &Control);
     /// Answer a query with this node's own figures.
     fn stats(&self, app_id: &str, filter: &StatsFilter) -> Vec<ChannelStats>;
+    /// This node's last cached publication of `channel`, and its age.
+    fn cached(&self, app_id: &str, channel: &str) -> Option<(Publication, Duration)>;
+    /// Node `node` has `count` subscriptions to `channel` (0: none left).
+    fn count(&self, app_id: &str, channel: &str, node: NodeId, count: usize);
+    /// This node's open connections per app (sent with heartbeats).
+    fn connections(&self) -> Vec<(String, u32)>;
+    /// The other nodes hold `count` connections of the app in total.
+    fn remote_connections(&self, app_id: &str, count: u32);
+    /// Node `node` left or was declared gone: forget what it told us
+    /// besides presence (which the engine removes member by member).
+    fn node_gone(&self, node: NodeId);
 }
 
 /// A cluster engine connecting nodes.
 pub trait Broker: Send + Sync {
     /// Engine name for logs and `/metrics`.
     fn name(&self) -> &'static str;
-    /// Whether the engine is connected (`herald_broker_up`); an in-process
-    /// engine always is.
-    fn healthy(&self) -> bool {
-        true
-    }
     /// Register node `node`'s inbox.
     fn attach(&self, node: NodeId, inbox: Arc<dyn Inbox>);
     /// The node leaves (graceful shutdown): its members are removed now.
@@ -122,4 +136,27 @@ pub trait Broker: Send + Sync {
     ) -> BoxFuture<Vec<ChannelStats>>;
     /// Send a control message to every other node.
     fn control(&self, from: NodeId, app_id: &str, control: Control);
+    /// Whether the engine reaches the rest of the cluster now
+    /// (`herald_broker_up`, `/ready`); an in-process engine always does.
+    fn connected(&self) -> bool {
+        true
+    }
+    /// Resolves once what was handed to the engine before the call has
+    /// been sent (or dropped). Graceful shutdown waits on it.
+    fn flush(&self) -> BoxFuture<()> {
+        Box::pin(std::future::ready(()))
+    }
+    /// The newest cached publication of `channel` held by a node other
+    /// than `from`, with its age.
+    fn cached(
+        &self,
+        _from: NodeId,
+        _app_id: &str,
+        _channel: &str,
+    ) -> BoxFuture<Option<(Publication, Duration)>> {
+        Box::pin(std::future::ready(None))
+    }
+    /// Node `node`'s subscription counts of these channels changed: tell
+    /// the other nodes interested in each.
+    fn counts(&self, _node: NodeId, _app_id: &str, _counts: Vec<(String, usize)>) {}
 }

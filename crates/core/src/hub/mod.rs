@@ -100,6 +100,12 @@ struct Channel {
     members: HashMap<Arc<str>, MemberState>,
     /// Its subscription count is pushed to subscribers.
     count: bool,
+    /// Subscriptions on other nodes, as they reported them.
+    remote_counts: HashMap<NodeId, usize>,
+    /// While the members on other nodes are being fetched: (node, user)
+    /// pairs that left meanwhile, so the fetched list does not bring them
+    /// back (see [`Hub::begin_sync`]).
+    syncing: Option<Vec<(NodeId, Arc<str>)>>,
 }
 
 struct Sub {
@@ -163,7 +169,11 @@ pub struct Hub {
     pub users: users::Users,
     /// Channels whose subscription count changed since the last flush.
     counts_changed: DashSet<String>,
+    /// Channels whose count on this node the other nodes must hear.
+    counts_announce: DashSet<String>,
     connections: AtomicU32,
+    /// Connections on the other nodes (from their heartbeats).
+    remote_connections: AtomicU32,
 }
 
 /// Which map a subscription lives in.
@@ -185,21 +195,26 @@ impl Hub {
             cache: DashMap::new(),
             users: users::Users::default(),
             counts_changed: DashSet::new(),
+            counts_announce: DashSet::new(),
             connections: AtomicU32::new(0),
+            remote_connections: AtomicU32::new(0),
         }
     }
 
     // ----- connections -----------------------------------------------------
 
     /// Count a new connection, or refuse it (app disabled or over quota).
+    /// The quota counts the other nodes' connections as their last
+    /// heartbeats reported them.
     pub fn admit(&self) -> Result<(), Refused> {
         if !self.app.enabled {
             return Err(Refused::Unauthorized("App is disabled".into()));
         }
         let max = self.app.max_connections;
+        let elsewhere = self.remote_connections.load(Ordering::Acquire);
         self.connections
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (max == 0 || n < max).then_some(n + 1)
+                (max == 0 || n.saturating_add(elsewhere) < max).then_some(n + 1)
             })
             .map(|_| ())
             .map_err(|_| Refused::OverLimit(format!("App is over its connection quota ({max})")))
@@ -212,6 +227,11 @@ impl Hub {
 
     pub fn connection_count(&self) -> u32 {
         self.connections.load(Ordering::Acquire)
+    }
+
+    /// The other nodes hold `count` of this app's connections.
+    pub fn set_remote_connections(&self, count: u32) {
+        self.remote_connections.store(count, Ordering::Release);
     }
 
     // ----- subscriptions ---------------------------------------------------
@@ -337,9 +357,12 @@ impl Hub {
             }
         }
         left.last_here = ch.subs.is_empty();
-        let count = !left.last_here && ch.count;
+        let count = ch.count;
         drop(entry);
-        if count {
+        if count && left.last_here {
+            // The others hear this node has none left (no push: nobody here).
+            self.counts_announce.insert(channel.to_owned());
+        } else if count {
             self.count_changed(channel);
         }
         if pattern {
@@ -380,6 +403,12 @@ impl Hub {
             return;
         };
         let ch = entry.value_mut();
+        if let Some(gone) = &mut ch.syncing {
+            gone.retain(|(n, u)| !(*n == node && **u == *user_id));
+            if joined.is_none() {
+                gone.push((node, Arc::from(user_id)));
+            }
+        }
         match joined {
             Some(info) => {
                 let was = {
@@ -416,6 +445,17 @@ impl Hub {
         }
     }
 
+    /// Start learning a channel's members on other nodes: creates its
+    /// entry (before the node registers interest), so that members joining
+    /// and leaving elsewhere meanwhile are applied, and a member that left
+    /// while the snapshot was on its way is not brought back by it.
+    pub fn begin_sync(&self, channel: &str) {
+        let mut entry = self.channels.entry(channel.to_owned()).or_default();
+        if entry.subs.is_empty() && entry.syncing.is_none() {
+            entry.syncing = Some(Vec::new());
+        }
+    }
+
     /// Seed a channel's members on other nodes (the broker's snapshot)
     /// before its first subscriber here is confirmed. Creates the channel's
     /// entry; it is dropped again if nobody subscribes.
@@ -425,7 +465,11 @@ impl Hub {
         members: Vec<(NodeId, String, Option<Box<serde_json::value::RawValue>>)>,
     ) {
         let mut entry = self.channels.entry(channel.to_owned()).or_default();
+        let gone = entry.syncing.take().unwrap_or_default();
         for (node, user, info) in members {
+            if gone.iter().any(|(n, u)| *n == node && **u == *user) {
+                continue;
+            }
             let state = entry
                 .members
                 .entry(Arc::from(user.as_str()))
@@ -434,6 +478,21 @@ impl Hub {
                 state.remote.push(node);
             }
         }
+    }
+
+    /// Whether the members of `channel` on other nodes are being fetched
+    /// (see [`Hub::begin_sync`]).
+    pub fn is_syncing(&self, channel: &str) -> bool {
+        self.channels
+            .get(channel)
+            .is_some_and(|c| c.syncing.is_some())
+    }
+
+    /// Whether `channel` (or the pattern) has a subscriber on this node.
+    pub fn has_subscribers(&self, channel: &str, pattern: bool) -> bool {
+        map_of(self, pattern)
+            .get(channel)
+            .is_some_and(|c| !c.subs.is_empty())
     }
 
     /// Whether this node holds presence state for `channel`.
@@ -457,21 +516,31 @@ impl Hub {
         if !self.counts_changed.contains(channel) {
             self.counts_changed.insert(channel.to_owned());
         }
+        if !self.counts_announce.contains(channel) {
+            self.counts_announce.insert(channel.to_owned());
+        }
     }
 
-    /// Send the count of every channel whose count changed since the last
-    /// call (run periodically); returns the counts sent.
-    pub fn flush_subscription_counts(&self) -> Vec<(String, usize)> {
+    /// Send the count (this node's plus the other nodes') of every channel
+    /// whose count changed since the last call (run periodically).
+    pub fn flush_subscription_counts(&self) -> FlushedCounts {
         let changed: Vec<String> = self.counts_changed.iter().map(|c| c.clone()).collect();
+        let announce: Vec<String> = self.counts_announce.iter().map(|c| c.clone()).collect();
         // Unmark before reading the count: a change after this point marks
         // the channel again and goes out with the next flush.
         for channel in &changed {
             self.counts_changed.remove(channel);
         }
+        for channel in &announce {
+            self.counts_announce.remove(channel);
+        }
         let mut sent = Vec::new();
         for channel in changed {
             if let Some(ch) = self.channels.get(&channel) {
-                let count = ch.subs.len();
+                if ch.subs.is_empty() || !ch.count {
+                    continue;
+                }
+                let count = ch.subs.len() + ch.remote_counts.values().sum::<usize>();
                 let mut event = EncodeOnce::new(Event::SubscriptionCount {
                     channel: &channel,
                     count,
@@ -481,7 +550,51 @@ impl Hub {
                 sent.push((channel, count));
             }
         }
-        sent
+        let announce = announce
+            .into_iter()
+            .map(|c| {
+                let n = self.channels.get(&c).map_or(0, |ch| ch.subs.len());
+                (c, n)
+            })
+            .collect();
+        FlushedCounts { sent, announce }
+    }
+
+    /// Node `node` has `count` subscriptions to `channel`. A node not
+    /// heard from before on this channel also gets this node's count.
+    pub fn remote_count(&self, channel: &str, node: NodeId, count: usize) {
+        let Some(mut ch) = self.channels.get_mut(channel) else {
+            return;
+        };
+        if !ch.count || ch.subs.is_empty() {
+            return;
+        }
+        let new = if count == 0 {
+            ch.remote_counts.remove(&node);
+            false
+        } else {
+            ch.remote_counts.insert(node, count).is_none()
+        };
+        drop(ch);
+        if !self.counts_changed.contains(channel) {
+            self.counts_changed.insert(channel.to_owned());
+        }
+        if new && !self.counts_announce.contains(channel) {
+            self.counts_announce.insert(channel.to_owned());
+        }
+    }
+
+    /// Forget the subscription counts node `node` reported.
+    pub fn forget_node(&self, node: NodeId) {
+        let mut changed = Vec::new();
+        for mut e in self.channels.iter_mut() {
+            if e.remote_counts.remove(&node).is_some() {
+                changed.push(e.key().clone());
+            }
+        }
+        for c in changed {
+            self.counts_changed.insert(c);
+        }
     }
 
     // ----- publishing --------------------------------------------------------
@@ -541,6 +654,44 @@ impl Hub {
         found
     }
 
+    /// This node's cached publication of `channel` within the TTL, and
+    /// its age.
+    pub fn cached(&self, channel: &str) -> Option<(Arc<Publication>, Duration)> {
+        let ttl = Duration::from_secs(self.app.cache_ttl);
+        self.cache
+            .get(channel)
+            .filter(|c| c.at.elapsed() < ttl)
+            .map(|c| (c.publication.clone(), c.at.elapsed()))
+    }
+
+    /// Keep a cached publication another node holds (published `age` ago)
+    /// unless this node has a newer one.
+    pub fn seed_cache(&self, channel: &str, publication: Publication, age: Duration) {
+        let Some(at) = Instant::now().checked_sub(age) else {
+            return;
+        };
+        if age >= Duration::from_secs(self.app.cache_ttl) {
+            return;
+        }
+        use dashmap::mapref::entry::Entry;
+        match self.cache.entry(channel.to_owned()) {
+            Entry::Occupied(mut e) => {
+                if e.get().at < at {
+                    e.insert(Cached {
+                        publication: Arc::new(publication),
+                        at,
+                    });
+                }
+            }
+            Entry::Vacant(e) => {
+                e.insert(Cached {
+                    publication: Arc::new(publication),
+                    at,
+                });
+            }
+        }
+    }
+
     /// Drop cache slots older than the TTL (run periodically so memory stays
     /// flat when many short-lived cache channels come and go).
     pub fn expire_cache(&self) {
@@ -594,6 +745,15 @@ impl Hub {
                 .collect(),
         }
     }
+}
+
+/// What a flush of subscription counts did.
+#[derive(Debug, Default)]
+pub struct FlushedCounts {
+    /// (channel, cluster-wide count) sent to this node's subscribers.
+    pub sent: Vec<(String, usize)>,
+    /// (channel, this node's count) for the other nodes.
+    pub announce: Vec<(String, usize)>,
 }
 
 /// Which channels a stats query asks about.

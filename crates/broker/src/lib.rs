@@ -1,0 +1,45 @@
+//! Herald's cluster engines: several `herald serve` processes behave as
+//! one server through a Redis server (pub/sub) or a NATS server (core
+//! subjects, no JetStream). Both implement herald-core's
+//! [`Broker`](herald_core::broker::Broker) with the same cluster logic
+//! ([`engine`]); [`redis`] and [`nats`] only move bytes. See
+//! docs/cluster.md.
+
+pub mod engine;
+pub mod msg;
+pub mod nats;
+pub mod redis;
+pub mod subject;
+pub mod testing;
+
+use herald_core::broker::local::LocalBroker;
+use herald_core::broker::Broker;
+use herald_core::config::BrokerConfig;
+use std::sync::Arc;
+
+/// The engine `config` names: the in-process one for `local`, else Redis
+/// or NATS. Networked engines connect in the background (call inside a
+/// Tokio runtime); until they are connected the node serves its own
+/// clients and `connected()` is false.
+pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
+    let url = config.url.as_str();
+    if url == "local" {
+        return Ok(Arc::new(LocalBroker::with_ttl(config.ttl())));
+    }
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        return Ok(Arc::new(redis::engine(url, &config.prefix, config.ttl())?));
+    }
+    if url.starts_with("nats://") || url.starts_with("tls://") {
+        return Ok(Arc::new(nats::engine(url, &config.prefix, config.ttl())?));
+    }
+    Err(format!(
+        "broker.url {:?}: expected local, redis://, rediss://, nats:// or tls://",
+        config.shown_url()
+    ))
+}
+
+/// Backoff before reconnect attempt `n` (from 0): 100 ms doubling to 5 s.
+pub(crate) fn backoff(n: u32) -> std::time::Duration {
+    let ms = 100u64.saturating_mul(1u64 << n.min(6));
+    std::time::Duration::from_millis(ms.min(5000))
+}

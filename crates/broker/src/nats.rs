@@ -1,0 +1,174 @@
+//! The NATS transport (core NATS, no JetStream): one connection; one
+//! subscription per wanted subject (a pattern is a `>` wildcard subject),
+//! each forwarding into the engine's single inbound task. The client
+//! reconnects by itself (backoff 100 ms doubling to 5 s) and restores the
+//! subscriptions; its connection events tell the engine when the broker
+//! is away and when to announce the node again. While the connection is
+//! down the writer drops what is queued instead of letting the client
+//! buffer it.
+
+use crate::engine::{Engine, Out, Shared};
+use async_nats::{ConnectOptions, Event, ServerAddr};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Messages received but not yet handled before the subscriptions wait.
+const INBOUND: usize = 8192;
+
+/// The messages received, with the subscription they came through.
+type Inbound = (Arc<str>, Bytes);
+
+pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
+    let addr = ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
+    let start: crate::engine::Starter = Box::new(move |shared, rx| {
+        tokio::spawn(run(shared, rx, addr));
+    });
+    Ok(Engine::new("nats", prefix, ttl, ">", start))
+}
+
+async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr) {
+    let mut options = ConnectOptions::new()
+        .name("herald")
+        .retry_on_initial_connect()
+        .max_reconnects(None::<usize>)
+        .connection_timeout(Duration::from_secs(5))
+        .ping_interval(Duration::from_secs(5))
+        .reconnect_delay_callback(|n| crate::backoff(n as u32));
+    match (addr.username(), addr.password()) {
+        (Some(u), Some(p)) => options = options.user_and_password(u.into(), p.into()),
+        (Some(token), None) => options = options.token(token.into()),
+        _ => {}
+    }
+    let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
+    options = options.event_callback(move |ev| {
+        let tx = events_tx.clone();
+        async move {
+            match ev {
+                Event::Connected => {
+                    let _ = tx.send(true);
+                }
+                Event::Disconnected | Event::Closed => {
+                    let _ = tx.send(false);
+                }
+                _ => {}
+            }
+        }
+    });
+    let client = match options.connect(addr).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(engine = "nats", error = %e, "cannot start the NATS client");
+            return;
+        }
+    };
+    let (in_tx, mut inbound) = mpsc::channel::<Inbound>(INBOUND);
+    let mut subs: HashMap<String, JoinHandle<()>> = HashMap::new();
+    let base = [shared.all(), shared.own_subject()];
+    for s in &base {
+        if let Err(e) = subscribe(&client, s, &in_tx, &mut subs).await {
+            tracing::error!(engine = "nats", error = %e, "cannot subscribe");
+        }
+    }
+    loop {
+        tokio::select! {
+            ev = events.recv() => match ev {
+                Some(true) => {
+                    // Subscriptions made while away are restored by the
+                    // client; make sure every wanted one exists.
+                    let wanted = shared.wanted_now();
+                    for (subject, _) in wanted {
+                        if !subs.contains_key(&subject) {
+                            let _ = subscribe(&client, &subject, &in_tx, &mut subs).await;
+                        }
+                    }
+                    apply_dirty(&shared, &client, &in_tx, &mut subs).await;
+                    let _ = client.flush().await;
+                    shared.set_up(true, "");
+                }
+                Some(false) => shared.set_up(false, "disconnected"),
+                None => return,
+            },
+            m = inbound.recv() => {
+                if let Some((via, payload)) = m {
+                    shared.on_message(&via, &payload);
+                }
+            }
+            _ = shared.wake.notified() => {
+                apply_dirty(&shared, &client, &in_tx, &mut subs).await;
+            }
+            o = rx.recv() => match o {
+                None => return,
+                Some(Out::Flush(done)) => {
+                    apply_dirty(&shared, &client, &in_tx, &mut subs).await;
+                    if shared.is_up() {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), client.flush()).await;
+                    }
+                    let _ = done.send(());
+                }
+                Some(Out::Send(subject, payload)) => {
+                    apply_dirty(&shared, &client, &in_tx, &mut subs).await;
+                    if !shared.is_up() {
+                        herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
+                        continue;
+                    }
+                    if client.publish(subject, payload).await.is_err() {
+                        herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
+                    }
+                }
+            },
+        }
+    }
+}
+
+async fn subscribe(
+    client: &async_nats::Client,
+    subject: &str,
+    in_tx: &mpsc::Sender<Inbound>,
+    subs: &mut HashMap<String, JoinHandle<()>>,
+) -> Result<(), String> {
+    let mut sub = client
+        .subscribe(subject.to_owned())
+        .await
+        .map_err(|e| e.to_string())?;
+    let via: Arc<str> = Arc::from(subject);
+    let tx = in_tx.clone();
+    let task = tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if tx.send((via.clone(), m.payload)).await.is_err() {
+                break;
+            }
+        }
+    });
+    subs.insert(subject.to_owned(), task);
+    Ok(())
+}
+
+async fn apply_dirty(
+    shared: &Shared,
+    client: &async_nats::Client,
+    in_tx: &mpsc::Sender<Inbound>,
+    subs: &mut HashMap<String, JoinHandle<()>>,
+) {
+    for (subject, want, _) in shared.take_dirty() {
+        match (want, subs.contains_key(&subject)) {
+            (true, false) => {
+                if let Err(e) = subscribe(client, &subject, in_tx, subs).await {
+                    tracing::debug!(engine = "nats", error = %e, "subscribe failed");
+                }
+            }
+            (false, true) => {
+                // Dropping the subscriber unsubscribes.
+                if let Some(t) = subs.remove(&subject) {
+                    t.abort();
+                }
+            }
+            _ => {}
+        }
+    }
+}

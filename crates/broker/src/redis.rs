@@ -1,0 +1,186 @@
+//! The Redis transport: one pub/sub connection (SUBSCRIBE for channels,
+//! PSUBSCRIBE for patterns) and one connection for PUBLISH, pipelined: the
+//! writer takes everything queued (up to [`BATCH`]) and sends it in one
+//! round trip, in order. A broken connection ends the session; the next
+//! one starts after a backoff (100 ms doubling to 5 s), subscribes to
+//! everything wanted again and announces the node (see [`crate::engine`]).
+
+use crate::engine::{Engine, Out, Shared};
+use futures_util::StreamExt;
+use redis::AsyncConnectionConfig;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Most messages sent in one pipeline.
+const BATCH: usize = 512;
+
+/// Subjects per SUBSCRIBE when subscribing to everything at once.
+const SUBSCRIBE_CHUNK: usize = 256;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+    let start: crate::engine::Starter = Box::new(move |shared, rx| {
+        tokio::spawn(run(shared, rx, client));
+    });
+    Ok(Engine::new("redis", prefix, ttl, "*", start))
+}
+
+async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Client) {
+    let mut attempt = 0u32;
+    loop {
+        let mut connected = false;
+        let err = session(&shared, &mut rx, &client, &mut connected).await;
+        if connected {
+            attempt = 0;
+        }
+        shared.set_up(false, &err);
+        if attempt == 0 && !connected {
+            tracing::warn!(engine = "redis", error = %err, "cannot reach the broker; retrying");
+        }
+        // Back off; what is queued meanwhile is dropped, never kept.
+        let until = tokio::time::Instant::now() + crate::backoff(attempt);
+        attempt = attempt.saturating_add(1);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => break,
+                o = rx.recv() => match o {
+                    Some(Out::Send(..)) => herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED),
+                    Some(Out::Flush(done)) => { let _ = done.send(()); }
+                    None => return,
+                },
+            }
+        }
+    }
+}
+
+/// One connection's life; returns why it ended.
+async fn session(
+    shared: &Arc<Shared>,
+    rx: &mut mpsc::Receiver<Out>,
+    client: &redis::Client,
+    connected: &mut bool,
+) -> String {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(TIMEOUT))
+        .set_response_timeout(Some(TIMEOUT));
+    let mut conn = match client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
+    let pubsub = match tokio::time::timeout(TIMEOUT, client.get_async_pubsub()).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return e.to_string(),
+        Err(_) => return "timed out opening the pub/sub connection".into(),
+    };
+    let (mut sink, mut stream) = pubsub.split();
+    let mut exact: HashSet<String> = HashSet::new();
+    let mut patterns: HashSet<String> = HashSet::new();
+    let base = [shared.all(), shared.own_subject()];
+    if let Err(e) = sink.subscribe(&base).await {
+        return e.to_string();
+    }
+    let wanted = shared.wanted_now();
+    let (p, e): (Vec<_>, Vec<_>) = wanted.into_iter().partition(|(_, pattern)| *pattern);
+    for chunk in e.chunks(SUBSCRIBE_CHUNK) {
+        let names: Vec<&str> = chunk.iter().map(|(s, _)| s.as_str()).collect();
+        if let Err(e) = sink.subscribe(&names).await {
+            return e.to_string();
+        }
+        exact.extend(names.iter().map(|s| s.to_string()));
+    }
+    for chunk in p.chunks(SUBSCRIBE_CHUNK) {
+        let names: Vec<&str> = chunk.iter().map(|(s, _)| s.as_str()).collect();
+        if let Err(e) = sink.psubscribe(&names).await {
+            return e.to_string();
+        }
+        patterns.extend(names.iter().map(|s| s.to_string()));
+    }
+    *connected = true;
+    shared.set_up(true, "");
+    let mut batch: Vec<Out> = Vec::with_capacity(BATCH);
+    loop {
+        tokio::select! {
+            m = stream.next() => match m {
+                Some(m) => {
+                    let via = if m.from_pattern() {
+                        m.get_pattern::<String>().unwrap_or_default()
+                    } else {
+                        m.get_channel_name().to_owned()
+                    };
+                    shared.on_message(&via, m.get_payload_bytes());
+                }
+                None => return "connection closed".into(),
+            },
+            _ = shared.wake.notified() => {
+                if let Err(e) = apply_dirty(shared, &mut sink, &mut exact, &mut patterns).await {
+                    return e;
+                }
+            }
+            n = rx.recv_many(&mut batch, BATCH) => {
+                if n == 0 {
+                    return "engine stopped".into();
+                }
+                // Interest changes made before these messages were queued
+                // take effect first (a request must find us subscribed).
+                if let Err(e) = apply_dirty(shared, &mut sink, &mut exact, &mut patterns).await {
+                    return e;
+                }
+                let mut pipe = redis::pipe();
+                let mut flushes = Vec::new();
+                let mut any = false;
+                for o in batch.drain(..) {
+                    match o {
+                        Out::Send(subject, bytes) => {
+                            pipe.cmd("PUBLISH").arg(subject).arg(bytes.as_ref()).ignore();
+                            any = true;
+                        }
+                        Out::Flush(done) => flushes.push(done),
+                    }
+                }
+                let r: redis::RedisResult<()> = if any {
+                    pipe.query_async(&mut conn).await
+                } else {
+                    Ok(())
+                };
+                for done in flushes {
+                    let _ = done.send(());
+                }
+                if let Err(e) = r {
+                    return e.to_string();
+                }
+            }
+        }
+    }
+}
+
+async fn apply_dirty(
+    shared: &Shared,
+    sink: &mut redis::aio::PubSubSink,
+    exact: &mut HashSet<String>,
+    patterns: &mut HashSet<String>,
+) -> Result<(), String> {
+    for (subject, want, pattern) in shared.take_dirty() {
+        let set = if pattern { &mut *patterns } else { &mut *exact };
+        let r = match (want, set.contains(&subject), pattern) {
+            (true, false, false) => sink.subscribe(&subject).await,
+            (true, false, true) => sink.psubscribe(&subject).await,
+            (false, true, false) => sink.unsubscribe(&subject).await,
+            (false, true, true) => sink.punsubscribe(&subject).await,
+            _ => continue,
+        };
+        r.map_err(|e| e.to_string())?;
+        if want {
+            set.insert(subject);
+        } else {
+            set.remove(&subject);
+        }
+    }
+    Ok(())
+}

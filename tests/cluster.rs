@@ -1,0 +1,319 @@
+//! Three real `herald serve` processes on a real `redis-server` or
+//! `nats-server` (started here on free loopback ports), with WebSocket
+//! clients on every node: a node SIGKILLed has its members removed
+//! everywhere within the heartbeat TTL, a node stopped gracefully at once,
+//! and the broker killed and restarted mid-run stops and resumes delivery
+//! without restarting Herald, with `/ready` and `/metrics` showing the
+//! outage. Every test runs on both brokers. (conformance/tests/cluster
+//! drives the same cluster with pusher-js and the `pusher` SDK.)
+
+mod common;
+
+use common::{Client, Server, TIMEOUT};
+use herald_broker::testing::{BrokerServer, Kind};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+async fn nodes(broker: &BrokerServer, n: usize, ttl: u64, prefix: &str) -> Vec<Server> {
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\nttl = {ttl}\n",
+        broker.url()
+    );
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(Server::start_with(&top, "").await);
+    }
+    // /ready answers 200 only once a node is connected to the broker and
+    // has heard the others; the last to start has heard everyone, and the
+    // earlier ones heard it say hello.
+    for s in &out {
+        wait_ready(s, 200).await;
+    }
+    out
+}
+
+async fn ready(s: &Server) -> (u16, String) {
+    let (status, body) = s.raw_api("GET", "/ready", "", "").await;
+    (status, body.as_str().unwrap_or_default().to_owned())
+}
+
+async fn wait_ready(s: &Server, want: u16) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (status, body) = ready(s).await;
+        if status == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/ready stayed {status} {body}, wanted {want}; log:\n{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The ids of a presence channel's members as `GET …/users` lists them.
+async fn api_users(s: &Server, channel: &str) -> Vec<String> {
+    let (status, body) = s
+        .api(
+            "GET",
+            &format!("/apps/test-app/channels/{channel}/users"),
+            "",
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut ids: Vec<String> = body["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Wait until every node's API lists exactly `want`.
+async fn users_everywhere(nodes: &[&Server], channel: &str, want: &[&str]) {
+    let deadline = Instant::now() + TIMEOUT;
+    for s in nodes {
+        loop {
+            let got = api_users(s, channel).await;
+            if got == want {
+                break;
+            }
+            assert!(Instant::now() < deadline, "users {got:?}, wanted {want:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Sign a client in as `id` (pusher:signin).
+async fn sign_in(c: &mut Client, id: &str) {
+    let user_data = json!({ "id": id }).to_string();
+    let auth = herald::signing::token(
+        common::APP_KEY,
+        common::APP_SECRET,
+        &herald::signing::user_string(&c.socket_id, &user_data),
+    );
+    c.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
+        .await;
+    c.expect("pusher:signin_success", None).await;
+}
+
+async fn member_event(c: &mut Client, event: &str) -> Value {
+    let f = c.expect(event, Some("presence-room")).await;
+    common::data(&f)
+}
+
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn redis() {
+                super::$name(Kind::Redis).await
+            }
+            #[tokio::test]
+            async fn nats() {
+                super::$name(Kind::Nats).await
+            }
+        }
+    };
+}
+
+both!(sigkilled_node_leaves_within_the_ttl);
+async fn sigkilled_node_leaves_within_the_ttl(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let ttl = 2;
+    let mut n = nodes(&broker, 3, ttl, "kill").await;
+    let mut obs = n[0].client().await;
+    obs.subscribe_presence("presence-room", "obs", json!({}))
+        .await;
+    let mut other = n[1].client().await;
+    other
+        .subscribe_presence("presence-room", "other", json!({}))
+        .await;
+    member_event(&mut obs, "pusher_internal:member_added").await;
+    let mut doomed = n[2].client().await;
+    doomed
+        .subscribe_presence("presence-room", "doomed", json!({ "n": 1 }))
+        .await;
+    assert_eq!(
+        member_event(&mut obs, "pusher_internal:member_added").await["user_id"],
+        "doomed"
+    );
+    assert_eq!(
+        member_event(&mut other, "pusher_internal:member_added").await["user_id"],
+        "doomed"
+    );
+    users_everywhere(
+        &[&n[0], &n[1], &n[2]],
+        "presence-room",
+        &["doomed", "obs", "other"],
+    )
+    .await;
+
+    // SIGKILL: no goodbye, no cleanup. The others notice within the TTL
+    // (heartbeats every third of it) and remove its member, once each.
+    n[2].child.kill().unwrap();
+    let t0 = Instant::now();
+    let gone = member_event(&mut obs, "pusher_internal:member_removed").await;
+    assert_eq!(gone["user_id"], "doomed");
+    let gone = member_event(&mut other, "pusher_internal:member_removed").await;
+    assert_eq!(gone["user_id"], "doomed");
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(ttl) + Duration::from_millis(1500),
+        "removed after {took:?} (TTL {ttl} s)"
+    );
+    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs", "other"]).await;
+    // Once: a marker published afterwards is the next frame.
+    n[1].trigger("presence-room", "marker", "m").await;
+    obs.expect("marker", Some("presence-room")).await;
+    drop(doomed);
+    let _ = n.pop();
+}
+
+both!(graceful_stop_removes_members_at_once);
+async fn graceful_stop_removes_members_at_once(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    // A long TTL: a removal within a few seconds is the goodbye, not it.
+    let mut n = nodes(&broker, 3, 30, "stop").await;
+    let mut obs = n[0].client().await;
+    obs.subscribe_presence("presence-room", "obs", json!({}))
+        .await;
+    let mut leaving = n[2].client().await;
+    leaving
+        .subscribe_presence("presence-room", "leaving", json!({}))
+        .await;
+    assert_eq!(
+        member_event(&mut obs, "pusher_internal:member_added").await["user_id"],
+        "leaving"
+    );
+    unsafe {
+        libc::kill(n[2].pid(), libc::SIGTERM);
+    }
+    let t0 = Instant::now();
+    leaving.expect_closed_with(4200).await;
+    let gone = member_event(&mut obs, "pusher_internal:member_removed").await;
+    assert_eq!(gone["user_id"], "leaving");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(n[2].wait_exit().await.success());
+    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs"]).await;
+    let _ = n.pop();
+}
+
+both!(broker_outage_and_recovery);
+async fn broker_outage_and_recovery(kind: Kind) {
+    let mut broker = BrokerServer::start(kind);
+    let n = nodes(&broker, 3, 30, "outage").await;
+    let mut clients = Vec::new();
+    for s in &n {
+        let mut c = s.client().await;
+        c.subscribe("news").await;
+        clients.push(c);
+    }
+    n[0].trigger("news", "before", "1").await;
+    for c in &mut clients {
+        assert_eq!(c.expect("before", Some("news")).await["data"], "1");
+    }
+    assert_eq!(n[1].metric("herald_broker_up").await, 1);
+    let outages = n[1].metric("herald_broker_outages_total").await;
+
+    broker.kill();
+    for s in &n {
+        wait_ready(s, 503).await;
+        assert_eq!(ready(s).await.1, "BROKER DOWN");
+        assert_eq!(s.metric("herald_broker_up").await, 0);
+    }
+    assert!(n[1].metric("herald_broker_outages_total").await > outages);
+    // Each node keeps serving its own clients.
+    for (i, s) in n.iter().enumerate() {
+        s.trigger("news", "during", &i.to_string()).await;
+        let f = clients[i].expect("during", Some("news")).await;
+        assert_eq!(f["data"], i.to_string());
+    }
+    assert!(n[0].metric("herald_broker_dropped_total").await > 0);
+
+    // Back: every node reconnects by itself, subscribes again, and
+    // delivery resumes everywhere, exactly once.
+    broker.restart();
+    for s in &n {
+        wait_ready(s, 200).await;
+        assert_eq!(s.metric("herald_broker_up").await, 1);
+    }
+    for (i, s) in n.iter().enumerate() {
+        s.trigger("news", "after", &i.to_string()).await;
+    }
+    for c in &mut clients {
+        let mut got: Vec<String> = Vec::new();
+        for _ in 0..3 {
+            let f = c.expect("after", Some("news")).await;
+            got.push(f["data"].as_str().unwrap().to_owned());
+        }
+        got.sort();
+        assert_eq!(got, ["0", "1", "2"]);
+    }
+    // And nothing twice: a marker is the next frame.
+    n[2].trigger("news", "marker", "m").await;
+    for c in &mut clients {
+        c.expect("marker", Some("news")).await;
+    }
+}
+
+both!(channel_figures_agree_on_every_node);
+async fn channel_figures_agree_on_every_node(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let n = nodes(&broker, 3, 30, "figures").await;
+    let mut keep = Vec::new();
+    for (i, s) in n.iter().enumerate() {
+        for _ in 0..=i {
+            let mut c = s.client().await;
+            c.subscribe("shared").await;
+            keep.push(c);
+        }
+    }
+    let mut a = n[0].client().await;
+    sign_in(&mut a, "u1").await;
+    a.subscribe_presence("presence-room", "u1", json!({})).await;
+    let mut b = n[1].client().await;
+    sign_in(&mut b, "u1").await;
+    b.subscribe_presence("presence-room", "u1", json!({})).await;
+    let mut c = n[2].client().await;
+    c.subscribe_presence("presence-room", "u2", json!({})).await;
+    for s in &n {
+        let (_, ch) = s.api("GET", "/apps/test-app/channels/shared", "").await;
+        assert_eq!(ch["occupied"], true, "{ch}");
+        let (_, p) = s
+            .api("GET", "/apps/test-app/channels/presence-room", "")
+            .await;
+        assert_eq!(p["occupied"], true);
+        let (_, list) = s.api("GET", "/apps/test-app/channels", "").await;
+        let names: Vec<&String> = list["channels"].as_object().unwrap().keys().collect();
+        assert_eq!(names, ["presence-room", "shared"], "{list}");
+        assert_eq!(api_users(s, "presence-room").await, ["u1", "u2"]);
+    }
+    // Terminating u1 from the node where it has no socket closes both.
+    let (status, _) = n[2]
+        .api(
+            "POST",
+            "/apps/test-app/users/u1/terminate_connections",
+            "{}",
+        )
+        .await;
+    assert_eq!(status, 200);
+    for c in [&mut a, &mut b] {
+        // Member events may come first; then the error and the close.
+        loop {
+            let f = c.recv().await;
+            if f["event"] == "pusher:error" {
+                assert_eq!(f["data"]["code"], 4009, "{f}");
+                break;
+            }
+        }
+        c.expect_close(4009).await;
+    }
+    users_everywhere(&[&n[0], &n[1], &n[2]], "presence-room", &["u2"]).await;
+    drop((a, b, c, keep));
+}
