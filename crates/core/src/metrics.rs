@@ -13,7 +13,7 @@ pub struct Counter {
 }
 
 impl Counter {
-    const fn new(name: &'static str, help: &'static str) -> Counter {
+    pub const fn new(name: &'static str, help: &'static str) -> Counter {
         Counter {
             name,
             help,
@@ -126,10 +126,24 @@ static ALL: [&Counter; 17] = [
     &API_ERRORS,
 ];
 
+/// Counters an adapter defines for itself (its own `static`s), rendered
+/// after the core's.
+static EXTRA: parking_lot::Mutex<Vec<&'static Counter>> = parking_lot::Mutex::new(Vec::new());
+
+/// Add an adapter's counter to `/metrics` (once; registering it again, or a
+/// counter with the same name, does nothing).
+pub fn register(c: &'static Counter) {
+    let mut extra = EXTRA.lock();
+    if !ALL.iter().chain(extra.iter()).any(|e| e.name == c.name) {
+        extra.push(c);
+    }
+}
+
 /// Render every counter, plus the given gauges, in Prometheus text format.
 pub fn render(gauges: &[(&str, &str, u64)]) -> String {
     let mut out = String::new();
-    for c in ALL {
+    let extra = EXTRA.lock().clone();
+    for c in ALL.iter().copied().chain(extra) {
         out.push_str(&format!(
             "# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n",
             c.name,
@@ -143,4 +157,25 @@ pub fn render(gauges: &[(&str, &str, u64)]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static MINE: Counter = Counter::new("herald_test_extra_total", "A registered counter");
+
+    #[test]
+    fn registered_counters_are_rendered_once() {
+        register(&MINE);
+        register(&MINE);
+        count(&MINE);
+        let text = render(&[]);
+        assert_eq!(
+            text.matches("# TYPE herald_test_extra_total counter")
+                .count(),
+            1
+        );
+        assert!(text.contains("herald_test_extra_total 1"), "{text}");
+    }
 }
