@@ -4,6 +4,8 @@
 //! ```text
 //! /app/{key}      Pusher Channels v7 WebSocket
 //! /apps/{id}/...  Pusher HTTP API
+//! /cable          Action Cable WebSocket (RPC to the app, AnyCable's)
+//! /_broadcast     AnyCable-style broadcast ingress
 //! /up             liveness: 200 while the process serves
 //! /ready          readiness: 503 while starting or draining
 //! /metrics        Prometheus text format
@@ -27,6 +29,7 @@ use tokio::net::{TcpListener, TcpSocket};
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .merge(herald_pusher::router())
+        .merge(herald_actioncable::router(&node))
         .route("/up", get(|| async { "OK" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))
@@ -125,6 +128,11 @@ pub async fn serve(
     node.set_ready(true);
     signal.await;
     shutdown::drain(&node).await;
+    // Work the adapters started for clients that left (calls telling the
+    // app about them) finishes before the process exits.
+    if !node.finish_tasks(node.config.shutdown_grace()).await {
+        tracing::warn!("grace period over; some backend calls were not made");
+    }
     node.leave_cluster();
     stop.cancel();
     // Idle keep-alive HTTP connections close at once; do not wait long on
@@ -140,13 +148,17 @@ fn spawn_server<L>(
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<std::io::Result<()>>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
+        // `tap_io` lets handlers see the client's address (ConnectInfo).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |_| {});
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
     })
 }
 
