@@ -146,6 +146,9 @@ pub async fn run<S, H>(
     let cancelled = shutdown.cancelled();
     tokio::pin!(cancelled);
     let mut inbound = RateWindow::new();
+    // The handler closed: what it queued before deciding to close goes out
+    // before the close (its last answers to the client).
+    let mut flush_queued = false;
 
     let end: Option<Why> = 'session: loop {
         let wake = poll_fn(|cx| {
@@ -232,6 +235,7 @@ pub async fn run<S, H>(
                         }
                     };
                     if let Next::Close(why) = next {
+                        flush_queued = true;
                         break 'session Some(why);
                     }
                 }
@@ -297,6 +301,9 @@ pub async fn run<S, H>(
     };
     let closing = handler.closing(&why);
     let mut last = Vec::with_capacity(2);
+    if flush_queued {
+        conn.take(&mut last, MAX_BATCH);
+    }
     last.extend(closing.last);
     last.push(Frame::close(closing.code, &closing.message));
     let sent = matches!(
