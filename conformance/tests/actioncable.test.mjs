@@ -239,3 +239,44 @@ describe('Pusher and Action Cable on one herald', () => {
     }
   });
 });
+
+describe('@anycable/web against herald', () => {
+  test('subscribes, receives broadcasts and the app\'s answers, and gets rejections', async () => {
+    const { createCable } = await import('@anycable/web');
+    const { default: WebSocket } = await import('ws');
+    const chat = chatApp();
+    const rpc = await httpRpcServer(chat.app);
+    const herald = await startHerald({ rpc: { host: rpc.url } });
+    chat.setBroadcast(`${herald.base}/_broadcast`);
+    const cable = createCable(`ws://127.0.0.1:${herald.port}/cable`, {
+      websocketImplementation: WebSocket,
+      websocketOptions: { headers: { cookie: 'user=web' } },
+      protocol: 'actioncable-v1-json',
+      logLevel: 'error',
+    });
+    try {
+      const channel = cable.subscribeTo('ChatChannel', { room: 'web' });
+      await channel.ensureSubscribed();
+      const got = [];
+      const waiters = [];
+      channel.on('message', (m) => (waiters.length ? waiters.shift()(m) : got.push(m)));
+      const next = () =>
+        got.length
+          ? Promise.resolve(got.shift())
+          : new Promise((res, rej) => {
+              const t = setTimeout(() => rej(new Error('no message')), 5000);
+              waiters.push((m) => (clearTimeout(t), res(m)));
+            });
+      await channel.perform('whoami');
+      assert.deepEqual(await next(), { user: 'web', room: 'web' });
+      await channel.perform('speak', { text: 'from web' });
+      assert.deepEqual(await next(), { from: 'web', text: 'from web' });
+      const secret = cable.subscribeTo('ChatChannel', { room: 'secret' });
+      await assert.rejects(secret.ensureSubscribed());
+    } finally {
+      cable.disconnect();
+      await herald.stop();
+      await rpc.close();
+    }
+  });
+});
