@@ -366,3 +366,85 @@ async fn signed_and_public_streams_without_the_app() {
     assert_eq!(f["identifier"], signed);
     assert_eq!(f["message"], "hi");
 }
+
+#[tokio::test]
+async fn bench_rpc_server_and_scenario_over_grpc() {
+    use herald_bench::rpc;
+    // The bench's BenchmarkChannel app on a free port.
+    let port = common::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let app = Arc::new(rpc::BenchApp::new(String::new(), None));
+    let server_task = tokio::spawn(rpc::serve(addr, app.clone(), async {
+        let _ = stop_rx.await;
+    }));
+    // The scenario against it: every echo answered, none failed.
+    let target = format!("127.0.0.1:{port}");
+    let mut run = None;
+    for _ in 0..50 {
+        match rpc::run_once(&target, 2, std::time::Duration::from_millis(300)).await {
+            Ok(r) => {
+                run = Some(r);
+                break;
+            }
+            // The server may not be listening yet.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    let run = run.expect("the bench RPC server answered");
+    assert!(run.requests > 0, "{run:?}");
+    assert_eq!(run.errors, 0, "{run:?}");
+    assert!(run.p50 > 0 && run.p50 <= run.p99);
+    let _ = stop_tx.send(());
+    let _ = server_task.await;
+}
+
+#[tokio::test]
+async fn herald_calls_a_grpc_app_benchmark_channel_broadcasts() {
+    use herald_bench::rpc;
+    let port = common::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Herald first (the app broadcasts to it), then the app.
+    let server = Server::start_with(
+        &format!("[rpc]\nhost = \"grpc://127.0.0.1:{port}\"\ntimeout_ms = 3000"),
+        "",
+    )
+    .await;
+    let app = Arc::new(rpc::BenchApp::new(server.url("/_broadcast"), None));
+    tokio::spawn(rpc::serve(addr, app, std::future::pending()));
+    let mut ws = None;
+    for _ in 0..50 {
+        let mut c = cable(&server, None).await;
+        match next(&mut c).await {
+            common::Next::Frame(f) if f["type"] == "welcome" => {
+                ws = Some(c);
+                break;
+            }
+            // The app was not listening yet: rpc_error, try again.
+            _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    let mut ws = ws.expect("welcomed through the gRPC app");
+    let id = json!({ "channel": "BenchmarkChannel" }).to_string();
+    send(&mut ws, json!({ "command": "subscribe", "identifier": id })).await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    let data = json!({ "action": "broadcast", "payload": "x" }).to_string();
+    send(
+        &mut ws,
+        json!({ "command": "message", "identifier": id, "data": data }),
+    )
+    .await;
+    // The broadcast (through /_broadcast) and the answer to the sender, in
+    // either order.
+    let mut got = vec![frame(&mut ws).await, frame(&mut ws).await];
+    got.sort_by_key(|f| f["message"]["action"].as_str().unwrap_or("").to_owned());
+    assert_eq!(
+        got[0]["message"],
+        json!({ "action": "broadcast", "payload": "x" })
+    );
+    assert_eq!(
+        got[1]["message"],
+        json!({ "action": "broadcastResult", "payload": "x" })
+    );
+    assert_eq!(got[1]["identifier"], id);
+}

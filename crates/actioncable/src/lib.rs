@@ -23,7 +23,8 @@
 pub mod broadcast;
 pub mod disconnects;
 pub mod metrics;
-pub mod proto;
+/// AnyCable's RPC messages (a crate of their own, shared with the bench).
+pub use herald_anycable_proto as proto;
 pub mod rpc;
 pub mod session;
 pub mod streams;
