@@ -294,3 +294,63 @@ export async function rawCable(herald, { cookie, path = '/cable', protocols = ['
     close: () => ws.close(),
   };
 }
+
+/**
+ * The Action Cable server under test: herald, or, when ANYCABLE_BIN names
+ * an anycable-go binary, AnyCable itself with the same settings (to check
+ * that the suite tests Action Cable and AnyCable's RPC, not herald's
+ * reading of them). Same shape as startHerald's result: port, base, stop.
+ */
+export async function startCable(config) {
+  const { startHerald } = await import('./herald.mjs');
+  if (!process.env.ANYCABLE_BIN) return startHerald(config);
+  const { spawn } = await import('node:child_process');
+  const net = await import('node:net');
+  const port = await new Promise((resolve) => {
+    const s = net.createServer().listen(0, '127.0.0.1', () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+  const rpc = config.rpc ?? {};
+  const args = [
+    '--host=127.0.0.1',
+    `--port=${port}`,
+    `--rpc_host=${rpc.host}`,
+    '--broadcast_adapter=http',
+    `--http_broadcast_port=${port}`,
+    '--log_level=warn',
+  ];
+  if (rpc.secret) args.push(`--http_rpc_secret=${rpc.secret}`);
+  if (rpc.broadcast_key) args.push(`--broadcast_key=${rpc.broadcast_key}`);
+  if (rpc.headers) args.push(`--headers=${rpc.headers.join(',')}`);
+  const child = spawn(process.env.ANYCABLE_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  child.stdout.on('data', (d) => (output += d));
+  child.stderr.on('data', (d) => (output += d));
+  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const base = `http://127.0.0.1:${port}`;
+  await until(
+    async () => {
+      if (child.exitCode !== null) throw new Error(`anycable exited:\n${output}`);
+      try {
+        return (await fetch(`${base}/health`)).status === 200;
+      } catch {
+        return false;
+      }
+    },
+    'anycable to start',
+    10000,
+  );
+  return {
+    port,
+    base,
+    child,
+    output: () => output,
+    anycable: true,
+    async stop() {
+      if (child.exitCode === null) child.kill('SIGTERM');
+      return exited;
+    },
+  };
+}

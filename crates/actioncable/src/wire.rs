@@ -222,6 +222,43 @@ mod tests {
     }
 
     #[test]
+    fn one_frame_per_identifier_shared_by_its_subscribers() {
+        use herald_core::connection::{Connection, QueueLimit};
+        use herald_core::fanout::{deliver, Target};
+        use std::sync::Arc;
+        let limit = QueueLimit {
+            frames: 16,
+            bytes: 1 << 20,
+        };
+        let conns: Vec<Arc<Connection>> = (0..3)
+            .map(|i| Arc::new(Connection::new(i, format!("s.{i}"), &WIRE, limit)))
+            .collect();
+        let a: Arc<str> = Arc::from(r#"{"channel":"A"}"#);
+        let b: Arc<str> = Arc::from(r#"{"channel":"B"}"#);
+        let targets: Vec<Target> = [(0, &a), (1, &b), (2, &a)]
+            .into_iter()
+            .map(|(i, tag)| Target {
+                conn: conns[i].clone(),
+                tag: Some(tag.clone()),
+            })
+            .collect();
+        let p = Publication::new("s".into(), String::new(), message_value("1"));
+        assert_eq!(deliver(&p, &targets), 3);
+        let frames: Vec<_> = conns
+            .iter()
+            .map(|c| {
+                let mut out = Vec::new();
+                c.take(&mut out, 8);
+                out.remove(0)
+            })
+            .collect();
+        // Subscribers 0 and 2 share identifier A: the same bytes, not a copy.
+        assert_eq!(frames[0].parts()[1].as_ptr(), frames[2].parts()[1].as_ptr());
+        assert_ne!(frames[0].parts()[1].as_ptr(), frames[1].parts()[1].as_ptr());
+        assert!(frames[1].payload_text().contains(r#"{\"channel\":\"B\"}"#));
+    }
+
+    #[test]
     fn server_frames() {
         assert_eq!(welcome("a.1"), r#"{"type":"welcome","sid":"a.1"}"#);
         assert_eq!(
