@@ -382,7 +382,7 @@ async fn bench_rpc_server_and_scenario_over_grpc() {
     let target = format!("127.0.0.1:{port}");
     let mut run = None;
     for _ in 0..50 {
-        match rpc::run_once(&target, 2, std::time::Duration::from_millis(300)).await {
+        match rpc::run_once(&target, 2, 1, std::time::Duration::from_millis(300)).await {
             Ok(r) => {
                 run = Some(r);
                 break;

@@ -49,6 +49,15 @@ pub struct RpcArgs {
     /// Allow a target that is not a loopback address.
     #[arg(long)]
     allow_remote: bool,
+    /// Runtime threads; 0 means one per CPU core, 1 a single-threaded
+    /// runtime (less CPU per call when client and server share a machine).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// HTTP/2 connections the clients share (client i uses connection
+    /// i mod N). 1, the default, is how an Action Cable server calls its
+    /// app: one multiplexed connection.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
 }
 
 #[derive(clap::Args)]
@@ -65,6 +74,23 @@ pub struct RpcServerArgs {
     /// Bearer key for the broadcast URL.
     #[arg(long)]
     broadcast_key: Option<String>,
+    /// Runtime threads; 0 means one per CPU core, 1 a single-threaded
+    /// runtime.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    match threads {
+        0 => tokio::runtime::Runtime::new(),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
 }
 
 // ----- the server ---------------------------------------------------------------
@@ -277,6 +303,7 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), String> {
     tonic::transport::Server::builder()
+        .tcp_nodelay(true)
         .add_service(RpcService(app))
         .serve_with_shutdown(addr, stop)
         .await
@@ -291,7 +318,7 @@ pub fn serve_cli(a: RpcServerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime(a.threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("herald bench rpc-server: cannot start the runtime: {e}");
@@ -367,18 +394,21 @@ fn env() -> Option<Env> {
     })
 }
 
-/// One client: Connect, subscribe, then `echo` until `until`.
-async fn client(
-    target: String,
-    n: usize,
-    until: Instant,
-) -> Result<(Histogram<u64>, u64, u64), String> {
-    let channel = Endpoint::from_shared(format!("http://{target}"))
+async fn open(target: &str) -> Result<Channel, String> {
+    Endpoint::from_shared(format!("http://{target}"))
         .map_err(|e| e.to_string())?
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| format!("cannot connect to {target}: {e}"))?;
+        .map_err(|e| format!("cannot connect to {target}: {e}"))
+}
+
+/// One client: Connect, subscribe, then `echo` until `until`.
+async fn client(
+    channel: Channel,
+    n: usize,
+    until: Instant,
+) -> Result<(Histogram<u64>, u64, u64), String> {
     let sid = format!("bench-{n}");
     let c: ConnectionResponse = unary(
         &channel,
@@ -438,12 +468,22 @@ async fn client(
     Ok((hist, ok, errors))
 }
 
-/// Run `clients` concurrent clients for `duration`.
-pub async fn run_once(target: &str, clients: usize, duration: Duration) -> Result<RpcRun, String> {
+/// Run `clients` concurrent clients for `duration` over `connections`
+/// HTTP/2 connections.
+pub async fn run_once(
+    target: &str,
+    clients: usize,
+    connections: usize,
+    duration: Duration,
+) -> Result<RpcRun, String> {
+    let mut channels = Vec::new();
+    for _ in 0..connections.clamp(1, clients.max(1)) {
+        channels.push(open(target).await?);
+    }
     let started = Instant::now();
     let until = started + duration;
     let tasks: Vec<_> = (0..clients)
-        .map(|n| tokio::spawn(client(target.to_owned(), n, until)))
+        .map(|n| tokio::spawn(client(channels[n % channels.len()].clone(), n, until)))
         .collect();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let (mut requests, mut errors) = (0, 0);
@@ -503,11 +543,15 @@ pub fn run_cli(a: RpcArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    if a.connections == 0 {
+        eprintln!("herald bench rpc: --connections must be at least 1");
+        return ExitCode::from(2);
+    }
     if a.clients.is_empty() || a.clients.contains(&0) {
         eprintln!("herald bench rpc: --clients must list positive counts, e.g. 1,10,50");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime(a.threads) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("herald bench rpc: cannot start the runtime: {e}");
@@ -520,7 +564,7 @@ pub fn run_cli(a: RpcArgs) -> ExitCode {
             "herald bench rpc: {n} clients for {:?} against {}",
             a.duration, a.target
         );
-        match runtime.block_on(run_once(&a.target, n, a.duration)) {
+        match runtime.block_on(run_once(&a.target, n, a.connections, a.duration)) {
             Ok(r) => runs.push(r),
             Err(e) => {
                 eprintln!("herald bench rpc: {e}");
