@@ -19,6 +19,8 @@ use tokio_tungstenite::tungstenite::Message;
 #[derive(Default)]
 struct App {
     disconnects: AtomicUsize,
+    /// When each Disconnect call arrived.
+    disconnect_times: std::sync::Mutex<Vec<std::time::Instant>>,
 }
 
 /// Connect: a `user` cookie is required. Subscribe: `{"channel":"Room",
@@ -64,6 +66,10 @@ async fn rpc(
             }
         }
         "disconnect" => {
+            app.disconnect_times
+                .lock()
+                .unwrap()
+                .push(std::time::Instant::now());
             app.disconnects.fetch_add(1, Ordering::SeqCst);
             Json(json!({ "status": 1 })).into_response()
         }
@@ -294,6 +300,33 @@ async fn refused_connections_get_the_apps_message_and_no_disconnect_call() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(app.disconnects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn disconnect_calls_are_rate_limited() {
+    let app = Arc::new(App::default());
+    // Four calls per second: four clients leaving at once are reported
+    // over about 750 ms, not in one burst.
+    let server = server(&app, "disconnect_rate = 4").await;
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        clients.push(member(&server, &format!("r{i}")).await);
+    }
+    drop(clients);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while app.disconnects.load(Ordering::SeqCst) < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Disconnect calls missing"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let times = app.disconnect_times.lock().unwrap().clone();
+    let spread = *times.iter().max().unwrap() - *times.iter().min().unwrap();
+    assert!(
+        spread >= std::time::Duration::from_millis(600),
+        "4 calls at 4/s arrived within {spread:?}"
+    );
 }
 
 #[tokio::test]
