@@ -180,7 +180,9 @@ export async function grpcRpcServer(app) {
   );
   return {
     url: `127.0.0.1:${port}`,
-    close: () => new Promise((r) => server.tryShutdown(() => r())),
+    // Forced: a client (the server under test) may keep its connection
+    // open, and a graceful shutdown would wait for it.
+    close: async () => server.forceShutdown(),
     server,
   };
 }

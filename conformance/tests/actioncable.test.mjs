@@ -127,13 +127,16 @@ for (const transport of ['http', 'grpc']) {
       assert.equal((await ws.next()).type, 'confirm_subscription');
       ws.send({ command: 'message', identifier: id, data: JSON.stringify({ action: 'kick' }) });
       // The library queues the connection's transmission before the
-      // channel's; Herald sends them in the app's order, then closes.
+      // channel's; they are sent in the app's order, then the socket closes
+      // (herald: 1000; AnyCable drops the connection, which clients see as
+      // 1006; clients act on the disconnect message, not on the code).
       const got = [await ws.next(), await ws.next()];
       assert.deepEqual(got, [
         { type: 'disconnect', reason: 'remote', reconnect: false },
         { identifier: id, message: { kicked: true } },
       ]);
-      assert.equal(await ws.closed(), 1000);
+      const code = await ws.closed();
+      if (!herald.anycable) assert.equal(code, 1000);
     });
 
     test('Disconnect is called with the client\'s subscriptions and state when it leaves', async () => {
@@ -165,7 +168,9 @@ for (const transport of ['http', 'grpc']) {
         });
       assert.equal((await send({ stream: 'room:deck', data: '1' }, 'wrong')).status, 401);
       assert.equal((await send({ stream: 'room:deck', data: '1' }, null)).status, 401);
-      assert.equal((await send({ nope: 1 })).status, 400);
+      // herald refuses a body that is not a broadcast (AnyCable answers 201
+      // and logs it).
+      if (!herald.anycable) assert.equal((await send({ nope: 1 })).status, 400);
       const batch = [
         { stream: 'room:deck', data: JSON.stringify({ n: 1 }), meta: { exclude_socket: sid } },
         { stream: 'room:deck', data: 'plain text' },
