@@ -85,6 +85,20 @@ struct ServeArgs {
     /// (see docs/cluster.md).
     #[arg(long, env = "HERALD_BROKER", hide_env_values = true)]
     broker: Option<String>,
+    /// The app's RPC server for /cable: http(s)://... = HTTP RPC, host:port
+    /// or grpc://host:port = gRPC (AnyCable's convention).
+    #[arg(long, env = "HERALD_RPC_HOST")]
+    rpc_host: Option<String>,
+    /// Bearer token sent to an HTTP RPC server.
+    #[arg(long, env = "HERALD_RPC_SECRET", hide_env_values = true)]
+    rpc_secret: Option<String>,
+    /// Request headers forwarded to the RPC Connect call, comma-separated
+    /// (default cookie).
+    #[arg(long, env = "HERALD_RPC_HEADERS")]
+    rpc_headers: Option<String>,
+    /// Bearer token required by POST /_broadcast (default: none).
+    #[arg(long, env = "HERALD_BROADCAST_KEY", hide_env_values = true)]
+    broadcast_key: Option<String>,
 }
 
 /// `--port` / `HERALD_PORT`. clap names only the flag in its errors; a
@@ -142,6 +156,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         metrics_port: args.metrics_port,
         dashboard_token: args.dashboard_token,
         broker: args.broker,
+        rpc_host: args.rpc_host,
+        rpc_secret: args.rpc_secret,
+        rpc_headers: args.rpc_headers,
+        broadcast_key: args.broadcast_key,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
@@ -150,6 +168,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = herald_actioncable::check_config(&config) {
+        eprintln!("herald: invalid config: {e}");
+        return ExitCode::from(2);
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
         .with_writer(std::io::stderr);

@@ -134,8 +134,19 @@ function toml(config) {
       return `{ ${Object.entries(v).map(([k, x]) => `${key(k)} = ${value(x)}`).join(', ')} }`;
     return String(v);
   };
+  const value2 = value;
   const lines = [];
-  for (const [k, v] of Object.entries(config)) if (k !== 'apps') lines.push(`${k} = ${value(v)}`);
+  const tables = [];
+  for (const [k, v] of Object.entries(config)) {
+    if (k === 'apps') continue;
+    if (v !== null && typeof v === 'object' && !Array.isArray(v)) tables.push([k, v]);
+    else lines.push(`${k} = ${value2(v)}`);
+  }
+  // Tables (e.g. `rpc: { host: ... }` → [rpc]) after the top-level keys.
+  for (const [name, table] of tables) {
+    lines.push(`[${name}]`);
+    for (const [k, v] of Object.entries(table)) lines.push(`${k} = ${value2(v)}`);
+  }
   for (const app of config.apps ?? []) {
     lines.push('[[apps]]');
     for (const [k, v] of Object.entries(app)) lines.push(`${k} = ${value(v)}`);

@@ -4,6 +4,8 @@
 //! ```text
 //! /app/{key}      Pusher Channels v7 WebSocket
 //! /apps/{id}/...  Pusher HTTP API
+//! /cable          Action Cable WebSocket (RPC to the app, AnyCable's)
+//! /_broadcast     AnyCable-style broadcast ingress
 //! /up             liveness: 200 while the process serves
 //! /ready          readiness: 503 while starting or draining
 //! /metrics        Prometheus text format (or on `metrics_port`)
@@ -29,6 +31,7 @@ use tokio::net::{TcpListener, TcpSocket};
 pub fn router(node: Arc<Node>) -> Router {
     let mut router = Router::new()
         .merge(herald_pusher::router())
+        .merge(herald_actioncable::router(&node))
         .route("/up", get(|| async { "OK" }))
         .route("/ready", get(ready));
     if node.config.metrics_port.is_none() {
@@ -177,6 +180,11 @@ pub async fn serve(
     signal.await;
     let grace_end = std::time::Instant::now() + node.config.shutdown_grace();
     shutdown::drain(&node).await;
+    // Work the adapters started for clients that left (calls telling the
+    // app about them) finishes before the process exits.
+    if !node.finish_tasks(node.config.shutdown_grace()).await {
+        tracing::warn!("grace period over; some backend calls were not made");
+    }
     // What observers hold (webhooks) goes out within the grace period
     // (at least half a second, when draining took all of it).
     let deadline = grace_end.max(std::time::Instant::now() + Duration::from_millis(500));
@@ -201,13 +209,17 @@ fn spawn_server<L>(
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<std::io::Result<()>>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
+        // `tap_io` lets handlers see the client's address (ConnectInfo).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |_| {});
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
     })
 }
 

@@ -9,6 +9,27 @@ use std::process::ExitCode;
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
+    scenario: Scenario,
+}
+
+// Parsed once at start: the size difference of the variants is harmless.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+enum Scenario {
+    #[command(flatten)]
+    Pusher(BenchScenario),
+    /// AnyCable RPC throughput: clients Connect, subscribe to
+    /// BenchmarkChannel and loop `echo` commands against any
+    /// AnyCable-compatible gRPC server (default --clients 1,10,50,
+    /// --duration 10s).
+    Rpc(super::rpc::RpcArgs),
+    /// Serve AnyCable's RPC over gRPC with a BenchmarkChannel, the app for
+    /// the rpc scenario and for Action Cable servers under test.
+    RpcServer(super::rpc::RpcServerArgs),
+}
+
+/// The Pusher-protocol scenarios, once the RPC ones are set apart.
+struct PusherArgs {
     scenario: BenchScenario,
 }
 
@@ -156,6 +177,11 @@ struct IdleArgs {
 /// Run `herald bench <scenario>`: parse-free entry for `main`.
 pub fn run(args: BenchArgs) -> ExitCode {
     use super::{broadcast, connect, fanout, idle, Target};
+    let args = match args.scenario {
+        Scenario::Rpc(a) => return super::rpc::run_cli(a),
+        Scenario::RpcServer(a) => return super::rpc::serve_cli(a),
+        Scenario::Pusher(scenario) => PusherArgs { scenario },
+    };
     let common = match &args.scenario {
         BenchScenario::Broadcast(a) => a.common.clone(),
         BenchScenario::Connect(a) => a.common.clone(),

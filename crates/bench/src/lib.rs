@@ -16,6 +16,8 @@
 //! connect     connection avalanche, and `--sweep` over increasing N
 //! fanout      HTTP publishers to many subscribers over several channels
 //! idle        many idle subscribed connections; server memory per connection
+//! rpc         AnyCable RPC: a gRPC BenchmarkChannel server (`rpc-server`)
+//!             and a throughput scenario against any such server (`rpc`)
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
@@ -36,6 +38,7 @@ pub mod idle;
 pub mod ledger;
 pub mod metrics;
 pub mod report;
+pub mod rpc;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};

@@ -76,6 +76,8 @@ pub struct Config {
     pub webhook_queue: usize,
     /// The cluster's broker (`[broker]`).
     pub broker: BrokerConfig,
+    /// The app backend some adapters call (see [`RpcConfig`]).
+    pub rpc: RpcConfig,
     pub apps: Vec<AppConfig>,
 }
 
@@ -249,8 +251,130 @@ impl Default for Config {
             webhook_retry_for: 300,
             webhook_queue: 10_000,
             broker: BrokerConfig::default(),
+            rpc: RpcConfig::default(),
             apps: Vec::new(),
         }
+    }
+}
+
+/// An app backend that adapters call over RPC (who a connecting client
+/// is, what its commands do, told when it leaves), and the HTTP broadcast
+/// endpoint that goes with it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RpcConfig {
+    /// Where the backend listens: an `http://` or `https://` URL means
+    /// JSON over HTTP; `host:port` or `grpc://host:port` means gRPC. Unset:
+    /// no backend.
+    pub host: Option<String>,
+    /// Bearer token sent to an HTTP backend.
+    pub secret: Option<String>,
+    /// Request headers passed to the backend when a client connects
+    /// (lowercase names).
+    pub headers: Vec<String>,
+    /// Milliseconds one call may take in all: waiting for a free slot,
+    /// retries and back-off included.
+    pub timeout_ms: u64,
+    /// How often a call the backend could not take (unreachable,
+    /// overloaded) is tried again within `timeout_ms`.
+    pub retries: u32,
+    /// Most calls in flight at once (over one multiplexed connection).
+    pub concurrency: usize,
+    /// Most calls per second telling the backend that clients left; on
+    /// shutdown the rest go out at once, bounded by `concurrency`.
+    pub disconnect_rate: u32,
+    /// Id of the app whose channels these clients use (default: the first).
+    pub app: Option<String>,
+    /// The WebSocket path the adapter serves (unset: its own default).
+    pub path: Option<String>,
+    /// Bearer token the broadcast endpoint requires (unset: none).
+    pub broadcast_key: Option<String>,
+    /// Allow subscriptions to unsigned stream names without the backend.
+    pub public_streams: bool,
+    /// Key for signed stream names (unset: the app's secret).
+    pub streams_secret: Option<String>,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            host: None,
+            secret: None,
+            headers: vec!["cookie".into()],
+            timeout_ms: 3000,
+            retries: 3,
+            concurrency: 28,
+            disconnect_rate: 100,
+            app: None,
+            path: None,
+            broadcast_key: None,
+            public_streams: false,
+            streams_secret: None,
+        }
+    }
+}
+
+impl RpcConfig {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    fn validate(&self, apps: &[AppConfig]) -> Result<(), ConfigError> {
+        if let Some(h) = &self.host {
+            if h.trim().is_empty() || h.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    "rpc.host",
+                    "must be a URL or host:port without spaces",
+                ));
+            }
+        }
+        for h in &self.headers {
+            if h.is_empty()
+                || !h
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+            {
+                return Err(invalid(
+                    "rpc.headers",
+                    format!("{h:?} is not a header name (letters, digits, '-', '_')"),
+                ));
+            }
+        }
+        if self.timeout_ms == 0 {
+            return Err(invalid("rpc.timeout_ms", "must be positive"));
+        }
+        if self.concurrency == 0 {
+            return Err(invalid("rpc.concurrency", "must be positive"));
+        }
+        if self.disconnect_rate == 0 {
+            return Err(invalid("rpc.disconnect_rate", "must be positive"));
+        }
+        if let Some(app) = &self.app {
+            if !apps.iter().any(|a| &a.id == app) {
+                return Err(invalid(
+                    "rpc.app",
+                    format!("names no configured app ({app:?})"),
+                ));
+            }
+        }
+        if let Some(p) = &self.path {
+            if !p.starts_with('/') || p.len() < 2 || p.chars().any(|c| c.is_whitespace()) {
+                return Err(invalid(
+                    "rpc.path",
+                    "must be a path such as /ws (a '/' and a name)",
+                ));
+            }
+        }
+        for (key, v) in [
+            ("rpc.secret", &self.secret),
+            ("rpc.broadcast_key", &self.broadcast_key),
+            ("rpc.streams_secret", &self.streams_secret),
+        ] {
+            if v.as_deref() == Some("") {
+                return Err(invalid(key, "must not be empty when set"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -361,6 +485,11 @@ pub struct Overrides {
     pub dashboard_token: Option<String>,
     /// `broker.url`.
     pub broker: Option<String>,
+    pub rpc_host: Option<String>,
+    pub rpc_secret: Option<String>,
+    /// Comma-separated header names.
+    pub rpc_headers: Option<String>,
+    pub broadcast_key: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -511,6 +640,22 @@ impl Config {
         if let Some(v) = &o.broker {
             self.broker.url = v.clone();
         }
+        if let Some(v) = &o.rpc_host {
+            self.rpc.host = Some(v.clone());
+        }
+        if let Some(v) = &o.rpc_secret {
+            self.rpc.secret = Some(v.clone());
+        }
+        if let Some(v) = &o.rpc_headers {
+            self.rpc.headers = v
+                .split(',')
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect();
+        }
+        if let Some(v) = &o.broadcast_key {
+            self.rpc.broadcast_key = Some(v.clone());
+        }
         if self.apps.is_empty() {
             self.apps.push(AppConfig::development());
         }
@@ -584,6 +729,7 @@ impl Config {
         if b.ttl == 0 || b.ttl > 3600 {
             return Err(invalid("broker.ttl", "must be 1 to 3600 (seconds)"));
         }
+        self.rpc.validate(&self.apps)?;
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
             return Err(invalid("log", "is not a valid log filter"));
         }

@@ -81,7 +81,7 @@ pub struct Counter {
 }
 
 impl Counter {
-    const fn new(name: &'static str, help: &'static str) -> Counter {
+    pub const fn new(name: &'static str, help: &'static str) -> Counter {
         Counter {
             name,
             help,
@@ -185,6 +185,20 @@ static ALL: [&Counter; 16] = [
     &BROKER_OUTAGES,
     &API_ERRORS,
 ];
+
+/// Counters an adapter defines for itself (its own `static`s), handed to
+/// the recorder beside the core's.
+static EXTRA: parking_lot::Mutex<Vec<&'static Counter>> = parking_lot::Mutex::new(Vec::new());
+
+/// Add an adapter's counter to `/metrics` (once; registering it again, or a
+/// counter with the same name, does nothing).
+pub fn register(c: &'static Counter) {
+    let mut extra = EXTRA.lock();
+    if !ALL.iter().chain(extra.iter()).any(|e| e.name == c.name) {
+        extra.push(c);
+        ::metrics::describe_counter!(c.name, c.help);
+    }
+}
 
 // ----- per (app, protocol) traffic ---------------------------------------------
 
@@ -492,7 +506,8 @@ pub fn render(apps: &[AppGauges<'_>], broker: &'static str, broker_up: bool) -> 
     let Some(handle) = init() else {
         return String::new();
     };
-    for c in ALL {
+    let extra = EXTRA.lock().clone();
+    for c in ALL.iter().copied().chain(extra) {
         counter!(c.name).absolute(c.get());
     }
     for t in all_traffic() {
@@ -583,5 +598,23 @@ mod tests {
         assert!(text.contains("herald_fanout_seconds_bucket"));
         assert!(text.contains(r#"herald_broker_up{broker="local"} 1"#));
         assert!(text.contains("# TYPE herald_frames_delivered_total counter"));
+    }
+
+    static MINE: Counter = Counter::new("herald_test_extra_total", "A registered counter");
+
+    #[test]
+    fn registered_counters_are_rendered_once() {
+        init();
+        register(&MINE);
+        register(&MINE);
+        count(&MINE);
+        let text = render(&[], "local", true);
+        assert_eq!(
+            text.matches("# TYPE herald_test_extra_total counter")
+                .count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("herald_test_extra_total 1"), "{text}");
     }
 }

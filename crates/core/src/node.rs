@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub struct Node {
     pub id: NodeId,
@@ -43,6 +44,10 @@ pub struct Node {
     observed: AtomicBool,
     /// Publications go to observers only while this is above 0.
     publication_watchers: AtomicUsize,
+    /// Work an adapter starts that must finish before the process exits
+    /// (calls to a backend after a client left, say). The server waits for
+    /// it, bounded, after the clients are gone: [`Node::finish_tasks`].
+    pub tasks: TaskTracker,
 }
 
 impl Node {
@@ -75,6 +80,7 @@ impl Node {
             observers: RwLock::new(Arc::new([])),
             observed: AtomicBool::new(false),
             publication_watchers: AtomicUsize::new(0),
+            tasks: TaskTracker::new(),
         });
         broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
         node
@@ -126,6 +132,16 @@ impl Node {
 
     pub fn is_draining(&self) -> bool {
         self.shutdown.is_cancelled()
+    }
+
+    /// Wait, at most `within`, for the work spawned on [`Node::tasks`];
+    /// false if some was still running then. Call after the clients left:
+    /// nothing new may be spawned afterwards.
+    pub async fn finish_tasks(&self, within: std::time::Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(within, self.tasks.wait())
+            .await
+            .is_ok()
     }
 
     pub fn connection_count(&self) -> u64 {

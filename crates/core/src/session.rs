@@ -182,6 +182,9 @@ pub async fn run<S, H>(
     let traffic = metrics::traffic(handler.app_id(), conn.wire.name());
     traffic.opened();
     let mut write_failed = false;
+    // The handler closed: what it queued before deciding to close goes out
+    // before the close (its last answers to the client).
+    let mut flush_queued = false;
 
     let end: Option<Why> = 'session: loop {
         let wake = poll_fn(|cx| {
@@ -277,6 +280,7 @@ pub async fn run<S, H>(
                         }
                     };
                     if let Next::Close(why) = next {
+                        flush_queued = true;
                         break 'session Some(why);
                     }
                 }
@@ -350,7 +354,13 @@ pub async fn run<S, H>(
         return;
     };
     let closing = handler.closing(&why);
-    Box::pin(close(stream, decoder, closing)).await;
+    Box::pin(close(
+        stream,
+        decoder,
+        closing,
+        flush_queued.then_some(&*conn),
+    ))
+    .await;
 }
 
 /// Write one batch. A close asked for while the socket is full (the queue
@@ -385,11 +395,20 @@ where
 }
 
 /// Send the closing frames and finish the closing handshake.
-async fn close<S>(mut stream: S, mut decoder: Decoder, closing: Closing)
-where
+async fn close<S>(
+    mut stream: S,
+    mut decoder: Decoder,
+    closing: Closing,
+    queued: Option<&Connection>,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut last = Vec::with_capacity(2);
+    // The handler closed: what it queued before deciding to close goes
+    // out before the close (its last answers to the client).
+    if let Some(conn) = queued {
+        conn.take(&mut last, MAX_BATCH);
+    }
     last.extend(closing.last);
     last.push(Frame::close(closing.code, &closing.message));
     let sent = matches!(

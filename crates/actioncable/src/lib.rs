@@ -1,0 +1,142 @@
+//! Herald's Action Cable adapter (`actioncable-v1-json`), compatible with
+//! AnyCable: clients such as `@rails/actioncable` and `@anycable/web` talk
+//! to `/cable`, and the app decides who they are and what their channels do
+//! through AnyCable's RPC service, over gRPC or HTTP, so AnyCable's RPC
+//! servers (anycable-rails, `@anycable/serverless-js`) work unchanged.
+//!
+//! ```text
+//! session     /cable: Connect before the welcome, commands → RPC Command,
+//!   │         answers → streams (core channels), states, transmissions
+//!   ├ streams      `$pubsub` streams: signed names, public names
+//!   └ disconnects  Disconnect calls, queued and rate-limited
+//! rpc         the client: gRPC (one multiplexed connection) or HTTP;
+//!   └ proto        AnyCable's messages, field numbers as in rpc.proto
+//! broadcast   POST /_broadcast → node.publish
+//! wire        parse/encode frames; the core's `Wire` (a frame per
+//!             (stream, identifier), shared by its subscribers)
+//! ```
+//!
+//! Streams live in the app's hub under the prefix [`STREAM_PREFIX`], a
+//! name no other adapter accepts, so clients of another protocol on the
+//! same app never see them.
+
+pub mod broadcast;
+pub mod disconnects;
+pub mod metrics;
+/// AnyCable's RPC messages (a crate of their own, shared with the bench).
+pub use herald_anycable_proto as proto;
+pub mod rpc;
+pub mod session;
+pub mod streams;
+pub mod wire;
+
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use herald_core::config::Config;
+use herald_core::hub::Hub;
+use herald_core::node::Node;
+use std::sync::Arc;
+
+/// The WebSocket path unless `rpc.path` says otherwise.
+pub const DEFAULT_PATH: &str = "/cable";
+
+/// Hub channel names of streams begin with this (Pusher names cannot hold
+/// a ':'; AppSync's begin with '/').
+pub const STREAM_PREFIX: &str = "cable:";
+
+/// The hub channel of a stream.
+pub fn channel_of(stream: &str) -> String {
+    let mut c = String::with_capacity(STREAM_PREFIX.len() + stream.len());
+    c.push_str(STREAM_PREFIX);
+    c.push_str(stream);
+    c
+}
+
+/// The adapter's shared state.
+pub struct Cable {
+    pub hub: Arc<Hub>,
+    pub rpc: Option<Arc<rpc::Rpc>>,
+    pub disconnects: Option<disconnects::Disconnects>,
+    /// Request headers passed to Connect (lowercase).
+    pub headers: Vec<String>,
+    pub public_streams: bool,
+    /// Key of signed stream names.
+    pub streams_key: Option<String>,
+    pub broadcast_key: Option<String>,
+}
+
+/// Check the settings this adapter reads (at start, before serving).
+pub fn check_config(config: &Config) -> Result<(), String> {
+    if let Some(host) = &config.rpc.host {
+        rpc::parse_host(host)?;
+    }
+    Ok(())
+}
+
+impl Cable {
+    pub fn new(node: &Node) -> Result<Cable, String> {
+        let config = &node.config.rpc;
+        let hub = match &config.app {
+            Some(id) => node.hub_by_id(id),
+            None => node.config.apps.first().and_then(|a| node.hub_by_id(&a.id)),
+        }
+        .ok_or("no app to serve /cable")?
+        .clone();
+        let rpc = match &config.host {
+            Some(_) => Some(Arc::new(rpc::Rpc::new(config)?)),
+            None => None,
+        };
+        let disconnects = rpc
+            .as_ref()
+            .map(|r| disconnects::Disconnects::new(r.clone(), config.disconnect_rate));
+        let streams_key = config
+            .streams_secret
+            .clone()
+            .or_else(|| Some(hub.app.secret.clone()));
+        Ok(Cable {
+            hub,
+            rpc,
+            disconnects,
+            headers: config
+                .headers
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+            public_streams: config.public_streams,
+            streams_key,
+            broadcast_key: config.broadcast_key.clone(),
+        })
+    }
+}
+
+/// The routes: the WebSocket endpoint and the broadcast ingress. Call
+/// inside the runtime (the gRPC client starts there).
+pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
+    metrics::register_all();
+    let path = node
+        .config
+        .rpc
+        .path
+        .clone()
+        .unwrap_or_else(|| DEFAULT_PATH.to_owned());
+    match Cable::new(node) {
+        Ok(cable) => {
+            if let Some(rpc) = &cable.rpc {
+                tracing::info!(
+                    target = %rpc.target,
+                    transport = if rpc.is_http() { "http" } else { "grpc" },
+                    path,
+                    "Action Cable RPC"
+                );
+            }
+            Router::new()
+                .route(&path, get(session::upgrade))
+                .route("/_broadcast", post(broadcast::handle))
+                .layer(Extension(Arc::new(cable)))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "Action Cable disabled");
+            Router::new()
+        }
+    }
+}

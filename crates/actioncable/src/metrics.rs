@@ -1,0 +1,64 @@
+//! The adapter's counters, added to `/metrics` when the routes are built.
+
+use herald_core::metrics::{register, Counter};
+
+pub static RPC_CALLS: Counter =
+    Counter::new("herald_rpc_calls_total", "Calls to the app's RPC server");
+pub static RPC_RETRIES: Counter = Counter::new(
+    "herald_rpc_retries_total",
+    "RPC calls tried again because the RPC server was unreachable or overloaded",
+);
+pub static RPC_ERRORS: Counter = Counter::new(
+    "herald_rpc_errors_total",
+    "RPC calls that failed: unreachable, an error answer, or an unreadable answer",
+);
+pub static RPC_TIMEOUTS: Counter = Counter::new(
+    "herald_rpc_timeouts_total",
+    "RPC calls that took longer than rpc.timeout_ms",
+);
+pub static RPC_APP_ERRORS: Counter = Counter::new(
+    "herald_rpc_app_errors_total",
+    "RPC answers with status ERROR (an exception in the app)",
+);
+pub static CABLE_RPC_FAILURES: Counter = Counter::new(
+    "herald_cable_rpc_failures_total",
+    "Action Cable clients disconnected (reconnect: true) or subscriptions rejected because an RPC call failed",
+);
+pub static CABLE_UNAUTHORIZED: Counter = Counter::new(
+    "herald_cable_unauthorized_total",
+    "Action Cable connections the app refused (Connect answered FAILURE)",
+);
+pub static DISCONNECTS_QUEUED: Counter = Counter::new(
+    "herald_rpc_disconnects_queued_total",
+    "Disconnect calls queued for clients that left",
+);
+pub static DISCONNECTS_SENT: Counter = Counter::new(
+    "herald_rpc_disconnects_sent_total",
+    "Disconnect calls made (answered or failed)",
+);
+pub static BROADCASTS: Counter = Counter::new(
+    "herald_broadcasts_total",
+    "Stream messages accepted on POST /_broadcast",
+);
+pub static BROADCAST_ERRORS: Counter = Counter::new(
+    "herald_broadcast_errors_total",
+    "POST /_broadcast requests refused (bad key, bad body, too large)",
+);
+
+pub fn register_all() {
+    for c in [
+        &RPC_CALLS,
+        &RPC_RETRIES,
+        &RPC_ERRORS,
+        &RPC_TIMEOUTS,
+        &RPC_APP_ERRORS,
+        &CABLE_RPC_FAILURES,
+        &CABLE_UNAUTHORIZED,
+        &DISCONNECTS_QUEUED,
+        &DISCONNECTS_SENT,
+        &BROADCASTS,
+        &BROADCAST_ERRORS,
+    ] {
+        register(c);
+    }
+}

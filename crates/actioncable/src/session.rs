@@ -1,0 +1,692 @@
+//! An Action Cable session (`/cable`): the app's `Connect` before the
+//! welcome, then client commands mapped to RPC `Command` calls and their
+//! answers applied to the node (streams to core channels, the subscription
+//! identifier as the tag), and a queued `Disconnect` when the client leaves.
+//! The socket itself (reading, pings, writing, closing) is the core's
+//! session loop; this is its Action Cable [`Handler`].
+//!
+//! Connection state (`cstate`) and each subscription's state (`istate`)
+//! are kept here and sent with every call, as AnyCable does: a command
+//! carries its own subscription's state, a disconnect every subscription's
+//! (identifier → JSON object).
+
+use crate::metrics as m;
+use crate::proto::{
+    status_of, CommandMessage, CommandResponse, ConnectionRequest, DisconnectRequest, Env,
+    EnvResponse, Status,
+};
+use crate::rpc::RpcError;
+use crate::streams::{self, Request as StreamRequest};
+use crate::wire::{self, reason, Command, WIRE};
+use crate::{channel_of, Cable};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use herald_core::connection::{Connection, QueueLimit, Reason};
+use herald_core::frame::Frame;
+use herald_core::hub::{Hub, SubscribeOptions};
+use herald_core::metrics;
+use herald_core::node::Node;
+use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Settings, Why};
+use herald_core::ws::Socket;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Action Cable's ping interval.
+pub const PING_EVERY: Duration = Duration::from_secs(3);
+
+/// Most streams one connection may follow (over all its subscriptions).
+pub const MAX_STREAMS: usize = 1000;
+
+/// Longest stream name, in bytes.
+pub const MAX_STREAM_NAME: usize = 1024;
+
+/// Most state keys kept per connection (connection and channel states).
+pub const MAX_STATE_KEYS: usize = 1000;
+
+/// What the client's upgrade request tells the app.
+struct Request0 {
+    url: String,
+    headers: HashMap<String, String>,
+}
+
+/// `/cable`: upgrade, then ask the app who this is.
+pub async fn upgrade(
+    State(node): State<Arc<Node>>,
+    Extension(cable): Extension<Arc<Cable>>,
+    req: Request,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    if node.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
+    }
+    let info = request_info(&node, &cable, req.headers(), req.uri(), peer);
+    herald_core::ws::upgrade(req, wire::PROTOCOLS, move |socket, _| async move {
+        open(node, cable, socket, info).await
+    })
+}
+
+fn request_info(
+    node: &Node,
+    cable: &Cable,
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+    peer: Option<SocketAddr>,
+) -> Request0 {
+    let scheme = if node.config.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut forwarded = HashMap::new();
+    for name in &cable.headers {
+        if let Some(v) = headers.get(name.as_str()).and_then(|v| v.to_str().ok()) {
+            if !v.is_empty() {
+                forwarded.insert(name.clone(), v.to_owned());
+            }
+        }
+    }
+    if let Some(peer) = peer {
+        forwarded.insert("REMOTE_ADDR".into(), peer.ip().to_string());
+    }
+    Request0 {
+        url: format!("{scheme}://{host}{path}"),
+        headers: forwarded,
+    }
+}
+
+/// Write `frames` and a close, give the client a moment to read them, and
+/// drop the socket (a connection refused before its session started).
+async fn refuse(mut socket: Socket, frames: Vec<Frame>, code: u16, message: &str) {
+    metrics::count(&metrics::CONNECTIONS_REFUSED);
+    let mut all = frames;
+    all.push(Frame::close(code, message));
+    let _ = tokio::time::timeout(
+        session::WRITE_TIMEOUT,
+        session::write_frames(&mut socket, &all),
+    )
+    .await;
+    let _ = tokio::time::timeout(session::CLOSE_TIMEOUT, async {
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
+fn text_frames(transmissions: &[String]) -> Vec<Frame> {
+    transmissions.iter().map(|t| Frame::text(t)).collect()
+}
+
+async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0) {
+    let hub = cable.hub.clone();
+    if hub.admit().is_err() {
+        let bye = Frame::text(&wire::disconnect(reason::OVER_CAPACITY, true));
+        return refuse(socket, vec![bye], 1013, "Over capacity").await;
+    }
+    let (id, sid) = node.next_connection();
+    let mut env = SessionEnv {
+        url: info.url,
+        headers: info.headers,
+        cstate: HashMap::new(),
+        istate: HashMap::new(),
+    };
+    let mut identifiers = String::new();
+    let mut welcome = Vec::new();
+    let mut authenticated = false;
+    if let Some(rpc) = &cable.rpc {
+        let req = ConnectionRequest {
+            env: Some(env.base()),
+        };
+        match rpc.connect(&sid, req).await {
+            Ok(res) => match status_of(res.status) {
+                Status::Success => {
+                    identifiers = res.identifiers;
+                    if let Some(e) = &res.env {
+                        merge(&mut env.cstate, &e.cstate);
+                    }
+                    welcome = text_frames(&res.transmissions);
+                    authenticated = true;
+                }
+                Status::Failure => {
+                    hub.release();
+                    metrics::count(&m::CABLE_UNAUTHORIZED);
+                    // The app's own words (its `disconnect` message), as
+                    // AnyCable passes them; no Disconnect call follows.
+                    let mut frames = text_frames(&res.transmissions);
+                    if frames.is_empty() {
+                        frames.push(Frame::text(&wire::disconnect(reason::UNAUTHORIZED, false)));
+                    }
+                    return refuse(socket, frames, 1000, "Auth Failed").await;
+                }
+                Status::Error => {
+                    hub.release();
+                    metrics::count(&m::RPC_APP_ERRORS);
+                    metrics::count(&m::CABLE_RPC_FAILURES);
+                    tracing::warn!(sid, error = %res.error_msg.chars().take(200).collect::<String>(), "RPC Connect: the app answered ERROR");
+                    let bye = Frame::text(&wire::disconnect(reason::RPC_ERROR, true));
+                    return refuse(socket, vec![bye], 1011, "Auth Error").await;
+                }
+            },
+            Err(e) => {
+                hub.release();
+                metrics::count(&m::CABLE_RPC_FAILURES);
+                tracing::warn!(sid, error = %e, "RPC Connect failed");
+                let bye = Frame::text(&wire::disconnect(reason::RPC_ERROR, true));
+                return refuse(socket, vec![bye], 1011, "RPC unavailable").await;
+            }
+        }
+    } else {
+        welcome.push(Frame::text(&wire::welcome(&sid)));
+    }
+    let limit = QueueLimit {
+        frames: hub.app.outbound_queue,
+        bytes: hub.app.outbound_bytes,
+    };
+    let conn = Arc::new(Connection::new(id, sid, &WIRE, limit));
+    for f in welcome {
+        conn.send(f);
+    }
+    let settings = Settings {
+        max_message: hub.app.max_frame_size,
+        max_messages_per_second: hub.app.max_messages_per_second,
+        write_delay: node.config.write_delay(),
+        write_delay_busy_only: node.config.write_delay_busy_only,
+    };
+    let shutdown = node.shutdown.clone();
+    let s = CableSession {
+        node,
+        hub,
+        cable,
+        conn: conn.clone(),
+        env,
+        identifiers,
+        subs: Vec::new(),
+        streams: 0,
+        authenticated,
+    };
+    session::run(socket, conn, s, settings, shutdown).await;
+}
+
+/// The client's request and the states the app keeps in it.
+struct SessionEnv {
+    url: String,
+    headers: HashMap<String, String>,
+    cstate: HashMap<String, String>,
+    /// Subscription identifier → its state.
+    istate: HashMap<String, HashMap<String, String>>,
+}
+
+impl SessionEnv {
+    fn base(&self) -> Env {
+        Env {
+            url: self.url.clone(),
+            headers: self.headers.clone(),
+            cstate: self.cstate.clone(),
+            istate: HashMap::new(),
+        }
+    }
+
+    fn for_channel(&self, identifier: &str) -> Env {
+        let mut env = self.base();
+        if let Some(s) = self.istate.get(identifier) {
+            env.istate = s.clone();
+        }
+        env
+    }
+
+    fn for_disconnect(&self) -> Env {
+        let mut env = self.base();
+        env.istate = self
+            .istate
+            .iter()
+            .map(|(id, s)| {
+                (
+                    id.clone(),
+                    serde_json::to_string(s).expect("a string map serializes"),
+                )
+            })
+            .collect();
+        env
+    }
+}
+
+/// Apply a state change: an empty value removes the key.
+fn merge(into: &mut HashMap<String, String>, changes: &HashMap<String, String>) {
+    for (k, v) in changes {
+        if v.is_empty() {
+            into.remove(k);
+        } else if into.len() < MAX_STATE_KEYS || into.contains_key(k) {
+            into.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// A confirmed subscription and the streams it follows.
+struct Sub {
+    identifier: Arc<str>,
+    streams: Vec<String>,
+}
+
+struct CableSession {
+    node: Arc<Node>,
+    hub: Arc<Hub>,
+    cable: Arc<Cable>,
+    conn: Arc<Connection>,
+    env: SessionEnv,
+    /// The app's connection identifiers (opaque JSON), echoed in calls.
+    identifiers: String,
+    subs: Vec<Sub>,
+    /// Streams followed, over all subscriptions.
+    streams: usize,
+    /// Connected through the app: it hears of the disconnect.
+    authenticated: bool,
+}
+
+impl Handler for CableSession {
+    fn app_id(&self) -> &str {
+        &self.hub.app.id
+    }
+
+    async fn on_text(&mut self, text: String) -> Next {
+        let command = match wire::parse(&text) {
+            Ok(c) => c,
+            Err(e) => {
+                // Action Cable has no error message: Rails and AnyCable log
+                // and ignore a command they cannot read. So does Herald,
+                // counting it (the rate limit bounds a flood of them).
+                metrics::count(&metrics::BAD_MESSAGES);
+                tracing::debug!(sid = %self.conn.socket_id, error = %e, "ignored client command");
+                return Next::Continue;
+            }
+        };
+        match command {
+            Command::Subscribe { identifier } => self.subscribe(identifier).await,
+            Command::Unsubscribe { identifier } => self.unsubscribe(&identifier).await,
+            Command::Message { identifier, data } => self.perform(&identifier, data).await,
+        }
+    }
+
+    fn keepalive(&self) -> KeepAlive {
+        KeepAlive::Every(PING_EVERY)
+    }
+
+    fn keepalive_frame(&mut self) -> Option<Frame> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Some(Frame::text(&wire::ping(now)))
+    }
+
+    fn closing(&mut self, why: &Why) -> Closing {
+        let (reason, reconnect, code, message) = match why {
+            Why::Reason(Reason::ShuttingDown) => {
+                (reason::SERVER_RESTART, true, 1001, "Server restart".into())
+            }
+            Why::Reason(Reason::SlowConsumer) => {
+                (reason::TOO_SLOW, true, 1013, "Client too slow".into())
+            }
+            Why::Reason(Reason::Terminated) => {
+                (reason::REMOTE, false, 1000, "Closed remotely".into())
+            }
+            Why::Reason(Reason::KeepAliveTimeout) => {
+                (reason::REMOTE, true, 1000, "Keep-alive timeout".into())
+            }
+            Why::Reason(Reason::RateLimited) => (
+                reason::OVER_CAPACITY,
+                true,
+                1008,
+                format!(
+                    "Too many messages: the limit is {} per second",
+                    self.hub.app.max_messages_per_second
+                ),
+            ),
+            Why::Reason(Reason::Code(c)) => (reason::REMOTE, false, *c, "Closed".into()),
+            Why::Protocol(e) => (
+                reason::INVALID_REQUEST,
+                false,
+                e.close_code(),
+                e.to_string(),
+            ),
+            Why::Binary => (
+                reason::INVALID_REQUEST,
+                false,
+                1003,
+                "Binary frames are not supported".into(),
+            ),
+            // The app asked to close (`disconnect` in a command answer): it
+            // sent its own `disconnect` message among its transmissions.
+            Why::Said(c, msg) => {
+                return Closing {
+                    code: *c,
+                    message: msg.clone(),
+                    last: None,
+                }
+            }
+        };
+        Closing {
+            last: Some(Frame::text(&wire::disconnect(reason, reconnect))),
+            code,
+            message,
+        }
+    }
+
+    async fn on_close(&mut self) {
+        self.cleanup();
+    }
+}
+
+impl CableSession {
+    fn find(&self, identifier: &str) -> Option<usize> {
+        self.subs.iter().position(|s| &*s.identifier == identifier)
+    }
+
+    fn send(&self, text: &str) {
+        self.conn.send(Frame::text(text));
+    }
+
+    fn reject(&self, identifier: &str) {
+        metrics::count(&metrics::SUBSCRIPTION_ERRORS);
+        self.send(&wire::reject(identifier));
+    }
+
+    async fn subscribe(&mut self, identifier: String) -> Next {
+        if self.find(&identifier).is_some() {
+            // Rails and AnyCable ignore a second subscribe (no answer).
+            metrics::count(&metrics::BAD_MESSAGES);
+            tracing::debug!(sid = %self.conn.socket_id, "already subscribed");
+            return Next::Continue;
+        }
+        let max = self.hub.app.max_subscriptions_per_connection as usize;
+        if self.subs.len() >= max {
+            tracing::debug!(sid = %self.conn.socket_id, max, "subscription limit reached");
+            self.reject(&identifier);
+            return Next::Continue;
+        }
+        match streams::request(&identifier) {
+            StreamRequest::NotPubsub => {}
+            other => {
+                self.subscribe_stream(identifier, other).await;
+                return Next::Continue;
+            }
+        }
+        let Some(rpc) = self.cable.rpc.clone() else {
+            // Without an RPC server only `$pubsub` streams exist.
+            self.reject(&identifier);
+            return Next::Continue;
+        };
+        let req = CommandMessage {
+            command: "subscribe".into(),
+            identifier: identifier.clone(),
+            connection_identifiers: self.identifiers.clone(),
+            data: String::new(),
+            env: Some(self.env.for_channel(&identifier)),
+        };
+        let res = match self.call(&rpc, req).await {
+            Some(r) => r,
+            None => {
+                metrics::count(&m::CABLE_RPC_FAILURES);
+                self.reject(&identifier);
+                return Next::Continue;
+            }
+        };
+        if status_of(res.status) == Status::Success {
+            self.subs.push(Sub {
+                identifier: Arc::from(identifier.as_str()),
+                streams: Vec::new(),
+            });
+            self.apply(&identifier, res, true).await
+        } else {
+            metrics::count(&metrics::SUBSCRIPTION_ERRORS);
+            self.apply(&identifier, res, false).await
+        }
+    }
+
+    /// A `$pubsub` subscription, decided here without the app.
+    async fn subscribe_stream(&mut self, identifier: String, req: StreamRequest) {
+        let stream = match req {
+            StreamRequest::Public(s) if self.cable.public_streams => Some(s),
+            StreamRequest::Signed(s) => self
+                .cable
+                .streams_key
+                .as_deref()
+                .and_then(|k| streams::verify(k, &s)),
+            _ => None,
+        };
+        let Some(stream) = stream else {
+            return self.reject(&identifier);
+        };
+        if stream.len() > MAX_STREAM_NAME || self.streams >= MAX_STREAMS {
+            return self.reject(&identifier);
+        }
+        self.subs.push(Sub {
+            identifier: Arc::from(identifier.as_str()),
+            streams: Vec::new(),
+        });
+        self.add_stream(&identifier, stream).await;
+        self.send(&wire::confirm(&identifier));
+    }
+
+    async fn unsubscribe(&mut self, identifier: &str) -> Next {
+        let Some(at) = self.find(identifier) else {
+            metrics::count(&metrics::BAD_MESSAGES);
+            tracing::debug!(sid = %self.conn.socket_id, "unsubscribe from an unknown identifier");
+            return Next::Continue;
+        };
+        let pubsub = !matches!(streams::request(identifier), StreamRequest::NotPubsub);
+        let answer = match (&self.cable.rpc, pubsub) {
+            (Some(rpc), false) => {
+                let rpc = rpc.clone();
+                let req = CommandMessage {
+                    command: "unsubscribe".into(),
+                    identifier: identifier.to_owned(),
+                    connection_identifiers: self.identifiers.clone(),
+                    data: String::new(),
+                    env: Some(self.env.for_channel(identifier)),
+                };
+                self.call(&rpc, req).await
+            }
+            _ => None,
+        };
+        // The client is gone from this subscription whatever the app says
+        // (Action Cable's unsubscribe has no answer to wait for).
+        let sub = self.subs.remove(at);
+        for stream in &sub.streams {
+            self.leave(&sub.identifier, stream);
+        }
+        self.env.istate.remove(identifier);
+        match answer {
+            Some(res) => self.finish(res),
+            None => Next::Continue,
+        }
+    }
+
+    async fn perform(&mut self, identifier: &str, data: String) -> Next {
+        if self.find(identifier).is_none() {
+            metrics::count(&metrics::BAD_MESSAGES);
+            tracing::debug!(sid = %self.conn.socket_id, "message for an unknown identifier");
+            return Next::Continue;
+        }
+        let Some(rpc) = self.cable.rpc.clone() else {
+            return Next::Continue;
+        };
+        if !matches!(streams::request(identifier), StreamRequest::NotPubsub) {
+            return Next::Continue;
+        }
+        let req = CommandMessage {
+            command: "message".into(),
+            identifier: identifier.to_owned(),
+            connection_identifiers: self.identifiers.clone(),
+            data,
+            env: Some(self.env.for_channel(identifier)),
+        };
+        match self.call(&rpc, req).await {
+            Some(res) => self.apply(identifier, res, true).await,
+            None => {
+                metrics::count(&m::CABLE_RPC_FAILURES);
+                Next::Continue
+            }
+        }
+    }
+
+    /// One RPC command; `None` when it failed (logged and counted), and
+    /// for an answer with status ERROR, which AnyCable does not apply either.
+    async fn call(&self, rpc: &crate::rpc::Rpc, req: CommandMessage) -> Option<CommandResponse> {
+        let command = req.command.clone();
+        match rpc.command(&self.conn.socket_id, req).await {
+            Ok(res) if status_of(res.status) == Status::Error => {
+                metrics::count(&m::RPC_APP_ERRORS);
+                tracing::warn!(sid = %self.conn.socket_id, command, error = %res.error_msg.chars().take(200).collect::<String>(), "RPC Command: the app answered ERROR");
+                None
+            }
+            Ok(res) => Some(res),
+            Err(e) => {
+                tracing::warn!(sid = %self.conn.socket_id, command, error = %e, "RPC Command failed");
+                log_rpc_error(&e);
+                None
+            }
+        }
+    }
+
+    /// Apply a command's answer for `identifier`: streams (only for a
+    /// confirmed subscription), state, transmissions, disconnect.
+    async fn apply(&mut self, identifier: &str, res: CommandResponse, streams: bool) -> Next {
+        if streams && self.find(identifier).is_some() {
+            if res.stop_streams {
+                if let Some(at) = self.find(identifier) {
+                    let id = self.subs[at].identifier.clone();
+                    let old = std::mem::take(&mut self.subs[at].streams);
+                    for s in &old {
+                        self.leave(&id, s);
+                    }
+                }
+            } else {
+                for s in &res.stopped_streams {
+                    self.stop_stream(identifier, s);
+                }
+            }
+            for s in &res.streams {
+                self.add_stream(identifier, s.clone()).await;
+            }
+            if let Some(EnvResponse { istate, .. }) = &res.env {
+                if !istate.is_empty() && self.find(identifier).is_some() {
+                    let entry = self.env.istate.entry(identifier.to_owned()).or_default();
+                    merge(entry, istate);
+                }
+            }
+        }
+        self.finish(res)
+    }
+
+    /// Connection state, transmissions and `disconnect` of an answer.
+    fn finish(&mut self, res: CommandResponse) -> Next {
+        if let Some(e) = &res.env {
+            merge(&mut self.env.cstate, &e.cstate);
+        }
+        for t in &res.transmissions {
+            self.send(t);
+        }
+        if res.disconnect {
+            return Next::Close(Why::Said(1000, "Command Failed".into()));
+        }
+        Next::Continue
+    }
+
+    async fn add_stream(&mut self, identifier: &str, stream: String) {
+        let Some(at) = self.find(identifier) else {
+            return;
+        };
+        if self.subs[at].streams.contains(&stream) {
+            return;
+        }
+        if stream.len() > MAX_STREAM_NAME || self.streams >= MAX_STREAMS {
+            tracing::warn!(sid = %self.conn.socket_id, "stream refused: name too long or too many streams");
+            return;
+        }
+        let tag = Some(self.subs[at].identifier.clone());
+        let opts = SubscribeOptions {
+            tag,
+            ..SubscribeOptions::default()
+        };
+        match self
+            .node
+            .subscribe(&self.hub, &self.conn, &channel_of(&stream), opts)
+            .await
+        {
+            Ok(_) => {
+                self.subs[at].streams.push(stream);
+                self.streams += 1;
+            }
+            Err(e) => tracing::warn!(sid = %self.conn.socket_id, error = %e, "stream refused"),
+        }
+    }
+
+    fn stop_stream(&mut self, identifier: &str, stream: &str) {
+        let Some(at) = self.find(identifier) else {
+            return;
+        };
+        if let Some(i) = self.subs[at].streams.iter().position(|s| s == stream) {
+            self.subs[at].streams.remove(i);
+            let id = self.subs[at].identifier.clone();
+            self.leave(&id, stream);
+        }
+    }
+
+    fn leave(&mut self, identifier: &Arc<str>, stream: &str) {
+        self.node.unsubscribe(
+            &self.hub,
+            &self.conn,
+            &channel_of(stream),
+            &Some(identifier.clone()),
+            false,
+        );
+        self.streams = self.streams.saturating_sub(1);
+    }
+
+    /// Leave every stream and, for a client the app connected, queue its
+    /// Disconnect call. Idempotent: runs when the loop ends and on drop.
+    fn cleanup(&mut self) {
+        let subs = std::mem::take(&mut self.subs);
+        for sub in &subs {
+            for s in &sub.streams {
+                self.leave(&sub.identifier, s);
+            }
+        }
+        if std::mem::take(&mut self.authenticated) {
+            if let Some(queue) = &self.cable.disconnects {
+                let req = DisconnectRequest {
+                    identifiers: self.identifiers.clone(),
+                    subscriptions: subs.iter().map(|s| s.identifier.to_string()).collect(),
+                    env: Some(self.env.for_disconnect()),
+                };
+                queue.enqueue(&self.node, self.conn.socket_id.to_string(), req);
+            }
+        }
+    }
+}
+
+fn log_rpc_error(e: &RpcError) {
+    tracing::debug!(error = %e, "RPC error");
+}
+
+impl Drop for CableSession {
+    fn drop(&mut self) {
+        self.cleanup();
+        self.hub.release();
+    }
+}

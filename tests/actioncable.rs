@@ -1,0 +1,483 @@
+//! Action Cable at /cable over real sockets: bad input of every kind gets
+//! the protocol's answer (or Action Cable's silence), is counted, and never
+//! disturbs other clients. The app is a small HTTP RPC server in this test
+//! (real HTTP on loopback), speaking AnyCable's JSON.
+
+mod common;
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use common::{Server, TIMEOUT};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+#[derive(Default)]
+struct App {
+    disconnects: AtomicUsize,
+    /// When each Disconnect call arrived.
+    disconnect_times: std::sync::Mutex<Vec<std::time::Instant>>,
+}
+
+/// Connect: a `user` cookie is required. Subscribe: `{"channel":"Room",
+/// "room":R}` streams `room:R`; room "garbage" gets an unreadable answer,
+/// room "boom" an ERROR status.
+async fn rpc(
+    State(app): State<Arc<App>>,
+    axum::extract::Path(method): axum::extract::Path<String>,
+    Json(body): Json<Value>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match method.as_str() {
+        "connect" => {
+            let cookie = body["env"]["headers"]["cookie"].as_str().unwrap_or("");
+            match cookie.strip_prefix("user=") {
+                Some(user) => Json(json!({
+                    "status": 1,
+                    "identifiers": json!({ "user": user }).to_string(),
+                    "transmissions": [r#"{"type":"welcome"}"#],
+                }))
+                .into_response(),
+                None => Json(json!({
+                    "status": 2,
+                    "transmissions": [r#"{"type":"disconnect","reason":"unauthorized","reconnect":false}"#],
+                }))
+                .into_response(),
+            }
+        }
+        "command" => {
+            let identifier = body["identifier"].as_str().unwrap_or_default().to_owned();
+            let params: Value = serde_json::from_str(&identifier).unwrap_or(Value::Null);
+            let room = params["room"].as_str().unwrap_or_default();
+            match (body["command"].as_str(), room) {
+                (_, "garbage") => "{not json".into_response(),
+                (_, "boom") => Json(json!({ "status": 0, "error_msg": "exception" })).into_response(),
+                (Some("subscribe"), _) => Json(json!({
+                    "status": 1,
+                    "streams": [format!("room:{room}")],
+                    "transmissions": [json!({ "identifier": identifier, "type": "confirm_subscription" }).to_string()],
+                }))
+                .into_response(),
+                _ => Json(json!({ "status": 1 })).into_response(),
+            }
+        }
+        "disconnect" => {
+            app.disconnect_times
+                .lock()
+                .unwrap()
+                .push(std::time::Instant::now());
+            app.disconnects.fetch_add(1, Ordering::SeqCst);
+            Json(json!({ "status": 1 })).into_response()
+        }
+        _ => axum::http::StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// The app on a loopback port; returns its base URL.
+async fn start_app(app: Arc<App>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let router = Router::new()
+        .route("/rpc/{method}", post(rpc))
+        .with_state(app);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://127.0.0.1:{port}/rpc")
+}
+
+async fn server(app: &Arc<App>, extra: &str) -> Server {
+    let url = start_app(app.clone()).await;
+    Server::start_with(
+        &format!("[rpc]\nhost = \"{url}\"\ntimeout_ms = 1000\nretries = 1\n{extra}"),
+        "",
+    )
+    .await
+}
+
+type Ws = common::Ws;
+
+async fn cable(server: &Server, cookie: Option<&str>) -> Ws {
+    let mut req = format!("ws://127.0.0.1:{}/cable", server.port)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        "actioncable-v1-json".parse().unwrap(),
+    );
+    if let Some(c) = cookie {
+        req.headers_mut().insert("cookie", c.parse().unwrap());
+    }
+    let (ws, resp) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    assert_eq!(
+        resp.headers()
+            .get("sec-websocket-protocol")
+            .and_then(|v| v.to_str().ok()),
+        Some("actioncable-v1-json")
+    );
+    ws
+}
+
+/// The next frame that is not a ping.
+async fn next(ws: &mut Ws) -> common::Next {
+    loop {
+        match common::next(ws).await {
+            common::Next::Frame(f) if f["type"] == "ping" => continue,
+            other => return other,
+        }
+    }
+}
+
+async fn frame(ws: &mut Ws) -> Value {
+    match next(ws).await {
+        common::Next::Frame(f) => f,
+        common::Next::Close(c) => panic!("closed ({c:?}) while a frame was expected"),
+    }
+}
+
+async fn send(ws: &mut Ws, v: Value) {
+    ws.send(Message::text(v.to_string())).await.unwrap();
+}
+
+fn room(r: &str) -> String {
+    json!({ "channel": "Room", "room": r }).to_string()
+}
+
+/// A welcomed client subscribed to `room`.
+async fn member(server: &Server, r: &str) -> Ws {
+    let mut ws = cable(server, Some("user=bystander")).await;
+    assert_eq!(frame(&mut ws).await["type"], "welcome");
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": room(r) }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    ws
+}
+
+async fn broadcast(server: &Server, stream: &str, data: Value) {
+    let body = json!({ "stream": stream, "data": data.to_string() }).to_string();
+    let resp = reqwest::Client::new()
+        .post(server.url("/_broadcast"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+}
+
+/// `ws` (subscribed to room `r`) still gets broadcasts.
+async fn still_served(server: &Server, ws: &mut Ws, r: &str) {
+    broadcast(server, &format!("room:{r}"), json!({ "ok": true })).await;
+    let f = frame(ws).await;
+    assert_eq!(f["identifier"], room(r));
+    assert_eq!(f["message"], json!({ "ok": true }));
+}
+
+#[tokio::test]
+async fn malformed_and_unknown_commands_are_ignored_and_counted() {
+    let app = Arc::new(App::default());
+    let server = server(&app, "").await;
+    let mut other = member(&server, "calm").await;
+    let mut ws = member(&server, "busy").await;
+    let before = server.metric("herald_bad_messages_total").await;
+    let bad = [
+        "not json".to_owned(),
+        "[1,2]".into(),
+        r#"{"command":"subscribe"}"#.into(),
+        r#"{"command":"subscribe","identifier":{"channel":"Room"}}"#.into(),
+        r#"{"command":"bogus","identifier":"x"}"#.into(),
+        json!({ "command": "message", "identifier": room("nowhere"), "data": "{}" }).to_string(),
+        json!({ "command": "unsubscribe", "identifier": room("nowhere") }).to_string(),
+        json!({ "command": "message", "identifier": room("busy"), "data": {"action": "x"} })
+            .to_string(),
+        // Subscribing twice to one identifier: no second answer.
+        json!({ "command": "subscribe", "identifier": room("busy") }).to_string(),
+    ];
+    for text in &bad {
+        ws.send(Message::text(text.clone())).await.unwrap();
+    }
+    // Nothing came back for any of them: the next frame is the broadcast,
+    // once (the double subscribe did not double the stream).
+    still_served(&server, &mut ws, "busy").await;
+    broadcast(&server, "room:busy", json!({ "n": 2 })).await;
+    assert_eq!(frame(&mut ws).await["message"], json!({ "n": 2 }));
+    let after = server.metric("herald_bad_messages_total").await;
+    assert_eq!(after - before, bad.len() as u64, "each bad command counted");
+    still_served(&server, &mut other, "calm").await;
+}
+
+#[tokio::test]
+async fn oversized_and_binary_frames_close_with_invalid_request() {
+    let app = Arc::new(App::default());
+    let server = server(&app, "").await;
+    let mut other = member(&server, "calm").await;
+
+    let mut ws = member(&server, "big").await;
+    let huge = json!({ "command": "subscribe", "identifier": "x".repeat(70 * 1024) }).to_string();
+    ws.send(Message::text(huge)).await.unwrap();
+    let f = frame(&mut ws).await;
+    assert_eq!(
+        f,
+        json!({ "type": "disconnect", "reason": "invalid_request", "reconnect": false })
+    );
+    assert!(matches!(
+        next(&mut ws).await,
+        common::Next::Close(Some(1009))
+    ));
+
+    let mut ws = member(&server, "bin").await;
+    ws.send(Message::binary(vec![1, 2, 3])).await.unwrap();
+    assert_eq!(frame(&mut ws).await["reason"], "invalid_request");
+    assert!(matches!(
+        next(&mut ws).await,
+        common::Next::Close(Some(1003))
+    ));
+
+    // An identifier over the 1 KiB limit is ignored like other bad input.
+    let mut ws = member(&server, "long").await;
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": "y".repeat(2000) }),
+    )
+    .await;
+    still_served(&server, &mut ws, "long").await;
+
+    still_served(&server, &mut other, "calm").await;
+}
+
+#[tokio::test]
+async fn rpc_failures_reject_the_subscription_and_spare_the_rest() {
+    let app = Arc::new(App::default());
+    let server = server(&app, "").await;
+    let mut other = member(&server, "calm").await;
+    let mut ws = member(&server, "fine").await;
+    let errors = server.metric("herald_rpc_errors_total").await;
+    for r in ["garbage", "boom"] {
+        send(
+            &mut ws,
+            json!({ "command": "subscribe", "identifier": room(r) }),
+        )
+        .await;
+        assert_eq!(
+            frame(&mut ws).await,
+            json!({ "identifier": room(r), "type": "reject_subscription" })
+        );
+    }
+    assert!(server.metric("herald_rpc_errors_total").await > errors);
+    assert!(server.metric("herald_rpc_app_errors_total").await >= 1);
+    assert!(server.metric("herald_cable_rpc_failures_total").await >= 2);
+    still_served(&server, &mut ws, "fine").await;
+    still_served(&server, &mut other, "calm").await;
+}
+
+#[tokio::test]
+async fn refused_connections_get_the_apps_message_and_no_disconnect_call() {
+    let app = Arc::new(App::default());
+    let server = server(&app, "").await;
+    let mut ws = cable(&server, None).await;
+    assert_eq!(
+        frame(&mut ws).await,
+        json!({ "type": "disconnect", "reason": "unauthorized", "reconnect": false })
+    );
+    assert!(matches!(
+        next(&mut ws).await,
+        common::Next::Close(Some(1000))
+    ));
+    assert_eq!(server.metric("herald_cable_unauthorized_total").await, 1);
+    // A connected client that leaves is reported; the refused one was not.
+    let ws = member(&server, "x").await;
+    drop(ws);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while app.disconnects.load(Ordering::SeqCst) < 1 {
+        assert!(std::time::Instant::now() < deadline, "no Disconnect call");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(app.disconnects.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn disconnect_calls_are_rate_limited() {
+    let app = Arc::new(App::default());
+    // Four calls per second: four clients leaving at once are reported
+    // over about 750 ms, not in one burst.
+    let server = server(&app, "disconnect_rate = 4").await;
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        clients.push(member(&server, &format!("r{i}")).await);
+    }
+    drop(clients);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while app.disconnects.load(Ordering::SeqCst) < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Disconnect calls missing"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let times = app.disconnect_times.lock().unwrap().clone();
+    let spread = *times.iter().max().unwrap() - *times.iter().min().unwrap();
+    assert!(
+        spread >= std::time::Duration::from_millis(600),
+        "4 calls at 4/s arrived within {spread:?}"
+    );
+}
+
+#[tokio::test]
+async fn disconnect_calls_are_made_before_a_graceful_shutdown_ends() {
+    let app = Arc::new(App::default());
+    // One call per second: the queue outlasts the clients, and shutdown
+    // must still make every call.
+    let mut server = server(&app, "disconnect_rate = 1").await;
+    let mut clients = Vec::new();
+    for i in 0..5 {
+        clients.push(member(&server, &format!("r{i}")).await);
+    }
+    drop(clients);
+    // SIGTERM: the sessions are gone already; the queued calls go out now.
+    unsafe { libc::kill(server.pid(), libc::SIGTERM) };
+    let status = server.wait_exit().await;
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        app.disconnects.load(Ordering::SeqCst),
+        5,
+        "{}",
+        server.log()
+    );
+}
+
+#[tokio::test]
+async fn signed_and_public_streams_without_the_app() {
+    let server = Server::start_with("[rpc]\npublic_streams = false", "").await;
+    let mut ws = cable(&server, None).await;
+    let welcome = frame(&mut ws).await;
+    assert_eq!(welcome["type"], "welcome");
+    assert!(welcome["sid"].is_string());
+    let public = json!({ "channel": "$pubsub", "stream_name": "open" }).to_string();
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": public }),
+    )
+    .await;
+    assert_eq!(
+        frame(&mut ws).await["type"],
+        "reject_subscription",
+        "public streams are off"
+    );
+    let signed_name =
+        herald_actioncable::streams::signed_stream(common::APP_SECRET, "secret-stream");
+    let signed = json!({ "channel": "$pubsub", "signed_stream_name": signed_name }).to_string();
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": signed }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    let forged = json!({ "channel": "$pubsub", "signed_stream_name": format!("{signed_name}0") })
+        .to_string();
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": forged }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "reject_subscription");
+    // Any other channel needs the app, which is not configured.
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": room("a") }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "reject_subscription");
+    broadcast(&server, "secret-stream", json!("hi")).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(f["identifier"], signed);
+    assert_eq!(f["message"], "hi");
+}
+
+#[tokio::test]
+async fn bench_rpc_server_and_scenario_over_grpc() {
+    use herald_bench::rpc;
+    // The bench's BenchmarkChannel app on a free port.
+    let port = common::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let app = Arc::new(rpc::BenchApp::new(String::new(), None));
+    let server_task = tokio::spawn(rpc::serve(addr, app.clone(), async {
+        let _ = stop_rx.await;
+    }));
+    // The scenario against it: every echo answered, none failed.
+    let target = format!("127.0.0.1:{port}");
+    let mut run = None;
+    for _ in 0..50 {
+        match rpc::run_once(&target, 2, 1, std::time::Duration::from_millis(300)).await {
+            Ok(r) => {
+                run = Some(r);
+                break;
+            }
+            // The server may not be listening yet.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    let run = run.expect("the bench RPC server answered");
+    assert!(run.requests > 0, "{run:?}");
+    assert_eq!(run.errors, 0, "{run:?}");
+    assert!(run.p50 > 0 && run.p50 <= run.p99);
+    let _ = stop_tx.send(());
+    let _ = server_task.await;
+}
+
+#[tokio::test]
+async fn herald_calls_a_grpc_app_benchmark_channel_broadcasts() {
+    use herald_bench::rpc;
+    let port = common::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Herald first (the app broadcasts to it), then the app.
+    let server = Server::start_with(
+        &format!("[rpc]\nhost = \"grpc://127.0.0.1:{port}\"\ntimeout_ms = 3000"),
+        "",
+    )
+    .await;
+    let app = Arc::new(rpc::BenchApp::new(server.url("/_broadcast"), None));
+    tokio::spawn(rpc::serve(addr, app, std::future::pending()));
+    let mut ws = None;
+    for _ in 0..50 {
+        let mut c = cable(&server, None).await;
+        match next(&mut c).await {
+            common::Next::Frame(f) if f["type"] == "welcome" => {
+                ws = Some(c);
+                break;
+            }
+            // The app was not listening yet: rpc_error, try again.
+            _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    let mut ws = ws.expect("welcomed through the gRPC app");
+    let id = json!({ "channel": "BenchmarkChannel" }).to_string();
+    send(&mut ws, json!({ "command": "subscribe", "identifier": id })).await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    let data = json!({ "action": "broadcast", "payload": "x" }).to_string();
+    send(
+        &mut ws,
+        json!({ "command": "message", "identifier": id, "data": data }),
+    )
+    .await;
+    // The broadcast (through /_broadcast) and the answer to the sender, in
+    // either order.
+    let mut got = vec![frame(&mut ws).await, frame(&mut ws).await];
+    got.sort_by_key(|f| f["message"]["action"].as_str().unwrap_or("").to_owned());
+    assert_eq!(
+        got[0]["message"],
+        json!({ "action": "broadcast", "payload": "x" })
+    );
+    assert_eq!(
+        got[1]["message"],
+        json!({ "action": "broadcastResult", "payload": "x" })
+    );
+    assert_eq!(got[1]["identifier"], id);
+}
