@@ -69,6 +69,18 @@ struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "HERALD_TLS_KEY")]
     tls_key: Option<String>,
+    /// Seconds between keep-alive messages on protocols that send them on
+    /// a clock (AppSync's `ka`; default 60).
+    #[arg(long, env = "HERALD_KEEPALIVE_INTERVAL", value_parser = seconds("HERALD_KEEPALIVE_INTERVAL"))]
+    keepalive_interval: Option<u64>,
+    /// API keys of the single app, comma-separated (AppSync endpoints).
+    #[arg(
+        long,
+        env = "HERALD_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_keys: Option<Vec<String>>,
 }
 
 /// `--port` / `HERALD_PORT`. clap names only the flag in its errors; a
@@ -115,6 +127,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         app_secret: args.app_secret,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
+        keepalive_interval: args.keepalive_interval,
+        api_keys: args.api_keys,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,

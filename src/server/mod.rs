@@ -4,6 +4,8 @@
 //! ```text
 //! /app/{key}      Pusher Channels v7 WebSocket
 //! /apps/{id}/...  Pusher HTTP API
+//! /graphql, /graphql/realtime, /event/realtime, /event
+//!                 AppSync's GraphQL pub/sub and Events APIs
 //! /up             liveness: 200 while the process serves
 //! /ready          readiness: 503 while starting or draining
 //! /metrics        Prometheus text format
@@ -27,6 +29,7 @@ use tokio::net::{TcpListener, TcpSocket};
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .merge(herald_pusher::router())
+        .merge(herald_appsync::router())
         .route("/up", get(|| async { "OK" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics_text))

@@ -19,6 +19,11 @@ pub const DEV_APP_SECRET: &str = "app-secret";
 /// them (a second is already far beyond what any real-time client accepts).
 pub const MAX_WRITE_DELAY_MS: u64 = 1000;
 
+/// Longest `keepalive_interval`: clients that expect keep-alives on a clock
+/// give up on a connection after a few minutes of silence (AppSync's
+/// clients after 300 s), so the interval must stay well below that.
+pub const MAX_KEEPALIVE_INTERVAL: u64 = 240;
+
 /// Server-wide settings plus the list of apps.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -47,6 +52,9 @@ pub struct Config {
     pub tls_cert: Option<String>,
     /// PEM private key for `tls_cert`.
     pub tls_key: Option<String>,
+    /// Seconds between keep-alive messages on protocols that send them on
+    /// a clock whatever the traffic (AppSync's `ka`).
+    pub keepalive_interval: u64,
     pub apps: Vec<AppConfig>,
 }
 
@@ -64,6 +72,7 @@ impl Default for Config {
             log: "info".into(),
             tls_cert: None,
             tls_key: None,
+            keepalive_interval: 60,
             apps: Vec::new(),
         }
     }
@@ -106,6 +115,32 @@ pub struct AppConfig {
     pub outbound_queue: usize,
     /// Bytes queued for one connection before it is closed as too slow.
     pub outbound_bytes: usize,
+    /// Keys a client may present as its credential on protocols that
+    /// authorize with a shared key instead of a signature (AppSync's API
+    /// keys). Empty: such protocols are closed for this app, except the
+    /// development app, whose `key` is accepted.
+    pub api_keys: Vec<String>,
+    /// Channel namespaces (the first `/` segment of a channel path) and
+    /// who may publish and subscribe in each. Empty: every namespace is
+    /// open to the app's API keys.
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+/// One channel namespace of an app.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct NamespaceConfig {
+    /// 1-50 characters of `[A-Za-z0-9-]`.
+    pub name: String,
+    /// Keys allowed to publish here; `None`: the app's API keys.
+    pub publish_keys: Option<Vec<String>>,
+    /// Keys allowed to subscribe here; `None`: the app's API keys.
+    pub subscribe_keys: Option<Vec<String>>,
+}
+
+/// Whether `name` is a valid namespace (or channel path segment) name.
+pub fn is_namespace_name(name: &str) -> bool {
+    (1..=50).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 impl Default for AppConfig {
@@ -131,6 +166,8 @@ impl Default for AppConfig {
             cache_ttl: 1800,
             outbound_queue: 1024,
             outbound_bytes: 1024 * 1024,
+            api_keys: Vec::new(),
+            namespaces: Vec::new(),
         }
     }
 }
@@ -148,6 +185,16 @@ impl AppConfig {
 
     pub fn is_development(&self) -> bool {
         self.secret == DEV_APP_SECRET
+    }
+
+    /// The API keys in force: the configured ones, or the development
+    /// app's own key when it has none.
+    pub fn effective_api_keys(&self) -> Vec<&str> {
+        if self.api_keys.is_empty() && self.is_development() {
+            vec![self.key.as_str()]
+        } else {
+            self.api_keys.iter().map(String::as_str).collect()
+        }
     }
 }
 
@@ -167,6 +214,9 @@ pub struct Overrides {
     pub app_secret: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
+    pub keepalive_interval: Option<u64>,
+    /// Replace the single app's API keys.
+    pub api_keys: Option<Vec<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +237,17 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
         key: key.into(),
         message: message.into(),
     }
+}
+
+/// An API key: 1-200 printable characters (it travels in HTTP headers).
+fn check_api_key(key: &str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > 200 || !value.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(
+            key,
+            "must be 1-200 printable ASCII characters without spaces",
+        ));
+    }
+    Ok(())
 }
 
 impl Config {
@@ -243,6 +304,9 @@ impl Config {
         if let Some(v) = &o.tls_key {
             self.tls_key = Some(v.clone());
         }
+        if let Some(v) = o.keepalive_interval {
+            self.keepalive_interval = v;
+        }
         if self.apps.is_empty() {
             self.apps.push(AppConfig::development());
         }
@@ -265,6 +329,15 @@ impl Config {
                 app.secret = v.clone();
             }
         }
+        if let Some(keys) = &o.api_keys {
+            if self.apps.len() != 1 {
+                return Err(invalid(
+                    "HERALD_API_KEYS",
+                    "can only be used with exactly one app; configure several apps in the file",
+                ));
+            }
+            self.apps[0].api_keys = keys.clone();
+        }
         Ok(())
     }
 
@@ -283,6 +356,12 @@ impl Config {
             return Err(invalid(
                 "write_delay_ms",
                 format!("must be at most {MAX_WRITE_DELAY_MS} (milliseconds)"),
+            ));
+        }
+        if !(1..=MAX_KEEPALIVE_INTERVAL).contains(&self.keepalive_interval) {
+            return Err(invalid(
+                "keepalive_interval",
+                format!("must be 1 to {MAX_KEEPALIVE_INTERVAL} seconds"),
             ));
         }
         if self.listen_backlog == 0 {
@@ -354,6 +433,33 @@ impl Config {
             if app.max_frame_size < 1024 {
                 return Err(invalid(k("max_frame_size"), "must be at least 1024 bytes"));
             }
+            for (j, key) in app.api_keys.iter().enumerate() {
+                check_api_key(&k(&format!("api_keys[{j}]")), key)?;
+            }
+            let mut names = std::collections::HashSet::new();
+            for (j, ns) in app.namespaces.iter().enumerate() {
+                let field = |f: &str| k(&format!("namespaces[{j}].{f}"));
+                if !is_namespace_name(&ns.name) {
+                    return Err(invalid(
+                        field("name"),
+                        "must be 1-50 characters of A-Z, a-z, 0-9 and '-'",
+                    ));
+                }
+                if !names.insert(&ns.name) {
+                    return Err(invalid(
+                        field("name"),
+                        format!("duplicates namespace {:?}", ns.name),
+                    ));
+                }
+                for (f, keys) in [
+                    ("publish_keys", &ns.publish_keys),
+                    ("subscribe_keys", &ns.subscribe_keys),
+                ] {
+                    for (n, key) in keys.iter().flatten().enumerate() {
+                        check_api_key(&field(&format!("{f}[{n}]")), key)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -372,6 +478,10 @@ impl Config {
 
     pub fn write_delay(&self) -> Duration {
         Duration::from_millis(self.write_delay_ms)
+    }
+
+    pub fn keepalive_interval(&self) -> Duration {
+        Duration::from_secs(self.keepalive_interval)
     }
 }
 
@@ -420,6 +530,56 @@ mod tests {
         c.apply(&Overrides::default()).unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("apps[1].key"), "{err}");
+    }
+
+    #[test]
+    fn api_keys_and_namespaces() {
+        let c = Config::load(None, &Overrides::default()).unwrap();
+        assert_eq!(c.apps[0].effective_api_keys(), vec![DEV_APP_KEY]);
+        let mut c = Config::from_toml(
+            "[[apps]]\nid='a'\nkey='k'\nsecret='s'\napi_keys=['da2-x']\n\
+             [[apps.namespaces]]\nname='chat'\npublish_keys=['backend']\n",
+            "x",
+        )
+        .unwrap();
+        c.apply(&Overrides::default()).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.apps[0].effective_api_keys(), vec!["da2-x"]);
+        assert_eq!(c.apps[0].namespaces[0].subscribe_keys, None);
+        // A configured app without API keys accepts none.
+        let mut c = Config::from_toml("[[apps]]\nid='a'\nkey='k'\nsecret='s'\n", "x").unwrap();
+        c.apply(&Overrides::default()).unwrap();
+        assert!(c.apps[0].effective_api_keys().is_empty());
+        for (toml, key) in [
+            ("api_keys=['has space']", "apps[0].api_keys[0]"),
+            (
+                "[[apps.namespaces]]\nname='a/b'",
+                "apps[0].namespaces[0].name",
+            ),
+            (
+                "[[apps.namespaces]]\nname='a'\n[[apps.namespaces]]\nname='a'",
+                "apps[0].namespaces[1].name",
+            ),
+            (
+                "[[apps.namespaces]]\nname='a'\nsubscribe_keys=['']",
+                "apps[0].namespaces[0].subscribe_keys[0]",
+            ),
+        ] {
+            let mut c = Config::from_toml(
+                &format!("[[apps]]\nid='a'\nkey='k'\nsecret='s'\n{toml}"),
+                "x",
+            )
+            .unwrap();
+            c.apply(&Overrides::default()).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+        let err = Config::from_toml("keepalive_interval = 0", "x")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("keepalive_interval"), "{err}");
     }
 
     #[test]
