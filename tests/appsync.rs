@@ -837,16 +837,23 @@ async fn graphql_errors_in_appsync_shapes() {
             "{reply}"
         );
     }
-    for body in [
-        "not json".to_string(),
-        "{}".to_string(),
-        json!({ "query": "mutation { delete(name: \"a\") { name } }" }).to_string(),
-        json!({ "query": "mutation { publish(name: \"a\", data: \"not json\") { name } }" }).to_string(),
-        json!({ "query": "subscription { subscribe(name: \"a\") { name } }" }).to_string(),
-        json!({ "query": "mutation($d: AWSJSON!) { publish(name: \"a\", data: $d) { name } }", "variables": { "d": 1 } }).to_string(),
+    // Not GraphQL requests: 400. Documents outside the schema: 200 with
+    // `errors` and null `data`, as GraphQL clients read them.
+    for (body, want) in [
+        ("not json".to_string(), 400),
+        ("{}".to_string(), 400),
+        (json!({ "query": "{ __typename }", "variables": [1] }).to_string(), 400),
+        (json!({ "query": "mutation { delete(name: \"a\") { name } }" }).to_string(), 200),
+        (json!({ "query": "mutation { publish(name: \"a\", data: \"not json\") { name } }" }).to_string(), 200),
+        (json!({ "query": "subscription { subscribe(name: \"a\") { name } }" }).to_string(), 200),
+        (json!({ "query": "mutation($d: AWSJSON!) { publish(name: \"a\", data: $d) { name } }", "variables": { "d": 1 } }).to_string(), 200),
+        (json!({ "query": "mutation { publish(name: \"a\" data: \"1\") { name" }).to_string(), 200),
     ] {
         let (status, reply, error_type) = post(&server, "/graphql", Some(API_KEY), &body).await;
-        assert_eq!(status, 400, "{body}: {reply}");
+        assert_eq!(status, want, "{body}: {reply}");
+        if want == 200 {
+            assert_eq!(reply["data"], Value::Null, "{body}: {reply}");
+        }
         assert!(reply["errors"][0]["message"].is_string(), "{body}: {reply}");
         assert!(error_type.is_some(), "{body}");
     }

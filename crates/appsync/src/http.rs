@@ -3,8 +3,11 @@
 //! (the Events API). Both authorize with the `x-api-key` header, read the
 //! body whatever its `Content-Type` (AppSync's benchmark sends none),
 //! bound its size, and answer errors in AppSync's shapes: GraphQL's
-//! `{"data": null, "errors": [...]}`, the Events API's `{"errors": [...]}`,
-//! with the error type in an `x-amzn-errortype` header too.
+//! `{"data": null, "errors": [...]}` (status 200 for a document that does
+//! not fit the schema, as GraphQL servers answer and clients expect; 400
+//! for a request that is not GraphQL at all; 401 for a bad key), the Events
+//! API's `{"errors": [...]}`, with the error type in an `x-amzn-errortype`
+//! header too.
 
 use crate::auth;
 use crate::events::{self, MAX_EVENTS, MAX_EVENT_BYTES};
@@ -172,15 +175,25 @@ pub async fn post_graphql(
             )
         }
     };
+    // A request that is not a GraphQL request is a 400; a document that
+    // does not fit the schema (syntax, validation) is answered as GraphQL
+    // does, 200 with `errors`, which is what clients read them from.
     let op = match graphql::parse(&request) {
         Ok(op) => op,
-        Err(e) => return graphql_errors(StatusCode::BAD_REQUEST, vec![e.to_json()]),
+        Err(e) => {
+            let status = if e.error_type == "BadRequestException" {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::OK
+            };
+            return graphql_errors(status, vec![e.to_json()]);
+        }
     };
     let roots = match op {
         Operation::Mutation(r) | Operation::Query(r) => r,
         Operation::Subscribe(_) => {
             return graphql_errors(
-                StatusCode::BAD_REQUEST,
+                StatusCode::OK,
                 vec![json!({
                     "errorType": "UnsupportedOperation",
                     "message": "subscriptions are served over the WebSocket (/graphql/realtime)",
