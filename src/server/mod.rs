@@ -116,7 +116,8 @@ pub async fn serve(
     let stop = tokio_util::sync::CancellationToken::new();
     let server = match (&node.config.tls_cert, &node.config.tls_key) {
         (Some(cert), Some(key)) => {
-            let acceptor = tls::acceptor(cert.as_ref(), key.as_ref())?;
+            let acceptor = tls::Reloadable::new(tls::acceptor(cert.as_ref(), key.as_ref())?);
+            reload_on_hangup(acceptor.clone(), cert.into(), key.into());
             spawn_server(
                 tls::TlsListener::new(listener, acceptor)?,
                 app,
@@ -135,6 +136,29 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
     housekeeping.abort();
     Ok(())
+}
+
+/// On SIGHUP, read the certificate and key again (renewed certificates
+/// without a restart; established connections stay).
+fn reload_on_hangup(acceptor: tls::Reloadable, cert: std::path::PathBuf, key: std::path::PathBuf) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: TLS certificates will not reload");
+            return;
+        };
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match acceptor.reload(&cert, &key) {
+                    Ok(()) => tracing::info!(cert = %cert.display(), "TLS certificate reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "TLS certificate reload failed; keeping the current one")
+                    }
+                }
+            }
+        });
+    }
 }
 
 fn spawn_server<L>(
