@@ -867,6 +867,46 @@ async fn graphql_errors_in_appsync_shapes() {
 }
 
 #[tokio::test]
+async fn browsers_may_publish_cross_origin() {
+    let server = Server::start_with("", APP).await;
+    let http = reqwest::Client::new();
+    for path in ["/event", "/graphql"] {
+        let res = http
+            .request(reqwest::Method::OPTIONS, server.url(path))
+            .header("origin", "https://app.example.com")
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "content-type,x-api-key,x-amz-user-agent",
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 204, "{path}");
+        let h = res.headers();
+        assert_eq!(h["access-control-allow-origin"], "*");
+        assert!(h["access-control-allow-methods"]
+            .to_str()
+            .unwrap()
+            .contains("POST"));
+        let allowed = h["access-control-allow-headers"].to_str().unwrap();
+        for want in ["content-type", "x-api-key", "x-amz-user-agent"] {
+            assert!(allowed.contains(want), "{allowed}");
+        }
+    }
+    let res = http
+        .post(server.url("/event"))
+        .header("origin", "https://app.example.com")
+        .header("x-api-key", API_KEY)
+        .body(json!({ "channel": "/ns/a", "events": ["1"] }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["access-control-allow-origin"], "*");
+}
+
+#[tokio::test]
 async fn development_app_key_is_accepted_on_the_embedded_default() {
     // No apps in the file: the development app, whose key is an API key
     // and for which every namespace is open.

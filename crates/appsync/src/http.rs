@@ -28,11 +28,42 @@ use std::sync::Arc;
 /// (AWS allows about 1.2 MB per request).
 pub const MAX_EVENT_BODY: usize = MAX_EVENTS * (MAX_EVENT_BYTES + 8 * 1024);
 
+/// Headers a browser may send cross-origin: what Amplify sends, and IAM's
+/// (such requests are refused, but with an answer the page can read).
+const CORS_ALLOW_HEADERS: &str =
+    "content-type, x-api-key, x-amz-date, x-amz-user-agent, x-amz-security-token, authorization";
+
 fn reply(status: StatusCode, body: Value, error_type: Option<&str>) -> Response {
     let mut res = (status, axum::Json(body)).into_response();
+    let h = res.headers_mut();
     if let Some(t) = error_type.and_then(|t| HeaderValue::from_str(t).ok()) {
-        res.headers_mut().insert("x-amzn-errortype", t);
+        h.insert("x-amzn-errortype", t);
     }
+    // Browser apps publish from their own origin, authorized by the API
+    // key in a header (no cookies), as they do with AppSync.
+    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    h.insert(
+        "access-control-expose-headers",
+        HeaderValue::from_static("x-amzn-errortype"),
+    );
+    res
+}
+
+/// `OPTIONS /graphql`, `OPTIONS /event`: the CORS preflight of a browser
+/// publishing from another origin.
+pub async fn preflight() -> Response {
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    let h = res.headers_mut();
+    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("POST, OPTIONS"),
+    );
+    h.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static(CORS_ALLOW_HEADERS),
+    );
+    h.insert("access-control-max-age", HeaderValue::from_static("86400"));
     res
 }
 

@@ -36,9 +36,11 @@ pub fn router() -> Router<Arc<Node>> {
     Router::new()
         .route(
             "/graphql",
-            get(session::upgrade_graphql).post(http::post_graphql),
+            get(session::upgrade_graphql)
+                .post(http::post_graphql)
+                .options(http::preflight),
         )
         .route("/graphql/realtime", get(session::upgrade_graphql))
         .route("/event/realtime", get(session::upgrade_events))
-        .route("/event", post(http::post_event))
+        .route("/event", post(http::post_event).options(http::preflight))
 }

@@ -321,25 +321,29 @@ impl Base {
             Why::Reason(Reason::SlowConsumer) => (
                 1008,
                 "Client too slow: its outbound queue filled up; reconnect".to_owned(),
-                false,
+                None,
             ),
-            Why::Reason(Reason::Terminated) => (1008, "Connection terminated".to_owned(), false),
+            Why::Reason(Reason::Terminated) => (1008, "Connection terminated".to_owned(), None),
             Why::Reason(Reason::ShuttingDown) => {
-                (1001, "Server is shutting down; reconnect".to_owned(), false)
+                (1001, "Server is shutting down; reconnect".to_owned(), None)
             }
-            Why::Reason(Reason::KeepAliveTimeout) => (1001, "Keep-alive timeout".to_owned(), false),
+            Why::Reason(Reason::KeepAliveTimeout) => (1001, "Keep-alive timeout".to_owned(), None),
             Why::Reason(Reason::RateLimited) => (
                 1008,
                 format!("Too many messages: the limit is {max} per second"),
-                true,
+                Some("LimitExceededException"),
             ),
-            Why::Reason(Reason::Code(c)) => (*c, "Connection closed".to_owned(), false),
-            Why::Protocol(e) => (e.close_code(), e.to_string(), false),
-            Why::Binary => (1003, "Binary frames are not supported".to_owned(), true),
-            Why::Said(c, m) => (*c, m.clone(), false),
+            Why::Reason(Reason::Code(c)) => (*c, "Connection closed".to_owned(), None),
+            Why::Protocol(e) => (e.close_code(), e.to_string(), None),
+            Why::Binary => (
+                1003,
+                "Binary frames are not supported".to_owned(),
+                Some("BadRequestException"),
+            ),
+            Why::Said(c, m) => (*c, m.clone(), None),
         };
         Closing {
-            last: last.then(|| Frame::text(&error("LimitExceededException", &message))),
+            last: last.map(|t| Frame::text(&error(t, &message))),
             code,
             message,
         }
