@@ -945,3 +945,19 @@ async fn development_app_key_is_accepted_on_the_embedded_default() {
     }
     panic!("herald did not start");
 }
+
+#[tokio::test]
+async fn shutdown_closes_appsync_sockets_with_going_away() {
+    let mut server = Server::start_with("", APP).await;
+    let mut e = events(&server, API_KEY).await;
+    assert_eq!(
+        subscribe(&mut e, "s", "/ns/a").await["type"],
+        "subscribe_success"
+    );
+    let mut g = graphql(&server, "/graphql", API_KEY).await;
+    // SAFETY: signalling our own child process.
+    assert_eq!(unsafe { libc::kill(server.pid(), libc::SIGTERM) }, 0);
+    assert_eq!(e.expect_close().await, Some(1001));
+    assert_eq!(g.expect_close().await, Some(1001));
+    assert!(server.wait_exit().await.success());
+}
