@@ -29,6 +29,16 @@ fn parse(c: &mut Criterion) {
 }
 
 fn hub_with_subscribers(n: usize) -> (Hub, Vec<Arc<Connection>>) {
+    hub_with(n, &WIRE, |_| None)
+}
+
+/// `n` subscribers of `news` speaking `wire`, subscriber `i` with tag
+/// `tag(i)` (AppSync: each its own subscription id).
+fn hub_with(
+    n: usize,
+    wire: &'static dyn herald_core::wire::Wire,
+    tag: impl Fn(u64) -> Option<String>,
+) -> (Hub, Vec<Arc<Connection>>) {
     let hub = Hub::new(AppConfig::development());
     let limit = QueueLimit {
         frames: 64,
@@ -36,10 +46,13 @@ fn hub_with_subscribers(n: usize) -> (Hub, Vec<Arc<Connection>>) {
     };
     let conns = (0..n as u64)
         .map(|i| {
-            let conn = Arc::new(Connection::new(i, format!("1.{i}"), &WIRE, limit));
-            hub.subscribe(&conn, "news", SubscribeOptions::default())
-                .unwrap();
-            conn.take(&mut Vec::new(), 64); // subscription_succeeded
+            let conn = Arc::new(Connection::new(i, format!("1.{i}"), wire, limit));
+            let opts = SubscribeOptions {
+                tag: tag(i).map(Arc::from),
+                ..SubscribeOptions::default()
+            };
+            hub.subscribe(&conn, "news", opts).unwrap();
+            conn.take(&mut Vec::new(), 64); // the subscription's acknowledgement
             conn
         })
         .collect();
@@ -50,11 +63,32 @@ fn hub_with_subscribers(n: usize) -> (Hub, Vec<Arc<Connection>>) {
 /// the snapshot of the subscriber list, one frame built, queued to each.
 fn publish(c: &mut Criterion) {
     let mut g = c.benchmark_group("publish");
-    for n in [100usize, 1000] {
-        let (hub, conns) = hub_with_subscribers(n);
+    use herald_appsync::wire::{self as appsync, ChannelField};
+    let gql_fields = [
+        ("name".to_string(), ChannelField::Name),
+        ("data".to_string(), ChannelField::Data),
+    ];
+    for (protocol, n) in [
+        ("", 100usize),
+        ("", 1000),
+        ("appsync_events_", 1000),
+        ("appsync_graphql_", 1000),
+    ] {
+        let (hub, conns) = match protocol {
+            "appsync_events_" => hub_with(n, &appsync::EVENTS_WIRE, |i| {
+                Some(appsync::events_tag(&format!(
+                    "5f1c2a7e-0000-4000-8000-{i:012}"
+                )))
+            }),
+            "appsync_graphql_" => hub_with(n, &appsync::GRAPHQL_WIRE, |i| {
+                let id = format!("5f1c2a7e-0000-4000-8000-{i:012}");
+                Some(appsync::graphql_tag(&id, "subscribe", "news", &gql_fields))
+            }),
+            _ => hub_with_subscribers(n),
+        };
         let data = json_string(r#"{"title":"hello","body":"a short news item of typical size"}"#);
         g.throughput(Throughput::Elements(n as u64));
-        g.bench_function(format!("to_{n}_subscribers"), |b| {
+        g.bench_function(format!("{protocol}to_{n}_subscribers"), |b| {
             // Time only the fan-out; drain the queues (as the writers would)
             // between publishes so none fills up.
             b.iter_custom(|iters| {

@@ -7,6 +7,8 @@
 //!                 Knows no protocol.
 //! crates/pusher   herald-pusher: Pusher Channels v7 (wire, sessions, the
 //!                 HTTP API, signatures), on the core only.
+//! crates/appsync  herald-appsync: AWS AppSync's GraphQL pub/sub and Events
+//!                 APIs (wires, sessions, HTTP publish), on the core only.
 //! src/server      this crate: one listener, routing by path to each
 //!                 adapter's routes, health, metrics, TLS, graceful shutdown
 //! crates/signing herald-signing: Pusher's HMAC/MD5 signatures, shared by

@@ -99,6 +99,18 @@ struct ServeArgs {
     /// Bearer token required by POST /_broadcast (default: none).
     #[arg(long, env = "HERALD_BROADCAST_KEY", hide_env_values = true)]
     broadcast_key: Option<String>,
+    /// Seconds between keep-alive messages on protocols that send them on
+    /// a clock (AppSync's `ka`; default 60).
+    #[arg(long, env = "HERALD_KEEPALIVE_INTERVAL", value_parser = seconds("HERALD_KEEPALIVE_INTERVAL"))]
+    keepalive_interval: Option<u64>,
+    /// API keys of the single app, comma-separated (AppSync endpoints).
+    #[arg(
+        long,
+        env = "HERALD_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_keys: Option<Vec<String>>,
 }
 
 /// `--port` / `HERALD_PORT`. clap names only the flag in its errors; a
@@ -160,6 +172,8 @@ fn serve(args: ServeArgs) -> ExitCode {
         rpc_secret: args.rpc_secret,
         rpc_headers: args.rpc_headers,
         broadcast_key: args.broadcast_key,
+        keepalive_interval: args.keepalive_interval,
+        api_keys: args.api_keys,
     };
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,

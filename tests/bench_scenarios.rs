@@ -266,6 +266,46 @@ async fn fanout_counts_every_channel() {
     }
 }
 
+/// The same fan-out with AppSync clients: graphql-ws subscribers on
+/// /graphql and publish mutations on POST /graphql, then Events API
+/// subscribers and POST /event (the development app's key is the API key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_speaks_both_appsync_apis() {
+    let server = start_server().await;
+    for protocol in [
+        herald_bench::appsync::Protocol::AppsyncGraphql,
+        herald_bench::appsync::Protocol::AppsyncEvents,
+    ] {
+        let mut p = tiny_fanout(server.port);
+        p.protocol = protocol;
+        let r = fanout::run(&p).await.unwrap();
+        let text = r.summary();
+        assert!(text.contains(protocol.name()), "{text}");
+        assert_eq!(r.count("http_publishes"), 40, "{text}");
+        assert_eq!(r.count("deliveries_expected"), 200, "{text}");
+        assert_eq!(r.count("deliveries_received"), 200, "{text}");
+        assert_eq!(r.count("deliveries_lost"), 0, "{text}");
+        assert_eq!(r.count("deliveries_unexpected"), 0, "{text}");
+        assert!(
+            r.json()["metrics"]["message_latency"]["p95"].is_number(),
+            "{text}"
+        );
+    }
+    // A wrong API key is one clear error.
+    let mut p = tiny_fanout(server.port);
+    p.protocol = herald_bench::appsync::Protocol::AppsyncEvents;
+    p.target = Target::new(
+        &format!("ws://127.0.0.1:{}", server.port),
+        "app-id",
+        "not-a-key",
+        "app-secret",
+        false,
+    )
+    .unwrap();
+    let e = fanout::run(&p).await.unwrap_err().to_string();
+    assert!(e.contains("UnauthorizedException"), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_holds_connections_and_reads_server_memory() {
     let server = start_server().await;

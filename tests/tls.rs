@@ -161,3 +161,158 @@ fn tls_env_variables_are_read() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tls_cert"), "{err}");
 }
+
+fn connector_trusting(cert: &str) -> TlsConnector {
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(fixture(cert)).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    TlsConnector::from(Arc::new(config))
+}
+
+/// Whether a TLS handshake trusting only `cert` succeeds.
+async fn handshake_trusting(port: u16, cert: &str) -> bool {
+    let Ok(tcp) = TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            connector_trusting(cert).connect(name, tcp)
+        )
+        .await,
+        Ok(Ok(_))
+    )
+}
+
+/// A child process killed when dropped, so a failing test leaves no server
+/// behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// SIGHUP reloads the certificate: new handshakes get the new one, an
+/// established connection keeps working, and a broken file keeps the
+/// certificate in force.
+#[tokio::test]
+async fn sighup_reloads_the_certificate_without_dropping_connections() {
+    use futures_util::SinkExt;
+    let dir = std::env::temp_dir().join(format!("herald-tls-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::copy(fixture("tls-test-cert.pem"), &cert).unwrap();
+    std::fs::copy(fixture("tls-test-key.pem"), &key).unwrap();
+    let mut started = None;
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = dir.join("herald.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "host = \"127.0.0.1\"\nport = {port}\nlog = \"warn\"\ntls_cert = {:?}\ntls_key = {:?}\n",
+                cert.display().to_string(),
+                key.display().to_string()
+            ),
+        )
+        .unwrap();
+        let mut child = common::herald_command()
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            // The failed reload below logs an error on purpose.
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline && !handshake_trusting(port, "tls-test-cert.pem").await {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if handshake_trusting(port, "tls-test-cert.pem").await {
+            started = Some((child, port));
+            break;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let (child, port) = started.expect("herald serving TLS");
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id() as i32;
+
+    // A connection made with the first certificate.
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let tls = connector_trusting("tls-test-cert.pem")
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let url = format!("wss://127.0.0.1:{port}/app/app-key?protocol=7");
+    let (mut ws, _) = tokio_tungstenite::client_async(url, tls).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first
+        .into_text()
+        .unwrap()
+        .contains("connection_established"));
+
+    // Renew: new files, SIGHUP.
+    std::fs::copy(fixture("tls-test-cert-2.pem"), &cert).unwrap();
+    std::fs::copy(fixture("tls-test-key-2.pem"), &key).unwrap();
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !handshake_trusting(port, "tls-test-cert-2.pem").await {
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !handshake_trusting(port, "tls-test-cert.pem").await,
+        "the old one is gone"
+    );
+
+    // The established connection still works.
+    ws.send(tokio_tungstenite::tungstenite::Message::text(
+        r#"{"event":"pusher:ping","data":{}}"#,
+    ))
+    .await
+    .unwrap();
+    let pong = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("pong in time")
+        .unwrap()
+        .unwrap();
+    assert!(pong.into_text().unwrap().contains("pusher:pong"));
+
+    // A broken file: the reload fails and the certificate in force stays.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(handshake_trusting(port, "tls-test-cert-2.pem").await);
+    assert!(child.0.try_wait().unwrap().is_none(), "still running");
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}

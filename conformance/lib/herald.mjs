@@ -1,7 +1,8 @@
 // Start a real `herald serve` for a test file, on a free loopback port, with
 // its own configuration, and hand out clients wired to it.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import https from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import net from 'node:net';
@@ -124,6 +125,18 @@ export async function freePort() {
   });
 }
 
+/** The status of GET `path` over TLS, trusting `ca`. */
+function httpsStatus(port, path, ca) {
+  return new Promise((resolve, reject) => {
+    const req = https.get({ host: '127.0.0.1', port, path, ca }, (res) => {
+      res.resume();
+      resolve(res.statusCode);
+    });
+    req.on('error', reject);
+    req.setTimeout(2000, () => req.destroy(new Error('timeout')));
+  });
+}
+
 /** Render a flat TOML document: top-level keys, then [[apps]] tables. */
 function toml(config) {
   const key = (k) => (/^[A-Za-z0-9_-]+$/.test(k) ? k : JSON.stringify(k));
@@ -159,6 +172,9 @@ function toml(config) {
  * here); with no `apps`, the embedded development app is served.
  */
 export async function startHerald(config = {}, { env = {} } = {}) {
+  // With tls_cert/tls_key herald serves https only: /ready is polled over
+  // TLS, trusting that certificate.
+  const ca = config.tls_cert ? readFileSync(config.tls_cert) : null;
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), 'herald-test-'));
   const file = join(dir, 'herald.toml');
@@ -177,12 +193,14 @@ export async function startHerald(config = {}, { env = {} } = {}) {
       resolve({ code, signal });
     }),
   );
-  const base = `http://127.0.0.1:${port}`;
+  const base = `${ca ? 'https' : 'http'}://127.0.0.1:${port}`;
   // Wait for readiness by polling /ready: the process is up when it answers.
   for (let i = 0; ; i++) {
     try {
-      const r = await fetch(`${base}/ready`, { signal: AbortSignal.timeout(1000) });
-      if (r.status === 200) break;
+      const status = ca
+        ? await httpsStatus(port, '/ready', ca)
+        : (await fetch(`${base}/ready`, { signal: AbortSignal.timeout(1000) })).status;
+      if (status === 200) break;
     } catch {}
     if (child.exitCode !== null) throw new Error(`herald exited early:\n${output}`);
     if (i > 500) throw new Error(`herald not ready after 10s:\n${output}`);

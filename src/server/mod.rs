@@ -6,6 +6,8 @@
 //! /apps/{id}/...  Pusher HTTP API
 //! /cable          Action Cable WebSocket (RPC to the app, AnyCable's)
 //! /_broadcast     AnyCable-style broadcast ingress
+//! /graphql, /graphql/realtime, /event/realtime, /event
+//!                 AppSync's GraphQL pub/sub and Events APIs
 //! /up             liveness: 200 while the process serves
 //! /ready          readiness: 503 while starting or draining
 //! /metrics        Prometheus text format (or on `metrics_port`)
@@ -32,6 +34,7 @@ pub fn router(node: Arc<Node>) -> Router {
     let mut router = Router::new()
         .merge(herald_pusher::router())
         .merge(herald_actioncable::router(&node))
+        .merge(herald_appsync::router())
         .route("/up", get(|| async { "OK" }))
         .route("/ready", get(ready));
     if node.config.metrics_port.is_none() {
@@ -167,7 +170,8 @@ pub async fn serve(
     };
     let server = match (&node.config.tls_cert, &node.config.tls_key) {
         (Some(cert), Some(key)) => {
-            let acceptor = tls::acceptor(cert.as_ref(), key.as_ref())?;
+            let acceptor = tls::Reloadable::new(tls::acceptor(cert.as_ref(), key.as_ref())?);
+            reload_on_hangup(acceptor.clone(), cert.into(), key.into());
             spawn_server(
                 tls::TlsListener::new(listener, acceptor)?,
                 app,
@@ -201,6 +205,29 @@ pub async fn serve(
     }
     housekeeping.abort();
     Ok(())
+}
+
+/// On SIGHUP, read the certificate and key again (renewed certificates
+/// without a restart; established connections stay).
+fn reload_on_hangup(acceptor: tls::Reloadable, cert: std::path::PathBuf, key: std::path::PathBuf) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: TLS certificates will not reload");
+            return;
+        };
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match acceptor.reload(&cert, &key) {
+                    Ok(()) => tracing::info!(cert = %cert.display(), "TLS certificate reloaded"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "TLS certificate reload failed; keeping the current one")
+                    }
+                }
+            }
+        });
+    }
 }
 
 fn spawn_server<L>(

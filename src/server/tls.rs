@@ -2,6 +2,10 @@
 //! proxy in front. Handshakes run in their own tasks so one slow or hostile
 //! client cannot stall the accept loop; finished streams are handed to the
 //! HTTP server through a bounded queue.
+//!
+//! The certificate can be replaced while serving ([`Reloadable::reload`],
+//! on SIGHUP): new handshakes use the new one, established connections keep
+//! theirs and are not dropped.
 
 use std::io;
 use std::net::SocketAddr;
@@ -51,6 +55,28 @@ pub fn acceptor(cert: &Path, key: &Path) -> io::Result<TlsAcceptor> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// The acceptor in force, replaceable while the listener runs.
+#[derive(Clone)]
+pub struct Reloadable(Arc<std::sync::RwLock<TlsAcceptor>>);
+
+impl Reloadable {
+    pub fn new(acceptor: TlsAcceptor) -> Reloadable {
+        Reloadable(Arc::new(std::sync::RwLock::new(acceptor)))
+    }
+
+    fn current(&self) -> TlsAcceptor {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Read `cert` and `key` again and use them for new handshakes. On an
+    /// error the certificate in force stays.
+    pub fn reload(&self, cert: &Path, key: &Path) -> io::Result<()> {
+        let fresh = acceptor(cert, key)?;
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(())
+    }
+}
+
 /// A listener yielding TLS streams whose handshake has completed.
 pub struct TlsListener {
     rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
@@ -58,7 +84,7 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> io::Result<TlsListener> {
+    pub fn new(tcp: TcpListener, acceptor: Reloadable) -> io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, rx) = mpsc::channel(1024);
         tokio::spawn(async move {
@@ -76,7 +102,7 @@ impl TlsListener {
                 if tx.is_closed() {
                     break;
                 }
-                let acceptor = acceptor.clone();
+                let acceptor = acceptor.current();
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

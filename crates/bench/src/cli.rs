@@ -137,6 +137,18 @@ struct ConnectArgs {
     hold: bool,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ProtocolArg {
+    /// Pusher WebSocket subscribers, Pusher HTTP API publishers.
+    Pusher,
+    /// AppSync generic pub/sub GraphQL: graphql-ws subscribers on /graphql,
+    /// publish mutations on POST /graphql (--key is the API key).
+    AppsyncGraphql,
+    /// AppSync Events: aws-appsync-event-ws subscribers on /event/realtime,
+    /// POST /event publishers (--key is the API key).
+    AppsyncEvents,
+}
+
 #[derive(Args)]
 struct FanoutArgs {
     #[command(flatten)]
@@ -157,6 +169,9 @@ struct FanoutArgs {
     /// cluster; comma-separated ws:// URLs); publishers use --url.
     #[arg(long, value_delimiter = ',')]
     subscriber_url: Vec<String>,
+    /// The protocol subscribers and publishers speak.
+    #[arg(long, value_enum, default_value = "pusher")]
+    protocol: ProtocolArg,
 }
 
 #[derive(Args)]
@@ -277,6 +292,11 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.publishers = a.publishers;
                 p.rate = a.rate;
                 p.drain = a.drain;
+                p.protocol = match a.protocol {
+                    ProtocolArg::Pusher => super::appsync::Protocol::Pusher,
+                    ProtocolArg::AppsyncGraphql => super::appsync::Protocol::AppsyncGraphql,
+                    ProtocolArg::AppsyncEvents => super::appsync::Protocol::AppsyncEvents,
+                };
                 p.timeout = common.timeout;
                 p.progress = progress;
                 p.server_pid = common.server_pid;

@@ -154,7 +154,7 @@ pub struct Scan<'a> {
 /// The string value of the first `"name": "..."` in `text`. Pusher
 /// envelopes put `event` and `channel` before `data`, and inside a `data`
 /// string the quotes are escaped, so the first match is the envelope's.
-fn string_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn string_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     let mut from = 0;
     while let Some(i) = text[from..].find(name) {
         let start = from + i;
@@ -190,7 +190,7 @@ pub fn bench_data(stamp: u64, id: MsgId) -> String {
 /// quotes escaped), in any order. One backward byte loop from the end,
 /// where `data` usually is: `str::find` sets up a substring searcher per
 /// call, which showed in profiles.
-fn bench_fields(text: &str) -> (Option<u64>, Option<MsgId>) {
+pub(crate) fn bench_fields(text: &str) -> (Option<u64>, Option<MsgId>) {
     const NEEDLE: &[u8] = b"bench_";
     let b = text.as_bytes();
     if b.len() <= NEEDLE.len() {
@@ -320,7 +320,7 @@ fn subscription_error_of(text: &str) -> ClientError {
     ClientError::Subscription { status, message }
 }
 
-fn ws_error(e: WsError) -> ClientError {
+pub(crate) fn ws_error(e: WsError) -> ClientError {
     match e {
         WsError::Http(resp) => ClientError::Handshake(format!("HTTP {}", resp.status())),
         WsError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
@@ -339,7 +339,7 @@ fn ws_error(e: WsError) -> ClientError {
 /// the read that finds the socket empty, so a 4 KiB buffer cost two 4 KiB
 /// `memset`s per ~130-byte frame (2.7 % of the generator at the broadcast
 /// peak). Longer frames still work: the buffer grows to a frame's length.
-fn ws_config() -> WebSocketConfig {
+pub(crate) fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(1024)
         .write_buffer_size(0)
@@ -349,7 +349,10 @@ fn ws_config() -> WebSocketConfig {
 
 /// Open a TCP connection from `source` (port chosen at connect time, so
 /// each source address has its own ~28k ports) to the target.
-async fn tcp_connect(target: &Target, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+pub(crate) async fn tcp_connect(
+    target: &Target,
+    source: Option<IpAddr>,
+) -> std::io::Result<TcpStream> {
     let socket = if target.addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -511,7 +514,9 @@ impl Conn {
 
 /// The next text frame; pings, pongs and binary frames are skipped (the
 /// library answers WebSocket pings itself).
-async fn next_text(ws: &mut WebSocketStream<TcpStream>) -> Result<Utf8Bytes, ClientError> {
+pub(crate) async fn next_text(
+    ws: &mut WebSocketStream<TcpStream>,
+) -> Result<Utf8Bytes, ClientError> {
     loop {
         match ws.next().await {
             Some(Ok(Message::Text(t))) => return Ok(t),

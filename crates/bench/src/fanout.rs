@@ -18,7 +18,8 @@
 //! publishes went out, and the achieved publish rate is reported beside the
 //! asked one, with a note when it fell short.
 
-use super::client::{bench_data, scan, Conn, HttpPublisher};
+use super::appsync::{self, Protocol};
+use super::client::{bench_data, scan, ClientError, Conn, HttpPublisher};
 use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
@@ -51,6 +52,9 @@ pub struct FanoutParams {
     pub timeout: Duration,
     pub progress: bool,
     pub server_pid: Option<u32>,
+    /// What subscribers and publishers speak: Pusher (WebSocket + HTTP
+    /// API) or one of the AppSync APIs.
+    pub protocol: Protocol,
 }
 
 impl FanoutParams {
@@ -68,6 +72,30 @@ impl FanoutParams {
             timeout: Duration::from_secs(30),
             progress: true,
             server_pid: None,
+            protocol: Protocol::Pusher,
+        }
+    }
+}
+
+/// The HTTP publisher of either protocol.
+#[derive(Clone)]
+enum Publisher {
+    Pusher(HttpPublisher),
+    Appsync(appsync::Publisher),
+}
+
+impl Publisher {
+    fn new(p: &FanoutParams) -> Publisher {
+        match p.protocol {
+            Protocol::Pusher => Publisher::Pusher(HttpPublisher::new(&p.target)),
+            other => Publisher::Appsync(appsync::Publisher::new(&p.target, other)),
+        }
+    }
+
+    async fn publish(&self, channel: &str, data: &str) -> Result<(), ClientError> {
+        match self {
+            Publisher::Pusher(h) => h.publish(channel, EVENT, data, None).await,
+            Publisher::Appsync(a) => a.publish(channel, data).await,
         }
     }
 }
@@ -123,11 +151,17 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     report.param("publishers", p.publishers);
     report.param("rate", format!("{}/s", p.rate));
     report.param("duration", format!("{:?}", p.duration));
+    report.param("protocol", p.protocol.name());
     if let Some(w) = raise_nofile(p.subscribers as u64 + p.publishers as u64) {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    preflight(&p.target, None, true).await?;
+    match p.protocol {
+        Protocol::Pusher => preflight(&p.target, None, true).await?,
+        other => appsync::preflight(&p.target, other)
+            .await
+            .map_err(|e| super::BenchError(e.explain(&p.target)))?,
+    }
     let cpu = CpuMeter::start(p.server_pid);
     let started = Instant::now();
     let per_channel = || (0..p.channels).map(|_| AtomicU64::new(0)).collect();
@@ -166,12 +200,16 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
             0 => p.target.clone(),
             n => p.subscriber_targets[i % n].clone(),
         };
-        let (s, timeout) = (s.clone(), p.timeout);
+        let (s, timeout, protocol) = (s.clone(), p.timeout, p.protocol);
         let (gate, mut stop, ready) = (gate.clone(), stop_rx.clone(), ready_tx.clone());
         subscribers.spawn(async move {
             let permit = gate.acquire().await;
             let t0 = Instant::now();
-            let mut conn = match Conn::open(&target, target.source_for(i), timeout).await {
+            let opened = match protocol {
+                Protocol::Pusher => Conn::open(&target, target.source_for(i), timeout).await,
+                other => appsync::open(&target, target.source_for(i), timeout, other).await,
+            };
+            let mut conn = match opened {
                 Ok(c) => c,
                 Err(e) => {
                     s.live.error(e.kind(), e.explain(&target));
@@ -181,7 +219,11 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
             };
             s.live.connections.fetch_add(1, Relaxed);
             let name = channel_name(c);
-            if let Err(e) = conn.subscribe(&target, &[&name], timeout).await {
+            let subscribed = match protocol {
+                Protocol::Pusher => conn.subscribe(&target, &[&name], timeout).await,
+                other => appsync::subscribe(&mut conn, &target, &name, timeout, other).await,
+            };
+            if let Err(e) = subscribed {
                 s.live.error(e.kind(), e.explain(&target));
                 s.live.connections.fetch_sub(1, Relaxed);
                 let _ = ready.send(()).await;
@@ -202,7 +244,10 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                     biased;
                     r = conn.recv() => match r {
                         Ok(text) => {
-                            let f = scan(&text);
+                            let f = match protocol {
+                                Protocol::Pusher => scan(&text),
+                                _ => appsync::scan(&text, EVENT),
+                            };
                             if f.event != EVENT {
                                 continue;
                             }
@@ -249,7 +294,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let subscribe_seconds = started.elapsed().as_secs_f64();
 
     // Phase 2: publishers on a fixed schedule; publish k goes to channel k % C.
-    let publisher = HttpPublisher::new(&p.target);
+    let publisher = Publisher::new(p);
     // The schedule on both clocks: `Instant` to sleep on, the bench clock
     // for the stamps receivers subtract from.
     let publish_start = Instant::now();
@@ -276,10 +321,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                     .fetch_max((offset + late).as_micros() as u64, Relaxed);
                 let data = bench_data(stamp, MsgId { sender: j, seq: k });
                 let t0 = Instant::now();
-                match publisher
-                    .publish(&channel_name(c), EVENT, &data, None)
-                    .await
-                {
+                match publisher.publish(&channel_name(c), &data).await {
                     Ok(()) => {
                         s.publish_duration.record_duration(j as usize, t0.elapsed());
                         s.accepted[c].fetch_add(1, Relaxed);

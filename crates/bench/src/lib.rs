@@ -29,6 +29,7 @@
 //! distinct expected ids received), never hidden in an average or made up
 //! for by duplicates.
 
+pub mod appsync;
 pub mod broadcast;
 pub mod cli;
 pub mod client;

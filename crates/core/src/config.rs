@@ -19,6 +19,11 @@ pub const DEV_APP_SECRET: &str = "app-secret";
 /// them (a second is already far beyond what any real-time client accepts).
 pub const MAX_WRITE_DELAY_MS: u64 = 1000;
 
+/// Longest `keepalive_interval`: clients that expect keep-alives on a clock
+/// give up on a connection after a few minutes of silence (AppSync's
+/// clients after 300 s), so the interval must stay well below that.
+pub const MAX_KEEPALIVE_INTERVAL: u64 = 240;
+
 /// Server-wide settings plus the list of apps.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -78,6 +83,9 @@ pub struct Config {
     pub broker: BrokerConfig,
     /// The app backend some adapters call (see [`RpcConfig`]).
     pub rpc: RpcConfig,
+    /// Seconds between keep-alive messages on protocols that send them on
+    /// a clock whatever the traffic (AppSync's `ka`).
+    pub keepalive_interval: u64,
     pub apps: Vec<AppConfig>,
 }
 
@@ -252,6 +260,7 @@ impl Default for Config {
             webhook_queue: 10_000,
             broker: BrokerConfig::default(),
             rpc: RpcConfig::default(),
+            keepalive_interval: 60,
             apps: Vec::new(),
         }
     }
@@ -417,6 +426,32 @@ pub struct AppConfig {
     pub outbound_bytes: usize,
     /// Where to send webhooks, and which events.
     pub webhooks: Vec<WebhookConfig>,
+    /// Keys a client may present as its credential on protocols that
+    /// authorize with a shared key instead of a signature (AppSync's API
+    /// keys). Empty: such protocols are closed for this app, except the
+    /// development app, whose `key` is accepted.
+    pub api_keys: Vec<String>,
+    /// Channel namespaces (the first `/` segment of a channel path) and
+    /// who may publish and subscribe in each. Empty: every namespace is
+    /// open to the app's API keys.
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+/// One channel namespace of an app.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct NamespaceConfig {
+    /// 1-50 characters of `[A-Za-z0-9-]`.
+    pub name: String,
+    /// Keys allowed to publish here; `None`: the app's API keys.
+    pub publish_keys: Option<Vec<String>>,
+    /// Keys allowed to subscribe here; `None`: the app's API keys.
+    pub subscribe_keys: Option<Vec<String>>,
+}
+
+/// Whether `name` is a valid namespace (or channel path segment) name.
+pub fn is_namespace_name(name: &str) -> bool {
+    (1..=50).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 impl Default for AppConfig {
@@ -443,6 +478,8 @@ impl Default for AppConfig {
             outbound_queue: 1024,
             outbound_bytes: 1024 * 1024,
             webhooks: Vec::new(),
+            api_keys: Vec::new(),
+            namespaces: Vec::new(),
         }
     }
 }
@@ -460,6 +497,16 @@ impl AppConfig {
 
     pub fn is_development(&self) -> bool {
         self.secret == DEV_APP_SECRET
+    }
+
+    /// The API keys in force: the configured ones, or the development
+    /// app's own key when it has none.
+    pub fn effective_api_keys(&self) -> Vec<&str> {
+        if self.api_keys.is_empty() && self.is_development() {
+            vec![self.key.as_str()]
+        } else {
+            self.api_keys.iter().map(String::as_str).collect()
+        }
     }
 }
 
@@ -490,6 +537,9 @@ pub struct Overrides {
     /// Comma-separated header names.
     pub rpc_headers: Option<String>,
     pub broadcast_key: Option<String>,
+    pub keepalive_interval: Option<u64>,
+    /// Replace the single app's API keys.
+    pub api_keys: Option<Vec<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -567,6 +617,17 @@ fn validate_webhook(hook: &WebhookConfig) -> Result<(), (String, String)> {
                 "must not contain control characters".into(),
             ));
         }
+    }
+    Ok(())
+}
+
+/// An API key: 1-200 printable characters (it travels in HTTP headers).
+fn check_api_key(key: &str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > 200 || !value.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(
+            key,
+            "must be 1-200 printable ASCII characters without spaces",
+        ));
     }
     Ok(())
 }
@@ -656,6 +717,9 @@ impl Config {
         if let Some(v) = &o.broadcast_key {
             self.rpc.broadcast_key = Some(v.clone());
         }
+        if let Some(v) = o.keepalive_interval {
+            self.keepalive_interval = v;
+        }
         if self.apps.is_empty() {
             self.apps.push(AppConfig::development());
         }
@@ -678,6 +742,15 @@ impl Config {
                 app.secret = v.clone();
             }
         }
+        if let Some(keys) = &o.api_keys {
+            if self.apps.len() != 1 {
+                return Err(invalid(
+                    "HERALD_API_KEYS",
+                    "can only be used with exactly one app; configure several apps in the file",
+                ));
+            }
+            self.apps[0].api_keys = keys.clone();
+        }
         Ok(())
     }
 
@@ -696,6 +769,12 @@ impl Config {
             return Err(invalid(
                 "write_delay_ms",
                 format!("must be at most {MAX_WRITE_DELAY_MS} (milliseconds)"),
+            ));
+        }
+        if !(1..=MAX_KEEPALIVE_INTERVAL).contains(&self.keepalive_interval) {
+            return Err(invalid(
+                "keepalive_interval",
+                format!("must be 1 to {MAX_KEEPALIVE_INTERVAL} seconds"),
             ));
         }
         if self.listen_backlog == 0 {
@@ -836,6 +915,33 @@ impl Config {
                 validate_webhook(hook)
                     .map_err(|(field, msg)| invalid(k(&format!("webhooks[{j}]{field}")), msg))?;
             }
+            for (j, key) in app.api_keys.iter().enumerate() {
+                check_api_key(&k(&format!("api_keys[{j}]")), key)?;
+            }
+            let mut names = std::collections::HashSet::new();
+            for (j, ns) in app.namespaces.iter().enumerate() {
+                let field = |f: &str| k(&format!("namespaces[{j}].{f}"));
+                if !is_namespace_name(&ns.name) {
+                    return Err(invalid(
+                        field("name"),
+                        "must be 1-50 characters of A-Z, a-z, 0-9 and '-'",
+                    ));
+                }
+                if !names.insert(&ns.name) {
+                    return Err(invalid(
+                        field("name"),
+                        format!("duplicates namespace {:?}", ns.name),
+                    ));
+                }
+                for (f, keys) in [
+                    ("publish_keys", &ns.publish_keys),
+                    ("subscribe_keys", &ns.subscribe_keys),
+                ] {
+                    for (n, key) in keys.iter().flatten().enumerate() {
+                        check_api_key(&field(&format!("{f}[{n}]")), key)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -859,6 +965,10 @@ impl Config {
     /// Whether the dashboard is served (on, with a valid token).
     pub fn dashboard_token(&self) -> Option<&str> {
         self.dashboard_token.as_deref().filter(|_| self.dashboard)
+    }
+
+    pub fn keepalive_interval(&self) -> Duration {
+        Duration::from_secs(self.keepalive_interval)
     }
 }
 
@@ -937,6 +1047,56 @@ mod tests {
         }
         let err = Config::from_toml("[broker]\nurll = 'x'", "x").unwrap_err();
         assert!(err.to_string().contains("urll"), "{err}");
+    }
+
+    #[test]
+    fn api_keys_and_namespaces() {
+        let c = Config::load(None, &Overrides::default()).unwrap();
+        assert_eq!(c.apps[0].effective_api_keys(), vec![DEV_APP_KEY]);
+        let mut c = Config::from_toml(
+            "[[apps]]\nid='a'\nkey='k'\nsecret='s'\napi_keys=['da2-x']\n\
+             [[apps.namespaces]]\nname='chat'\npublish_keys=['backend']\n",
+            "x",
+        )
+        .unwrap();
+        c.apply(&Overrides::default()).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.apps[0].effective_api_keys(), vec!["da2-x"]);
+        assert_eq!(c.apps[0].namespaces[0].subscribe_keys, None);
+        // A configured app without API keys accepts none.
+        let mut c = Config::from_toml("[[apps]]\nid='a'\nkey='k'\nsecret='s'\n", "x").unwrap();
+        c.apply(&Overrides::default()).unwrap();
+        assert!(c.apps[0].effective_api_keys().is_empty());
+        for (toml, key) in [
+            ("api_keys=['has space']", "apps[0].api_keys[0]"),
+            (
+                "[[apps.namespaces]]\nname='a/b'",
+                "apps[0].namespaces[0].name",
+            ),
+            (
+                "[[apps.namespaces]]\nname='a'\n[[apps.namespaces]]\nname='a'",
+                "apps[0].namespaces[1].name",
+            ),
+            (
+                "[[apps.namespaces]]\nname='a'\nsubscribe_keys=['']",
+                "apps[0].namespaces[0].subscribe_keys[0]",
+            ),
+        ] {
+            let mut c = Config::from_toml(
+                &format!("[[apps]]\nid='a'\nkey='k'\nsecret='s'\n{toml}"),
+                "x",
+            )
+            .unwrap();
+            c.apply(&Overrides::default()).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+        let err = Config::from_toml("keepalive_interval = 0", "x")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("keepalive_interval"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,331 @@
+//! The Events API over WebSocket (`/event/realtime`,
+//! `aws-appsync-event-ws`): `connection_init` → `connection_ack` + `ka`,
+//! `subscribe` → `subscribe_success`/`subscribe_error`, `data` per event,
+//! `publish` → `publish_success`/`publish_error`, `unsubscribe` →
+//! `unsubscribe_success`/`unsubscribe_error`; anything else an `error`.
+//! Also the publishing both the socket and `POST /event` share.
+
+use crate::auth::{self, Action};
+use crate::channel::{self, ChannelPath};
+use crate::session::{check_id, uuid, Base};
+use crate::wire;
+use herald_core::fanout::Publication;
+use herald_core::frame::Frame;
+use herald_core::hub::Hub;
+use herald_core::metrics;
+use herald_core::node::Node;
+use herald_core::session::{Closing, Handler, KeepAlive, Next, Why};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+/// Most events in one publish (AWS's fixed limit).
+pub const MAX_EVENTS: usize = 5;
+/// Largest event, in bytes of its JSON text (AWS's 240 KB).
+pub const MAX_EVENT_BYTES: usize = 240 * 1024;
+
+/// A message from an Events client. Unknown fields (Amplify's duplicate
+/// `payload`) are ignored.
+#[derive(Deserialize)]
+struct Message {
+    #[serde(rename = "type")]
+    ty: Option<String>,
+    id: Option<Value>,
+    channel: Option<Value>,
+    events: Option<Value>,
+    authorization: Option<Value>,
+}
+
+/// The API key in a message's `authorization` object, if any.
+pub fn own_key(authorization: Option<&Value>) -> Option<String> {
+    match authorization {
+        Some(Value::Object(m)) => auth::api_key_of(m),
+        _ => None,
+    }
+}
+
+pub struct EventsSession {
+    base: Base,
+}
+
+impl EventsSession {
+    pub fn new(base: Base) -> EventsSession {
+        EventsSession { base }
+    }
+
+    fn error(&self, kind: &str, id: Option<&str>, error_type: &str, message: &str) {
+        metrics::count(&metrics::BAD_MESSAGES);
+        self.base
+            .send(&wire::events_error(kind, id, error_type, message));
+    }
+
+    async fn subscribe(&mut self, m: Message) {
+        let id = match check_id(m.id.as_ref()) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return self.subscribe_error(None, "BadRequestException", e),
+        };
+        let Some(Value::String(path)) = &m.channel else {
+            return self.subscribe_error(Some(&id), "BadRequestException", "Missing `channel`");
+        };
+        let ch = match channel::parse_subscribe(path) {
+            Ok(c) => c,
+            Err(e) => return self.subscribe_error(Some(&id), "BadRequestException", &e.0),
+        };
+        let own = own_key(m.authorization.as_ref());
+        let key = self.base.key_for(&own).to_owned();
+        if let Err(d) =
+            auth::check_namespace(&self.base.hub.app, ch.namespace(), Action::Subscribe, &key)
+        {
+            return self.subscribe_error(Some(&id), d.error_type, &d.message);
+        }
+        let tag = wire::events_tag(&id);
+        if let Err(e) = self.base.subscribe(&id, ch.name, ch.wildcard, tag).await {
+            self.subscribe_error(Some(&id), e.error_type, &e.message);
+        }
+    }
+
+    fn subscribe_error(&self, id: Option<&str>, error_type: &str, message: &str) {
+        metrics::count(&metrics::SUBSCRIPTION_ERRORS);
+        self.base.send(&wire::events_error(
+            "subscribe_error",
+            id,
+            error_type,
+            message,
+        ));
+    }
+
+    async fn publish(&mut self, m: Message) {
+        let id = match check_id(m.id.as_ref()) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return self.error("publish_error", None, "BadRequestException", e),
+        };
+        let own = own_key(m.authorization.as_ref());
+        let key = self.base.key_for(&own).to_owned();
+        let request = match check_publish(&self.base.hub, m.channel.as_ref(), m.events, &key) {
+            Ok(r) => r,
+            Err((error_type, message)) => {
+                return self.error("publish_error", Some(&id), error_type, &message)
+            }
+        };
+        let (successful, failed) = publish(&self.base.node, &self.base.hub, &request).await;
+        if successful.is_empty() {
+            metrics::count(&metrics::BAD_MESSAGES);
+            let errors: Vec<Value> = failed
+                .iter()
+                .map(|f| {
+                    wire::error_object("BadRequestException", f["message"].as_str().unwrap_or(""))
+                })
+                .collect();
+            let reply =
+                json!({ "type": "publish_error", "id": id, "errors": errors, "failed": failed });
+            return self.base.send(&reply.to_string());
+        }
+        let reply = json!({
+            "type": "publish_success",
+            "id": id,
+            "successful": successful,
+            "failed": failed,
+        });
+        self.base.send(&reply.to_string());
+    }
+
+    fn unsubscribe(&mut self, m: Message) {
+        let id = match check_id(m.id.as_ref()) {
+            Ok(id) => id.to_owned(),
+            Err(e) => return self.error("unsubscribe_error", None, "BadRequestException", e),
+        };
+        if self.base.unsubscribe(&id) {
+            self.base
+                .send(&json!({ "type": "unsubscribe_success", "id": id }).to_string());
+        } else {
+            self.error(
+                "unsubscribe_error",
+                Some(&id),
+                "BadRequestException",
+                "No subscription with this id on this connection",
+            );
+        }
+    }
+}
+
+impl Handler for EventsSession {
+    async fn on_text(&mut self, text: String) -> Next {
+        let m: Message = match serde_json::from_str::<Value>(&text) {
+            Ok(v @ Value::Object(_)) => match serde_json::from_value(v) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.error(
+                        "error",
+                        None,
+                        "BadRequestException",
+                        &format!("Invalid message: {e}"),
+                    );
+                    return Next::Continue;
+                }
+            },
+            Ok(_) => {
+                self.error(
+                    "error",
+                    None,
+                    "BadRequestException",
+                    "A message must be a JSON object",
+                );
+                return Next::Continue;
+            }
+            Err(e) => {
+                self.error(
+                    "error",
+                    None,
+                    "BadRequestException",
+                    &format!("Invalid JSON: {e}"),
+                );
+                return Next::Continue;
+            }
+        };
+        match m.ty.as_deref() {
+            Some("connection_init") => {
+                self.base.send(&wire::events_ack());
+                self.base.send(wire::KA);
+            }
+            Some("subscribe") => self.subscribe(m).await,
+            Some("publish") => self.publish(m).await,
+            Some("unsubscribe") => self.unsubscribe(m),
+            Some(other) => {
+                let shown: String = other.chars().take(64).collect();
+                let id = m.id.as_ref().and_then(Value::as_str);
+                self.error(
+                    "error",
+                    id,
+                    "UnsupportedOperation",
+                    &format!("Unknown message type {shown:?}"),
+                )
+            }
+            None => self.error("error", None, "BadRequestException", "Missing `type`"),
+        }
+        Next::Continue
+    }
+
+    fn keepalive(&self) -> KeepAlive {
+        KeepAlive::Every(self.base.node.config.keepalive_interval())
+    }
+
+    fn keepalive_frame(&mut self) -> Option<Frame> {
+        Some(Frame::from_static(wire::KA))
+    }
+
+    fn closing(&mut self, why: &Why) -> Closing {
+        self.base
+            .closing(why, |t, m| wire::events_error("error", None, t, m))
+    }
+
+    async fn on_close(&mut self) {
+        self.base.cleanup();
+    }
+}
+
+/// A publish request that passed the request-wide checks.
+pub struct PublishRequest {
+    pub channel: ChannelPath,
+    pub events: Vec<Box<RawValue>>,
+}
+
+/// Request-wide checks of a publish (socket or HTTP): a concrete channel
+/// path, the namespace and key, 1 to [`MAX_EVENTS`] events in an array.
+/// `Err` is (errorType, message).
+pub fn check_publish(
+    hub: &Hub,
+    channel: Option<&Value>,
+    events: Option<Value>,
+    key: &str,
+) -> Result<PublishRequest, (&'static str, String)> {
+    let bad = |m: &str| ("BadRequestException", m.to_owned());
+    let Some(Value::String(path)) = channel else {
+        return Err(bad("Missing `channel`"));
+    };
+    let channel = channel::parse_publish(path).map_err(|e| ("BadRequestException", e.0))?;
+    auth::check_namespace(&hub.app, channel.namespace(), Action::Publish, key)
+        .map_err(|d| (d.error_type, d.message))?;
+    let Some(Value::Array(items)) = events else {
+        return Err(bad("`events` must be an array of JSON strings"));
+    };
+    if items.is_empty() || items.len() > MAX_EVENTS {
+        return Err(bad(&format!("A publish carries 1 to {MAX_EVENTS} events")));
+    }
+    // Each item back to its JSON text: a string stays the literal the
+    // client sent (it is checked per event).
+    let events = items
+        .into_iter()
+        .map(|v| RawValue::from_string(v.to_string()).expect("serialized JSON is valid"))
+        .collect();
+    Ok(PublishRequest { channel, events })
+}
+
+/// Publish each valid event; returns AppSync's `successful` and `failed`
+/// lists (`identifier`, `index`, and for failures `code` and `message`).
+pub async fn publish(node: &Node, hub: &Hub, req: &PublishRequest) -> (Vec<Value>, Vec<Value>) {
+    let mut successful = Vec::new();
+    let mut failed = Vec::new();
+    for (index, raw) in req.events.iter().enumerate() {
+        let identifier = uuid();
+        match check_event(raw) {
+            Ok(()) => {
+                let p = Publication::new(req.channel.name.clone(), String::new(), raw.clone());
+                node.publish(hub, p).await;
+                successful.push(json!({ "identifier": identifier, "index": index }));
+            }
+            Err(message) => failed.push(json!({
+                "identifier": identifier,
+                "index": index,
+                "code": 400,
+                "message": message,
+            })),
+        }
+    }
+    (successful, failed)
+}
+
+/// An event is a JSON string holding valid JSON, at most
+/// [`MAX_EVENT_BYTES`] of it.
+fn check_event(raw: &RawValue) -> Result<(), String> {
+    let text: String = serde_json::from_str(raw.get())
+        .map_err(|_| "An event must be a string holding JSON (a stringified value)".to_owned())?;
+    if text.len() > MAX_EVENT_BYTES {
+        return Err(format!("An event is larger than {MAX_EVENT_BYTES} bytes"));
+    }
+    if text.is_empty() {
+        return Err("An event must not be empty".into());
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(&text)
+        .map_err(|e| format!("An event must hold valid JSON: {e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(v: Value) -> Box<RawValue> {
+        RawValue::from_string(v.to_string()).unwrap()
+    }
+
+    #[test]
+    fn events_are_strings_of_json() {
+        assert!(check_event(&raw(json!("{\"a\":1}"))).is_ok());
+        assert!(check_event(&raw(json!("42"))).is_ok());
+        assert!(check_event(&raw(json!({"a": 1}))).is_err());
+        assert!(check_event(&raw(json!("not json"))).is_err());
+        assert!(check_event(&raw(json!(""))).is_err());
+        let big = format!("\"{}\"", "x".repeat(MAX_EVENT_BYTES));
+        assert!(check_event(&raw(json!(big)))
+            .unwrap_err()
+            .contains("larger"));
+    }
+
+    #[test]
+    fn authorization_key() {
+        let a = json!({"host": "h", "x-api-key": "k"});
+        assert_eq!(own_key(Some(&a)).as_deref(), Some("k"));
+        assert_eq!(own_key(Some(&json!("k"))), None);
+        assert_eq!(own_key(None), None);
+    }
+}

@@ -1,0 +1,256 @@
+//! The HTTP publish endpoints: `POST /graphql` (the generic pub/sub
+//! API's `publish` mutation, and its `getChannel` query) and `POST /event`
+//! (the Events API). Both authorize with the `x-api-key` header, read the
+//! body whatever its `Content-Type` (AppSync's benchmark sends none),
+//! bound its size, and answer errors in AppSync's shapes: GraphQL's
+//! `{"data": null, "errors": [...]}` (status 200 for a document that does
+//! not fit the schema, as GraphQL servers answer and clients expect; 400
+//! for a request that is not GraphQL at all; 401 for a bad key), the Events
+//! API's `{"errors": [...]}`, with the error type in an `x-amzn-errortype`
+//! header too.
+
+use crate::auth;
+use crate::events::{self, MAX_EVENTS, MAX_EVENT_BYTES};
+use crate::graphql::{self, channel_json, Operation, Request, RootField};
+use crate::graphql_ws::channel_name;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use herald_core::fanout::{json_string, Publication};
+use herald_core::hub::Hub;
+use herald_core::metrics;
+use herald_core::node::Node;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+/// Largest `POST /event` body: five events of 240 KB and their framing
+/// (AWS allows about 1.2 MB per request).
+pub const MAX_EVENT_BODY: usize = MAX_EVENTS * (MAX_EVENT_BYTES + 8 * 1024);
+
+/// Headers a browser may send cross-origin: what Amplify sends, and IAM's
+/// (such requests are refused, but with an answer the page can read).
+const CORS_ALLOW_HEADERS: &str =
+    "content-type, x-api-key, x-amz-date, x-amz-user-agent, x-amz-security-token, authorization";
+
+fn reply(status: StatusCode, body: Value, error_type: Option<&str>) -> Response {
+    let mut res = (status, axum::Json(body)).into_response();
+    let h = res.headers_mut();
+    if let Some(t) = error_type.and_then(|t| HeaderValue::from_str(t).ok()) {
+        h.insert("x-amzn-errortype", t);
+    }
+    // Browser apps publish from their own origin, authorized by the API
+    // key in a header (no cookies), as they do with AppSync.
+    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    h.insert(
+        "access-control-expose-headers",
+        HeaderValue::from_static("x-amzn-errortype"),
+    );
+    res
+}
+
+/// `OPTIONS /graphql`, `OPTIONS /event`: the CORS preflight of a browser
+/// publishing from another origin.
+pub async fn preflight() -> Response {
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    let h = res.headers_mut();
+    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("POST, OPTIONS"),
+    );
+    h.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static(CORS_ALLOW_HEADERS),
+    );
+    h.insert("access-control-max-age", HeaderValue::from_static("86400"));
+    res
+}
+
+/// An error in the Events API's shape (also used before a GraphQL body
+/// is parsed, where AppSync answers the same way).
+fn error(status: StatusCode, error_type: &str, message: &str) -> Response {
+    metrics::count(&metrics::API_ERRORS);
+    reply(
+        status,
+        json!({ "errors": [{ "errorType": error_type, "message": message }] }),
+        Some(error_type),
+    )
+}
+
+fn unauthorized() -> Response {
+    error(
+        StatusCode::UNAUTHORIZED,
+        auth::UNAUTHORIZED,
+        auth::UNAUTHORIZED_MESSAGE,
+    )
+}
+
+/// The app of the request's `x-api-key`, and the key.
+fn authorize(node: &Node, headers: &HeaderMap) -> Result<(Arc<Hub>, String), Response> {
+    let key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(unauthorized)?;
+    let hub = auth::app_for_key(node, key).ok_or_else(unauthorized)?;
+    if !hub.app.enabled {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            auth::UNAUTHORIZED,
+            "App is disabled",
+        ));
+    }
+    Ok((hub, key.to_owned()))
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BadRequestException",
+            &format!("Request body is larger than {limit} bytes"),
+        )
+    })
+}
+
+/// `POST /event`: `{"channel": "/ns/a", "events": ["<json>", ...]}`.
+pub async fn post_event(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Response {
+    let (hub, key) = match authorize(&node, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let bytes = match read_body(body, MAX_EVENT_BODY).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let mut body: Map<String, Value> = match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestException",
+                "The body must be a JSON object",
+            )
+        }
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BadRequestException",
+                &format!("Invalid JSON body: {e}"),
+            )
+        }
+    };
+    let events = body.remove("events");
+    let request = match events::check_publish(&hub, body.get("channel"), events, &key) {
+        Ok(r) => r,
+        Err((t, m)) => {
+            let status = if t == auth::UNAUTHORIZED {
+                StatusCode::UNAUTHORIZED
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            return error(status, t, &m);
+        }
+    };
+    let (successful, failed) = events::publish(&node, &hub, &request).await;
+    if !failed.is_empty() {
+        metrics::count(&metrics::API_ERRORS);
+    }
+    reply(
+        StatusCode::OK,
+        json!({ "successful": successful, "failed": failed }),
+        None,
+    )
+}
+
+/// A GraphQL error answer.
+fn graphql_errors(status: StatusCode, errors: Vec<Value>) -> Response {
+    metrics::count(&metrics::API_ERRORS);
+    let error_type = errors
+        .first()
+        .and_then(|e| e["errorType"].as_str())
+        .map(str::to_owned);
+    reply(
+        status,
+        json!({ "data": null, "errors": errors }),
+        error_type.as_deref(),
+    )
+}
+
+/// `POST /graphql`: the `publish` mutation (several, aliased, are run in
+/// order), `__typename`, and the `getChannel` query (null).
+pub async fn post_graphql(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (hub, _) = match authorize(&node, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let bytes = match read_body(body, node.config.max_request_size).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let request: Request = match serde_json::from_slice(&bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            return graphql_errors(
+                StatusCode::BAD_REQUEST,
+                vec![json!({
+                    "errorType": "MalformedHttpRequestException",
+                    "message": format!("The body must be a JSON object with a `query`: {e}"),
+                })],
+            )
+        }
+    };
+    // A request that is not a GraphQL request is a 400; a document that
+    // does not fit the schema (syntax, validation) is answered as GraphQL
+    // does, 200 with `errors`, which is what clients read them from.
+    let op = match graphql::parse(&request) {
+        Ok(op) => op,
+        Err(e) => {
+            let status = if e.error_type == "BadRequestException" {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::OK
+            };
+            return graphql_errors(status, vec![e.to_json()]);
+        }
+    };
+    let roots = match op {
+        Operation::Mutation(r) | Operation::Query(r) => r,
+        Operation::Subscribe(_) => {
+            return graphql_errors(
+                StatusCode::OK,
+                vec![json!({
+                    "errorType": "UnsupportedOperation",
+                    "message": "subscriptions are served over the WebSocket (/graphql/realtime)",
+                })],
+            )
+        }
+    };
+    let mut data = Map::new();
+    for field in roots {
+        match field {
+            RootField::Typename { key, type_name } => {
+                data.insert(key, Value::String(type_name.into()));
+            }
+            RootField::Null { key } => {
+                data.insert(key, Value::Null);
+            }
+            RootField::Publish {
+                key,
+                name,
+                data: payload,
+                fields,
+            } => {
+                let p =
+                    Publication::new(channel_name(&name), "publish".into(), json_string(&payload));
+                node.publish(&hub, p).await;
+                data.insert(key, channel_json(&name, &payload, &fields));
+            }
+        }
+    }
+    reply(StatusCode::OK, json!({ "data": data }), None)
+}

@@ -1,0 +1,386 @@
+//! What both AppSync WebSocket APIs share: the upgrade (subprotocol, API
+//! key, app, admission), the refusal of a connection in AppSync's words,
+//! and the per-connection subscription registry. Each API's messages are
+//! its own [`Handler`] (`events`, `graphql_ws`); the socket itself is the
+//! core's session loop.
+
+use crate::auth;
+use crate::wire;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use herald_core::connection::{Connection, QueueLimit, Reason};
+use herald_core::fanout::Tag;
+use herald_core::frame::Frame;
+use herald_core::hub::{Hub, Refused, SubscribeOptions};
+use herald_core::metrics;
+use herald_core::node::Node;
+use herald_core::session::{self, Closing, Settings, Why};
+use herald_core::wire::Wire;
+use herald_core::ws::{Decoder, Incoming, Socket};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// Longest subscription or publish id a client may choose, in bytes
+/// (clients send UUIDs).
+pub const MAX_ID_BYTES: usize = 128;
+
+/// How long a refused connection waits for the client's first message
+/// before answering: clients send `connection_init` first and listen for
+/// the answer only then.
+const REFUSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Which of the two APIs a socket speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Graphql,
+    Events,
+}
+
+impl Api {
+    pub fn subprotocol(self) -> &'static str {
+        match self {
+            Api::Graphql => "graphql-ws",
+            Api::Events => "aws-appsync-event-ws",
+        }
+    }
+
+    pub fn wire(self) -> &'static dyn Wire {
+        match self {
+            Api::Graphql => &wire::GRAPHQL_WIRE,
+            Api::Events => &wire::EVENTS_WIRE,
+        }
+    }
+
+    fn connection_error(self, error_type: &str, message: &str, code: u16) -> String {
+        match self {
+            Api::Graphql => wire::graphql_connection_error(error_type, message, code),
+            Api::Events => wire::events_connection_error(error_type, message, code),
+        }
+    }
+}
+
+/// `GET /graphql` and `GET /graphql/realtime`.
+pub async fn upgrade_graphql(State(node): State<Arc<Node>>, req: Request) -> Response {
+    upgrade(node, req, Api::Graphql)
+}
+
+/// `GET /event/realtime`.
+pub async fn upgrade_events(State(node): State<Arc<Node>>, req: Request) -> Response {
+    upgrade(node, req, Api::Events)
+}
+
+/// Upgrade first, then check: AppSync clients act on `connection_error`
+/// messages (an HTTP error at the upgrade makes Amplify retry for seconds).
+fn upgrade(node: Arc<Node>, req: Request, api: Api) -> Response {
+    if node.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
+    }
+    let offered = auth::subprotocols(req.headers());
+    let speaks = offered.iter().any(|p| p == api.subprotocol());
+    let key = auth::upgrade_key(&offered, req.uri().query());
+    herald_core::ws::upgrade(req, &[api.subprotocol()], move |socket, _| async move {
+        if !speaks {
+            let msg = format!(
+                "SubProtocolNotSupported: offer the WebSocket subprotocol {:?}",
+                api.subprotocol()
+            );
+            return refuse(
+                socket,
+                api.connection_error("BadRequestException", &msg, 400),
+            )
+            .await;
+        }
+        let key = match key {
+            Ok(Some(k)) => k,
+            Ok(None) => {
+                let error = api.connection_error(
+                    auth::UNAUTHORIZED,
+                    "Missing API key: send x-api-key in the header query parameter or a header- subprotocol",
+                    401,
+                );
+                return refuse(socket, error).await;
+            }
+            Err(why) => {
+                return refuse(
+                    socket,
+                    api.connection_error("BadRequestException", why, 400),
+                )
+                .await
+            }
+        };
+        let Some(hub) = auth::app_for_key(&node, &key) else {
+            let error = api.connection_error(auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE, 401);
+            return refuse(socket, error).await;
+        };
+        if let Err(e) = hub.admit() {
+            let error = match e {
+                Refused::OverLimit(m) => api.connection_error("LimitExceededException", &m, 429),
+                other => api.connection_error(auth::UNAUTHORIZED, &other.to_string(), 401),
+            };
+            return refuse(socket, error).await;
+        }
+        run(node, hub, socket, key, api).await
+    })
+}
+
+/// Refuse an upgraded connection: wait (bounded) for the client's first
+/// message, answer with `error` (a `connection_error`) and close.
+async fn refuse(mut socket: Socket, error: String) {
+    metrics::count(&metrics::CONNECTIONS_REFUSED);
+    let _ = tokio::time::timeout(REFUSE_WAIT, async {
+        let mut decoder = Decoder::new(64 * 1024);
+        let mut buf = [0u8; 2048];
+        loop {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => decoder.feed(&buf[..n]),
+            }
+            while let Some(m) = decoder.next() {
+                if !matches!(m, Ok(Incoming::Ping(_)) | Ok(Incoming::Pong)) {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let frames = [
+        Frame::text(&error),
+        Frame::close(1008, "Connection refused"),
+    ];
+    let _ = tokio::time::timeout(
+        session::WRITE_TIMEOUT,
+        session::write_frames(&mut socket, &frames),
+    )
+    .await;
+    // Give the client a moment to read the close before the socket drops.
+    let _ = tokio::time::timeout(session::CLOSE_TIMEOUT, async {
+        let mut buf = [0u8; 256];
+        loop {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+}
+
+async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket, key: String, api: Api) {
+    let (id, socket_id) = node.next_connection();
+    let limit = QueueLimit {
+        frames: hub.app.outbound_queue,
+        bytes: hub.app.outbound_bytes,
+    };
+    let conn = Arc::new(Connection::new(id, socket_id, api.wire(), limit));
+    let settings = Settings {
+        max_message: hub.app.max_frame_size,
+        max_messages_per_second: hub.app.max_messages_per_second,
+        write_delay: node.config.write_delay(),
+        write_delay_busy_only: node.config.write_delay_busy_only,
+    };
+    let shutdown = node.shutdown.clone();
+    let base = Base {
+        node,
+        hub,
+        conn: conn.clone(),
+        key,
+        subs: HashMap::new(),
+    };
+    match api {
+        Api::Events => {
+            let h = crate::events::EventsSession::new(base);
+            session::run(socket, conn, h, settings, shutdown).await
+        }
+        Api::Graphql => {
+            let h = crate::graphql_ws::GraphqlSession::new(base);
+            session::run(socket, conn, h, settings, shutdown).await
+        }
+    }
+    // Dropping the handler released the connection (see `Drop for Base`).
+}
+
+/// One subscription of a connection.
+struct Sub {
+    channel: String,
+    pattern: bool,
+    tag: Tag,
+}
+
+/// A subscription the core or Herald's limits refused.
+#[derive(Debug)]
+pub struct SubscribeError {
+    pub error_type: &'static str,
+    pub message: String,
+}
+
+/// Per-connection state both APIs share.
+pub struct Base {
+    pub node: Arc<Node>,
+    pub hub: Arc<Hub>,
+    pub conn: Arc<Connection>,
+    /// The API key the connection was opened with (used when a message
+    /// carries no `authorization` of its own).
+    pub key: String,
+    subs: HashMap<String, Sub>,
+}
+
+impl Base {
+    /// The key a message authorizes with: its own, or the connection's.
+    pub fn key_for<'a>(&'a self, own: &'a Option<String>) -> &'a str {
+        own.as_deref().unwrap_or(&self.key)
+    }
+
+    pub fn send(&self, text: &str) {
+        self.conn.send(Frame::text(text));
+    }
+
+    /// Subscribe under the client's `id`. The acknowledgement is queued by
+    /// the hub (the wire's answer to `Subscribed`), before any data.
+    pub async fn subscribe(
+        &mut self,
+        id: &str,
+        channel: String,
+        pattern: bool,
+        tag: String,
+    ) -> Result<(), SubscribeError> {
+        if self.subs.contains_key(id) {
+            return Err(SubscribeError {
+                error_type: "BadRequestException",
+                message: "A subscription with this id already exists on this connection".into(),
+            });
+        }
+        let max = self.hub.app.max_subscriptions_per_connection as usize;
+        if self.subs.len() >= max {
+            return Err(SubscribeError {
+                error_type: "LimitExceededException",
+                message: format!("Subscription limit reached: at most {max} per connection"),
+            });
+        }
+        let tag: Tag = Some(Arc::from(tag));
+        let opts = SubscribeOptions {
+            tag: tag.clone(),
+            pattern,
+            ..SubscribeOptions::default()
+        };
+        match self
+            .node
+            .subscribe(&self.hub, &self.conn, &channel, opts)
+            .await
+        {
+            Ok(_) => {
+                self.subs.insert(
+                    id.to_owned(),
+                    Sub {
+                        channel,
+                        pattern,
+                        tag,
+                    },
+                );
+                Ok(())
+            }
+            Err(e) => Err(SubscribeError {
+                error_type: match e {
+                    Refused::Unauthorized(_) => auth::UNAUTHORIZED,
+                    Refused::OverLimit(_) => "LimitExceededException",
+                    _ => "BadRequestException",
+                },
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Drop the subscription `id`; false if there is none.
+    pub fn unsubscribe(&mut self, id: &str) -> bool {
+        match self.subs.remove(id) {
+            Some(s) => {
+                self.node
+                    .unsubscribe(&self.hub, &self.conn, &s.channel, &s.tag, s.pattern);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Leave every subscription. Idempotent: runs when the loop ends and
+    /// again on drop.
+    pub fn cleanup(&mut self) {
+        for (_, s) in std::mem::take(&mut self.subs) {
+            self.node
+                .unsubscribe(&self.hub, &self.conn, &s.channel, &s.tag, s.pattern);
+        }
+    }
+
+    /// The close both APIs send for `why`; `error` wraps a message in the
+    /// API's error shape for the last frame.
+    pub fn closing(&self, why: &Why, error: impl Fn(&str, &str) -> String) -> Closing {
+        let max = self.hub.app.max_messages_per_second;
+        let (code, message, last) = match why {
+            Why::Reason(Reason::SlowConsumer) => (
+                1008,
+                "Client too slow: its outbound queue filled up; reconnect".to_owned(),
+                None,
+            ),
+            Why::Reason(Reason::Terminated) => (1008, "Connection terminated".to_owned(), None),
+            Why::Reason(Reason::ShuttingDown) => {
+                (1001, "Server is shutting down; reconnect".to_owned(), None)
+            }
+            Why::Reason(Reason::KeepAliveTimeout) => (1001, "Keep-alive timeout".to_owned(), None),
+            Why::Reason(Reason::RateLimited) => (
+                1008,
+                format!("Too many messages: the limit is {max} per second"),
+                Some("LimitExceededException"),
+            ),
+            Why::Reason(Reason::Code(c)) => (*c, "Connection closed".to_owned(), None),
+            Why::Protocol(e) => (e.close_code(), e.to_string(), None),
+            Why::Binary => (
+                1003,
+                "Binary frames are not supported".to_owned(),
+                Some("BadRequestException"),
+            ),
+            Why::Said(c, m) => (*c, m.clone(), None),
+        };
+        Closing {
+            last: last.map(|t| Frame::text(&error(t, &message))),
+            code,
+            message,
+        }
+    }
+}
+
+/// Unregistering happens on drop, so even a session that ends abnormally
+/// leaves no stale entry in the hub and gives its connection slot back.
+impl Drop for Base {
+    fn drop(&mut self) {
+        self.cleanup();
+        self.hub.release();
+    }
+}
+
+/// A client's id: a non-empty string of at most [`MAX_ID_BYTES`].
+pub fn check_id(id: Option<&serde_json::Value>) -> Result<&str, &'static str> {
+    match id {
+        Some(serde_json::Value::String(s)) if !s.is_empty() && s.len() <= MAX_ID_BYTES => Ok(s),
+        Some(serde_json::Value::String(_)) => Err("`id` must be 1-128 bytes"),
+        _ => Err("Missing `id`: a string naming the subscription or publish"),
+    }
+}
+
+/// A random UUID (v4), for event identifiers.
+pub fn uuid() -> String {
+    let b: [u8; 16] = rand::random();
+    let mut b = b;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
