@@ -481,3 +481,53 @@ async fn herald_calls_a_grpc_app_benchmark_channel_broadcasts() {
     );
     assert_eq!(got[1]["identifier"], id);
 }
+
+#[tokio::test]
+async fn jwt_identification_without_the_app() {
+    let server = Server::start_with("[rpc]\njwt_secret = \"jwt-key\"\njwt_force = true", "").await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let open = |query: String| {
+        let url = format!("ws://127.0.0.1:{}/cable{query}", server.port);
+        async move {
+            let (ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(url))
+                .await
+                .expect("connect timed out")
+                .expect("connect");
+            ws
+        }
+    };
+    // A valid token: welcomed with a sid, no app needed.
+    let token = herald_actioncable::jwt::sign("jwt-key", r#"{"user":"a"}"#, now + 60);
+    let mut ws = open(format!("?jid={token}")).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(f["type"], "welcome");
+    assert!(f["sid"].is_string());
+    // Expired, forged, missing: refused, each with its reason.
+    let expired = herald_actioncable::jwt::sign("jwt-key", r#"{"user":"a"}"#, now - 1);
+    let forged = herald_actioncable::jwt::sign("other-key", r#"{"user":"a"}"#, now + 60);
+    for (query, reason) in [
+        (format!("?jid={expired}"), "token_expired"),
+        (format!("?jid={forged}"), "unauthorized"),
+        (String::new(), "unauthorized"),
+    ] {
+        let mut ws = open(query).await;
+        assert_eq!(
+            frame(&mut ws).await,
+            json!({ "type": "disconnect", "reason": reason, "reconnect": false })
+        );
+        assert!(matches!(
+            next(&mut ws).await,
+            common::Next::Close(Some(1000))
+        ));
+    }
+    // The x-jid header works too.
+    let mut req = format!("ws://127.0.0.1:{}/cable", server.port)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert("x-jid", token.parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    assert_eq!(frame(&mut ws).await["type"], "welcome");
+}

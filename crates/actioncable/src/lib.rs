@@ -22,6 +22,7 @@
 
 pub mod broadcast;
 pub mod disconnects;
+pub mod jwt;
 pub mod metrics;
 /// AnyCable's RPC messages (a crate of their own, shared with the bench).
 pub use herald_anycable_proto as proto;
@@ -63,6 +64,16 @@ pub struct Cable {
     /// Key of signed stream names.
     pub streams_key: Option<String>,
     pub broadcast_key: Option<String>,
+    /// JWT identification: the key, the query parameter, and whether a
+    /// token is required.
+    pub jwt: Option<Jwt>,
+}
+
+pub struct Jwt {
+    pub secret: String,
+    pub param: String,
+    pub header: String,
+    pub force: bool,
 }
 
 /// Check the settings this adapter reads (at start, before serving).
@@ -105,6 +116,12 @@ impl Cable {
             public_streams: config.public_streams,
             streams_key,
             broadcast_key: config.broadcast_key.clone(),
+            jwt: config.jwt_secret.clone().map(|secret| Jwt {
+                secret,
+                param: config.jwt_param.clone(),
+                header: format!("x-{}", config.jwt_param.to_ascii_lowercase()),
+                force: config.jwt_force,
+            }),
         })
     }
 }

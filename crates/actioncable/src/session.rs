@@ -51,6 +51,8 @@ pub const MAX_STATE_KEYS: usize = 1000;
 struct Request0 {
     url: String,
     headers: HashMap<String, String>,
+    /// A JWT from the `x-<param>` header or the `<param>` query parameter.
+    token: Option<String>,
 }
 
 /// `/cable`: upgrade, then ask the app who this is.
@@ -100,9 +102,22 @@ fn request_info(
     if let Some(peer) = peer {
         forwarded.insert("REMOTE_ADDR".into(), peer.ip().to_string());
     }
+    let token = cable.jwt.as_ref().and_then(|j| {
+        headers
+            .get(j.header.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| {
+                form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+                    .find(|(k, _)| *k == j.param)
+                    .map(|(_, v)| v.into_owned())
+            })
+            .filter(|t| !t.is_empty())
+    });
     Request0 {
         url: format!("{scheme}://{host}{path}"),
         headers: forwarded,
+        token,
     }
 }
 
@@ -149,7 +164,40 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     let mut identifiers = String::new();
     let mut welcome = Vec::new();
     let mut authenticated = false;
-    if let Some(rpc) = &cable.rpc {
+    let mut identified = false;
+    if let Some(j) = &cable.jwt {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        match info
+            .token
+            .as_deref()
+            .map(|t| crate::jwt::identify(&j.secret, t, now))
+        {
+            Some(crate::jwt::Identity::Valid(ids)) => {
+                identifiers = ids;
+                welcome.push(Frame::text(&wire::welcome(&sid)));
+                // The app hears of the client when it leaves, as AnyCable does.
+                authenticated = cable.rpc.is_some();
+                identified = true;
+            }
+            None if !j.force => {}
+            other => {
+                hub.release();
+                metrics::count(&m::CABLE_UNAUTHORIZED);
+                let why = match other {
+                    Some(crate::jwt::Identity::Expired) => "token_expired",
+                    _ => reason::UNAUTHORIZED,
+                };
+                tracing::debug!(sid, ?other, "JWT refused");
+                let bye = Frame::text(&wire::disconnect(why, false));
+                return refuse(socket, vec![bye], 1000, "Auth Failed").await;
+            }
+        }
+    }
+    if identified {
+        // Identified by its token: no Connect call.
+    } else if let Some(rpc) = &cable.rpc {
         let req = ConnectionRequest {
             env: Some(env.base()),
         };

@@ -302,6 +302,14 @@ pub struct RpcConfig {
     pub public_streams: bool,
     /// Key for signed stream names (unset: the app's secret).
     pub streams_secret: Option<String>,
+    /// Key of HMAC-signed JSON Web Tokens that identify clients without a
+    /// backend call (unset: tokens are not accepted).
+    pub jwt_secret: Option<String>,
+    /// URL query parameter carrying the token (also read from the header
+    /// `x-<param>`).
+    pub jwt_param: String,
+    /// Refuse clients without a token.
+    pub jwt_force: bool,
 }
 
 impl Default for RpcConfig {
@@ -319,6 +327,9 @@ impl Default for RpcConfig {
             broadcast_key: None,
             public_streams: false,
             streams_secret: None,
+            jwt_secret: None,
+            jwt_param: "jid".into(),
+            jwt_force: false,
         }
     }
 }
@@ -366,6 +377,20 @@ impl RpcConfig {
                 ));
             }
         }
+        if self.jwt_param.is_empty()
+            || !self
+                .jwt_param
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+        {
+            return Err(invalid(
+                "rpc.jwt_param",
+                "must be a name of letters, digits, '-' and '_'",
+            ));
+        }
+        if self.jwt_force && self.jwt_secret.is_none() {
+            return Err(invalid("rpc.jwt_force", "needs rpc.jwt_secret"));
+        }
         if let Some(p) = &self.path {
             if !p.starts_with('/') || p.len() < 2 || p.chars().any(|c| c.is_whitespace()) {
                 return Err(invalid(
@@ -378,6 +403,7 @@ impl RpcConfig {
             ("rpc.secret", &self.secret),
             ("rpc.broadcast_key", &self.broadcast_key),
             ("rpc.streams_secret", &self.streams_secret),
+            ("rpc.jwt_secret", &self.jwt_secret),
         ] {
             if v.as_deref() == Some("") {
                 return Err(invalid(key, "must not be empty when set"));
