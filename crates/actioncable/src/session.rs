@@ -123,25 +123,10 @@ fn request_info(
 
 /// Write `frames` and a close, give the client a moment to read them, and
 /// drop the socket (a connection refused before its session started).
-async fn refuse(mut socket: Socket, frames: Vec<Frame>, code: u16, message: &str) {
-    metrics::count(&metrics::CONNECTIONS_REFUSED);
+async fn refuse(socket: Socket, frames: Vec<Frame>, code: u16, message: &str) {
     let mut all = frames;
     all.push(Frame::close(code, message));
-    let _ = tokio::time::timeout(
-        session::WRITE_TIMEOUT,
-        session::write_frames(&mut socket, &all),
-    )
-    .await;
-    let _ = tokio::time::timeout(session::CLOSE_TIMEOUT, async {
-        let mut buf = [0u8; 256];
-        loop {
-            match tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
+    session::refuse(socket, &all).await;
 }
 
 fn text_frames(transmissions: &[String]) -> Vec<Frame> {
@@ -250,12 +235,7 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     for f in welcome {
         conn.send(f);
     }
-    let settings = Settings {
-        max_message: hub.app.max_frame_size,
-        max_messages_per_second: hub.app.max_messages_per_second,
-        write_delay: node.config.write_delay(),
-        write_delay_busy_only: node.config.write_delay_busy_only,
-    };
+    let settings = Settings::new(&node.config, &hub.app);
     let shutdown = node.shutdown.clone();
     let s = CableSession {
         node,

@@ -13,7 +13,6 @@ use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::Tag;
 use herald_core::frame::Frame;
 use herald_core::hub::{Hub, Refused, SubscribeOptions};
-use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::session::{self, Closing, Settings, Why};
 use herald_core::wire::Wire;
@@ -129,7 +128,6 @@ fn upgrade(node: Arc<Node>, req: Request, api: Api) -> Response {
 /// Refuse an upgraded connection: wait (bounded) for the client's first
 /// message, answer with `error` (a `connection_error`) and close.
 async fn refuse(mut socket: Socket, error: String) {
-    metrics::count(&metrics::CONNECTIONS_REFUSED);
     let _ = tokio::time::timeout(REFUSE_WAIT, async {
         let mut decoder = Decoder::new(64 * 1024);
         let mut buf = [0u8; 2048];
@@ -150,22 +148,7 @@ async fn refuse(mut socket: Socket, error: String) {
         Frame::text(&error),
         Frame::close(1008, "Connection refused"),
     ];
-    let _ = tokio::time::timeout(
-        session::WRITE_TIMEOUT,
-        session::write_frames(&mut socket, &frames),
-    )
-    .await;
-    // Give the client a moment to read the close before the socket drops.
-    let _ = tokio::time::timeout(session::CLOSE_TIMEOUT, async {
-        let mut buf = [0u8; 256];
-        loop {
-            match socket.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
+    session::refuse(socket, &frames).await;
 }
 
 async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket, key: String, api: Api) {
@@ -175,12 +158,7 @@ async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket, key: String, api: A
         bytes: hub.app.outbound_bytes,
     };
     let conn = Arc::new(Connection::new(id, socket_id, api.wire(), limit));
-    let settings = Settings {
-        max_message: hub.app.max_frame_size,
-        max_messages_per_second: hub.app.max_messages_per_second,
-        write_delay: node.config.write_delay(),
-        write_delay_busy_only: node.config.write_delay_busy_only,
-    };
+    let settings = Settings::new(&node.config, &hub.app);
     let shutdown = node.shutdown.clone();
     let base = Base {
         node,

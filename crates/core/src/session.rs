@@ -135,6 +135,19 @@ pub struct Settings {
     pub write_delay_busy_only: bool,
 }
 
+impl Settings {
+    /// The settings of a session of `app` on a server configured by
+    /// `config`.
+    pub fn new(config: &crate::config::Config, app: &crate::config::AppConfig) -> Settings {
+        Settings {
+            max_message: app.max_frame_size,
+            max_messages_per_second: app.max_messages_per_second,
+            write_delay: config.write_delay(),
+            write_delay_busy_only: config.write_delay_busy_only,
+        }
+    }
+}
+
 /// A connection written to within this long counts as busy (see
 /// [`Settings::write_delay_busy_only`]).
 pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
@@ -457,6 +470,24 @@ fn poll_read<S: AsyncRead + Unpin>(
             Poll::Pending => Poll::Pending,
         }
     })
+}
+
+/// Refuse a connection before its session starts: write `frames` (the
+/// protocol's error and a close frame), then wait, bounded, for the client
+/// to read them and go, so the close is not lost to a reset.
+pub async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut socket: S, frames: &[Frame]) {
+    metrics::count(&metrics::CONNECTIONS_REFUSED);
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, write_frames(&mut socket, frames)).await;
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
 }
 
 /// Close codes an endpoint may send (RFC 6455 7.4).

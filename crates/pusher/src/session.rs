@@ -97,29 +97,13 @@ pub async fn upgrade(
 
 /// Refuse a connection after the upgrade, as Pusher clients expect: a
 /// `pusher:error` with the code, then a close with the same code.
-async fn refuse(mut socket: Socket, code: u16) {
-    metrics::count(&metrics::CONNECTIONS_REFUSED);
+async fn refuse(socket: Socket, code: u16) {
     let message = close_message(code);
     let frames = [
         Frame::text(&wire::error(Some(code), message)),
         Frame::close(code, message),
     ];
-    let _ = tokio::time::timeout(
-        session::WRITE_TIMEOUT,
-        session::write_frames(&mut socket, &frames),
-    )
-    .await;
-    // Give the client a moment to read the close before the socket drops.
-    let _ = tokio::time::timeout(session::CLOSE_TIMEOUT, async {
-        let mut buf = [0u8; 256];
-        loop {
-            match tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
+    session::refuse(socket, &frames).await;
 }
 
 /// Run an admitted connection until it closes.
@@ -134,12 +118,7 @@ async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) {
         &conn.socket_id,
         node.config.activity_timeout,
     )));
-    let settings = Settings {
-        max_message: hub.app.max_frame_size,
-        max_messages_per_second: hub.app.max_messages_per_second,
-        write_delay: node.config.write_delay(),
-        write_delay_busy_only: node.config.write_delay_busy_only,
-    };
+    let settings = Settings::new(&node.config, &hub.app);
     let shutdown = node.shutdown.clone();
     let s = PusherSession {
         node,
