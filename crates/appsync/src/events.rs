@@ -210,7 +210,7 @@ impl Handler for EventsSession {
     }
 
     fn keepalive_frame(&mut self) -> Option<Frame> {
-        Some(Frame::from_static(wire::KA))
+        Some(Frame::text(wire::KA))
     }
 
     fn closing(&mut self, why: &Why) -> Closing {

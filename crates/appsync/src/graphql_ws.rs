@@ -192,7 +192,7 @@ impl Handler for GraphqlSession {
     }
 
     fn keepalive_frame(&mut self) -> Option<Frame> {
-        Some(Frame::from_static(wire::KA))
+        Some(Frame::text(wire::KA))
     }
 
     fn closing(&mut self, why: &Why) -> Closing {

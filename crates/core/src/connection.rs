@@ -174,10 +174,6 @@ impl Connection {
         }
     }
 
-    pub fn has_queued(&self) -> bool {
-        !self.queue.lock().frames.is_empty()
-    }
-
     fn too_slow(&self) {
         if self.close.load(Ordering::Acquire) == 0 {
             metrics::count(&metrics::SLOW_CLIENTS_CLOSED);

@@ -79,11 +79,6 @@ impl Frame {
         Frame::new(OpCode::Text, text.as_bytes())
     }
 
-    /// A text frame from a static string (keep-alives).
-    pub fn from_static(text: &'static str) -> Frame {
-        Frame::text(text)
-    }
-
     /// A close frame with `code` and a reason cut to fit the 125-byte limit
     /// of control frames (on a character boundary).
     pub fn close(code: u16, reason: &str) -> Frame {

@@ -155,7 +155,7 @@ impl Handler for PusherSession {
         };
         match msg {
             ClientMessage::Ping => {
-                self.conn.send(Frame::from_static(wire::pong()));
+                self.conn.send(Frame::text(wire::pong()));
             }
             ClientMessage::Pong => {}
             ClientMessage::Subscribe {
@@ -192,7 +192,7 @@ impl Handler for PusherSession {
     }
 
     fn keepalive_frame(&mut self) -> Option<Frame> {
-        Some(Frame::from_static(wire::ping()))
+        Some(Frame::text(wire::ping()))
     }
 
     fn closing(&mut self, why: &Why) -> Closing {
