@@ -107,7 +107,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr)
                 Some(Out::Flush(done)) => {
                     apply_dirty(&shared, &client, &in_tx, &mut subs).await;
                     if shared.is_up() {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), client.flush()).await;
+                        let _ = tokio::time::timeout(Duration::from_secs(5), round_trip(&client)).await;
                     }
                     let _ = done.send(());
                 }
@@ -123,6 +123,22 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr)
                 }
             },
         }
+    }
+}
+
+/// Returns once the server has handled everything this connection sent
+/// before. The client's `flush` only empties its own buffer; a `SUB` in
+/// the socket is not yet in effect, and a `PUB` from another node can
+/// overtake it (the server reads each connection on its own). A message
+/// to a fresh inbox comes back only after the server has read every
+/// earlier command of this connection, the `SUB`s among them.
+async fn round_trip(client: &async_nats::Client) {
+    let inbox = client.new_inbox();
+    let Ok(mut sub) = client.subscribe(inbox.clone()).await else {
+        return;
+    };
+    if client.publish(inbox, Bytes::new()).await.is_ok() {
+        let _ = sub.next().await;
     }
 }
 
