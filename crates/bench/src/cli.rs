@@ -47,6 +47,60 @@ enum BenchScenario {
     /// Many idle subscribed connections; server memory per connection
     /// with --server-pid (default --clients 1000, --duration 10s hold).
     Idle(IdleArgs),
+    /// Hours of mixed load (publishes, churn, presence, API queries);
+    /// growth of the server's memory and descriptors per hour, lost and
+    /// duplicated deliveries (default --clients 500, --duration 10m).
+    Soak(SoakArgs),
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Growth is fitted after this; default 10 % of --duration, at most 5m.
+    #[arg(long, value_parser = super::parse_duration)]
+    warmup: Option<std::time::Duration>,
+    /// How often the server's memory, descriptors and threads are sampled.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    sample_interval: std::time::Duration,
+    /// Public channels the subscribers are spread over.
+    #[arg(long, default_value_t = 10)]
+    channels: usize,
+    /// HTTP publishes per second, all channels together: the load knob
+    /// (with --clients, deliveries/s ≈ rate × clients / channels).
+    #[arg(long, default_value_t = 50.0)]
+    rate: f64,
+    /// A subscriber's mean life before it reconnects (the churn).
+    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    lifetime: std::time::Duration,
+    /// Presence members joining and leaving.
+    #[arg(long, default_value_t = 40)]
+    presence: usize,
+    #[arg(long, default_value_t = 4)]
+    presence_channels: usize,
+    /// A presence member's mean stay before it leaves.
+    #[arg(long, default_value = "15s", value_parser = super::parse_duration)]
+    presence_stay: std::time::Duration,
+    /// One HTTP API query (channels, channel info, users) this often.
+    #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
+    api_interval: std::time::Duration,
+    /// The server's Prometheus metrics (default: /metrics on --url's port).
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    #[arg(long, value_enum, default_value = "pusher")]
+    protocol: ProtocolArg,
+}
+
+/// The worst-day scenarios speak the Pusher protocol only so far.
+fn pusher_only(scenario: &str, protocol: ProtocolArg) -> Result<(), super::BenchError> {
+    match protocol {
+        ProtocolArg::Pusher => Ok(()),
+        _ => super::err(format!(
+            "{scenario} speaks only --protocol pusher so far (Pusher WebSocket clients and the \
+             Pusher HTTP API)"
+        )),
+    }
 }
 
 #[derive(Args, Clone)]
@@ -202,6 +256,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         BenchScenario::Connect(a) => a.common.clone(),
         BenchScenario::Fanout(a) => a.common.clone(),
         BenchScenario::Idle(a) => a.common.clone(),
+        BenchScenario::Soak(a) => a.common.clone(),
     };
     if matches!(args.scenario, BenchScenario::Connect(_)) && common.duration.is_some() {
         // An avalanche ends when every client has settled; silently
@@ -325,6 +380,26 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.progress = progress;
                 p.server_pid = common.server_pid;
                 idle::run(&p).await
+            }
+            BenchScenario::Soak(a) => {
+                pusher_only("soak", a.protocol)?;
+                let mut p = super::soak::SoakParams::new(target);
+                p.subscribers = common.clients.unwrap_or(p.subscribers);
+                p.duration = common.duration.unwrap_or(p.duration);
+                p.warmup = a.warmup;
+                p.sample_interval = a.sample_interval;
+                p.channels = a.channels;
+                p.rate = a.rate;
+                p.lifetime = a.lifetime;
+                p.presence = a.presence;
+                p.presence_channels = a.presence_channels;
+                p.presence_stay = a.presence_stay;
+                p.api_interval = a.api_interval;
+                p.metrics_url = a.metrics_url;
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                super::soak::run(&p).await
             }
         }
     });
