@@ -49,6 +49,7 @@ pub mod metrics;
 pub mod report;
 pub mod rpc;
 pub mod soak;
+pub mod storm;
 pub mod worst;
 
 use std::fmt;
