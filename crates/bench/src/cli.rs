@@ -47,6 +47,99 @@ enum BenchScenario {
     /// Many idle subscribed connections; server memory per connection
     /// with --server-pid (default --clients 1000, --duration 10s hold).
     Idle(IdleArgs),
+    /// Hours of mixed load (publishes, churn, presence, API queries);
+    /// growth of the server's memory and descriptors per hour, lost and
+    /// duplicated deliveries (default --clients 500, --duration 10m).
+    Soak(SoakArgs),
+    /// Reconnect storm and mass disconnect: N clients on public, private
+    /// and presence channels drop at once and come back like pusher-js;
+    /// then drop for good while new clients connect (default --clients
+    /// 15000).
+    Storm(StormArgs),
+}
+
+#[derive(Args)]
+struct StormArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Public and private channels the clients are spread over.
+    #[arg(long, default_value_t = 100)]
+    channels: usize,
+    /// Members per presence channel (Herald's default limit is 100).
+    #[arg(long, default_value_t = 50)]
+    presence_size: usize,
+    /// Clients connecting at once in the first, orderly connect.
+    #[arg(long, default_value_t = 256)]
+    concurrency: usize,
+    /// Spread reconnects over this much after pusher-js's 1 s (pusher-js
+    /// itself has no jitter: 0 brings everyone back at once).
+    #[arg(long, default_value = "0s", value_parser = super::parse_duration)]
+    jitter: std::time::Duration,
+    /// A reconnecting client gives up after this long.
+    #[arg(long, default_value = "120s", value_parser = super::parse_duration)]
+    give_up: std::time::Duration,
+    /// New clients per second during the mass disconnect.
+    #[arg(long, default_value_t = 200.0)]
+    newcomer_rate: f64,
+    /// How long new clients keep coming after the mass disconnect.
+    #[arg(long, default_value = "5s", value_parser = super::parse_duration)]
+    window: std::time::Duration,
+    /// The server's Prometheus metrics (default: /metrics on --url's port).
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    #[arg(long, value_enum, default_value = "pusher")]
+    protocol: ProtocolArg,
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Growth is fitted after this; default 10 % of --duration, at most 5m.
+    #[arg(long, value_parser = super::parse_duration)]
+    warmup: Option<std::time::Duration>,
+    /// How often the server's memory, descriptors and threads are sampled.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    sample_interval: std::time::Duration,
+    /// Public channels the subscribers are spread over.
+    #[arg(long, default_value_t = 10)]
+    channels: usize,
+    /// HTTP publishes per second, all channels together: the load knob
+    /// (with --clients, deliveries/s ≈ rate × clients / channels).
+    #[arg(long, default_value_t = 50.0)]
+    rate: f64,
+    /// A subscriber's mean life before it reconnects (the churn).
+    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    lifetime: std::time::Duration,
+    /// Presence members joining and leaving.
+    #[arg(long, default_value_t = 40)]
+    presence: usize,
+    #[arg(long, default_value_t = 4)]
+    presence_channels: usize,
+    /// A presence member's mean stay before it leaves.
+    #[arg(long, default_value = "15s", value_parser = super::parse_duration)]
+    presence_stay: std::time::Duration,
+    /// One HTTP API query (channels, channel info, users) this often.
+    #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
+    api_interval: std::time::Duration,
+    /// The server's Prometheus metrics (default: /metrics on --url's port).
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    #[arg(long, value_enum, default_value = "pusher")]
+    protocol: ProtocolArg,
+}
+
+/// The worst-day scenarios speak the Pusher protocol only so far.
+fn pusher_only(scenario: &str, protocol: ProtocolArg) -> Result<(), super::BenchError> {
+    match protocol {
+        ProtocolArg::Pusher => Ok(()),
+        _ => super::err(format!(
+            "{scenario} speaks only --protocol pusher so far (Pusher WebSocket clients and the \
+             Pusher HTTP API)"
+        )),
+    }
 }
 
 #[derive(Args, Clone)]
@@ -202,7 +295,16 @@ pub fn run(args: BenchArgs) -> ExitCode {
         BenchScenario::Connect(a) => a.common.clone(),
         BenchScenario::Fanout(a) => a.common.clone(),
         BenchScenario::Idle(a) => a.common.clone(),
+        BenchScenario::Soak(a) => a.common.clone(),
+        BenchScenario::Storm(a) => a.common.clone(),
     };
+    if matches!(args.scenario, BenchScenario::Storm(_)) && common.duration.is_some() {
+        eprintln!(
+            "herald bench: storm has no --duration: it lasts until every client is back (or has \
+             given up, --give-up) and the mass disconnect's --window is over"
+        );
+        return ExitCode::from(2);
+    }
     if matches!(args.scenario, BenchScenario::Connect(_)) && common.duration.is_some() {
         // An avalanche ends when every client has settled; silently
         // ignoring a duration would let someone think they set one.
@@ -325,6 +427,43 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.progress = progress;
                 p.server_pid = common.server_pid;
                 idle::run(&p).await
+            }
+            BenchScenario::Soak(a) => {
+                pusher_only("soak", a.protocol)?;
+                let mut p = super::soak::SoakParams::new(target);
+                p.subscribers = common.clients.unwrap_or(p.subscribers);
+                p.duration = common.duration.unwrap_or(p.duration);
+                p.warmup = a.warmup;
+                p.sample_interval = a.sample_interval;
+                p.channels = a.channels;
+                p.rate = a.rate;
+                p.lifetime = a.lifetime;
+                p.presence = a.presence;
+                p.presence_channels = a.presence_channels;
+                p.presence_stay = a.presence_stay;
+                p.api_interval = a.api_interval;
+                p.metrics_url = a.metrics_url;
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                super::soak::run(&p).await
+            }
+            BenchScenario::Storm(a) => {
+                pusher_only("storm", a.protocol)?;
+                let mut p = super::storm::StormParams::new(target);
+                p.clients = common.clients.unwrap_or(p.clients);
+                p.channels = a.channels;
+                p.presence_size = a.presence_size;
+                p.concurrency = a.concurrency;
+                p.jitter = a.jitter;
+                p.give_up = a.give_up;
+                p.newcomer_rate = a.newcomer_rate;
+                p.window = a.window;
+                p.metrics_url = a.metrics_url;
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                super::storm::run(&p).await
             }
         }
     });

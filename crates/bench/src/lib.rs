@@ -18,6 +18,14 @@
 //! idle        many idle subscribed connections; server memory per connection
 //! rpc         AnyCable RPC: a gRPC BenchmarkChannel server (`rpc-server`)
 //!             and a throughput scenario against any such server (`rpc`)
+//! soak        hours of mixed load; growth of the server's memory,
+//!             descriptors and threads per hour, exact delivery accounting
+//! storm       mass disconnect and reconnect; new clients meanwhile; the
+//!             server's gauge and descriptors back to baseline
+//! slow        a share of subscribers stop reading; the others' latency
+//!             against a clean run, 4100 closes, server memory
+//! worst       what soak, storm and slow share (process probes, /metrics,
+//!             HTTP API queries, presence subscriptions, slopes)
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
@@ -40,6 +48,9 @@ pub mod ledger;
 pub mod metrics;
 pub mod report;
 pub mod rpc;
+pub mod soak;
+pub mod storm;
+pub mod worst;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};

@@ -64,6 +64,9 @@ pub struct Report {
     pub histograms: Vec<(String, Histogram<u64>)>,
     /// Wall time the counters' rates are computed over.
     pub seconds: f64,
+    /// Periodic samples of the server (`soak`), as JSON objects; written
+    /// to `--json` under `samples` when there are any.
+    pub samples: Vec<Value>,
 }
 
 impl Report {
@@ -285,7 +288,7 @@ impl Report {
                 v
             })
             .collect();
-        json!({
+        let mut out = json!({
             "scenario": self.scenario,
             "params": params,
             "seconds": self.seconds,
@@ -293,7 +296,11 @@ impl Report {
             "per_second": per_second,
             "notes": self.notes,
             "timeline": timeline,
-        })
+        });
+        if !self.samples.is_empty() {
+            out["samples"] = Value::Array(self.samples.clone());
+        }
+        out
     }
 
     /// A standalone HTML page: the summary, one histogram per latency and

@@ -1,0 +1,540 @@
+//! `storm`: a reconnect storm and a mass disconnect.
+//!
+//! N clients connect and subscribe, a third each to public, private and
+//! presence channels (presence channels of `presence_size` members each).
+//! Then:
+//!
+//! (a) **storm**: every client drops its connection at the same moment and
+//!     reconnects the way pusher-js does: 1 s after a plain close (there is
+//!     no random jitter in pusher-js: clients that lost their connection
+//!     together come back together; `--jitter` spreads them if wanted),
+//!     each attempt given 15 s, doubling to 60 s, 1 s apart. Reported: the
+//!     time until every client is back and subscribed, the share that made
+//!     it, and, once all are back, each presence channel's member count as
+//!     the HTTP API reports it against the members the bench has there.
+//! (b) **mass disconnect**: a stream of new clients starts connecting
+//!     (`--newcomer-rate` per second); a second later all N clients drop
+//!     at once and the stream goes on for `--window`. Reported: the connect
+//!     latency (TCP connect to `pusher:connection_established`) and the
+//!     setup latency (to a confirmed subscription) of the new clients that
+//!     started after the drop: p50, p99, max.
+//!
+//! Finally everyone has left: the server's open descriptors and its
+//! `herald_connections` gauge must be back to their values before the
+//! first client connected, exactly.
+
+use super::client::{ClientError, Conn};
+use super::metrics::{Latency, Live, Monitor};
+use super::worst::{self, Api, Metrics};
+use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone)]
+pub struct StormParams {
+    pub target: Target,
+    pub clients: usize,
+    /// Public and private channels the clients are spread over.
+    pub channels: usize,
+    /// Members per presence channel (at most the server's limit, 100 by
+    /// default on Herald and Pusher).
+    pub presence_size: usize,
+    /// Clients connecting at once in the first, orderly connect.
+    pub concurrency: usize,
+    /// Spread the reconnects uniformly over this much after pusher-js's
+    /// 1 s (0: all at once, as pusher-js does).
+    pub jitter: Duration,
+    /// A reconnecting client gives up after this long.
+    pub give_up: Duration,
+    /// New clients per second during the mass disconnect.
+    pub newcomer_rate: f64,
+    /// How long new clients keep coming after the mass disconnect.
+    pub window: Duration,
+    /// Longest wait for descriptors and gauge to come back at the end.
+    pub settle: Duration,
+    pub metrics_url: Option<String>,
+    pub timeout: Duration,
+    pub progress: bool,
+    pub server_pid: Option<u32>,
+}
+
+impl StormParams {
+    pub fn new(target: Target) -> StormParams {
+        StormParams {
+            target,
+            clients: 15_000,
+            channels: 100,
+            presence_size: 50,
+            concurrency: 256,
+            jitter: Duration::ZERO,
+            give_up: Duration::from_secs(120),
+            newcomer_rate: 200.0,
+            window: Duration::from_secs(5),
+            settle: Duration::from_secs(30),
+            metrics_url: None,
+            timeout: Duration::from_secs(30),
+            progress: true,
+            server_pid: None,
+        }
+    }
+}
+
+/// The channel client `i` subscribes to, and its presence user id.
+pub fn channel_of(p: &StormParams, i: usize) -> String {
+    let k = i / 3;
+    match i % 3 {
+        0 => format!("storm-{}", k % p.channels.max(1)),
+        1 => format!("private-storm-{}", k % p.channels.max(1)),
+        _ => format!("presence-storm-{}", k / p.presence_size.max(1)),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Hold,
+    Storm,
+    Leave,
+}
+
+struct Shared {
+    p: StormParams,
+    live: Arc<Live>,
+    next_conn: AtomicUsize,
+    /// Settled after the first connect: connected, failed.
+    ready: AtomicUsize,
+    first_failed: AtomicUsize,
+    /// After the storm: back (subscribed again), gave up.
+    back: AtomicUsize,
+    gave_up: AtomicUsize,
+    /// Connections the server closed while they were held.
+    lost_while_held: AtomicU64,
+    reconnect_attempts: AtomicU64,
+    storm_started: Mutex<Option<Instant>>,
+    /// Time from the drop to subscribed again, per client.
+    back_after: Latency,
+    /// Presence clients subscribed now, per channel.
+    presence_members: Mutex<BTreeMap<String, usize>>,
+    newcomer_connect: Latency,
+    newcomer_setup: Latency,
+    newcomers: AtomicU64,
+    newcomers_ok: AtomicU64,
+}
+
+async fn open_and_subscribe(
+    s: &Shared,
+    channel: &str,
+    user: &str,
+    timeout: Duration,
+) -> Result<Conn, ClientError> {
+    let t = &s.p.target;
+    let id = s.next_conn.fetch_add(1, Relaxed);
+    let mut conn = Conn::open(t, t.source_for(id), timeout).await?;
+    worst::subscribe(&mut conn, t, &[channel], user, timeout).await?;
+    Ok(conn)
+}
+
+/// Hold a connection (answering pings) until the phase changes; false if
+/// the server closed it meanwhile.
+async fn hold(conn: &mut Conn, phase: &mut watch::Receiver<Phase>) -> bool {
+    loop {
+        tokio::select! {
+            r = conn.recv() => if r.is_err() {
+                return false;
+            },
+            _ = phase.changed() => return true,
+        }
+    }
+}
+
+fn presence_delta(s: &Shared, channel: &str, d: isize) {
+    if channel.starts_with("presence-") {
+        let mut m = s.presence_members.lock().unwrap();
+        let n = m.entry(channel.to_string()).or_default();
+        *n = n.saturating_add_signed(d);
+    }
+}
+
+async fn member(
+    s: Arc<Shared>,
+    i: usize,
+    gate: Arc<tokio::sync::Semaphore>,
+    mut phase: watch::Receiver<Phase>,
+) {
+    let p = &s.p;
+    let channel = channel_of(p, i);
+    let user = format!("storm-user-{i}");
+    let first = {
+        let _permit = gate.acquire().await;
+        open_and_subscribe(&s, &channel, &user, p.timeout).await
+    };
+    let mut conn = match first {
+        Ok(c) => c,
+        Err(e) => {
+            s.live.error(e.kind(), e.explain(&p.target));
+            s.first_failed.fetch_add(1, Relaxed);
+            return;
+        }
+    };
+    s.live.connections.fetch_add(1, Relaxed);
+    presence_delta(&s, &channel, 1);
+    s.ready.fetch_add(1, Relaxed);
+    // Hold until the storm.
+    if !hold(&mut conn, &mut phase).await {
+        s.lost_while_held.fetch_add(1, Relaxed);
+    }
+    // The drop: the socket is closed without a WebSocket close, as when a
+    // network goes away under the clients.
+    drop(conn);
+    s.live.connections.fetch_sub(1, Relaxed);
+    presence_delta(&s, &channel, -1);
+    if *phase.borrow() == Phase::Leave {
+        return;
+    }
+    let started = s.storm_started.lock().unwrap().unwrap_or_else(Instant::now);
+    let mut rng = Rng::new(i as u64 + 7);
+    let delay =
+        worst::pusher_js_retry_delay(None).unwrap_or_default() + p.jitter.mul_f64(rng.next_f64());
+    tokio::time::sleep(delay).await;
+    let mut attempt = 0u32;
+    let mut conn = loop {
+        s.reconnect_attempts.fetch_add(1, Relaxed);
+        match open_and_subscribe(&s, &channel, &user, worst::attempt_timeout(attempt)).await {
+            Ok(c) => break c,
+            Err(e) => {
+                s.live.error(e.kind(), e.explain(&p.target));
+                let code = match &e {
+                    ClientError::Rejected { code, .. } => *code,
+                    _ => None,
+                };
+                let retry = worst::pusher_js_retry_delay(code);
+                if retry.is_none() || started.elapsed() >= p.give_up {
+                    s.gave_up.fetch_add(1, Relaxed);
+                    return;
+                }
+                attempt += 1;
+                tokio::time::sleep(retry.unwrap_or_default().max(Duration::from_secs(1))).await;
+            }
+        }
+    };
+    s.back_after.record_duration(i, started.elapsed());
+    s.live.connections.fetch_add(1, Relaxed);
+    presence_delta(&s, &channel, 1);
+    s.back.fetch_add(1, Relaxed);
+    if !hold(&mut conn, &mut phase).await {
+        s.lost_while_held.fetch_add(1, Relaxed);
+    }
+    drop(conn);
+    s.live.connections.fetch_sub(1, Relaxed);
+    presence_delta(&s, &channel, -1);
+}
+
+/// New clients at the asked rate for `length`; those started after
+/// `*disconnect_at` is set are the ones measured.
+async fn newcomers(s: Arc<Shared>, length: Duration, disconnect_at: Arc<Mutex<Option<Instant>>>) {
+    let p = &s.p;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / p.newcomer_rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    while started.elapsed() < length {
+        tick.tick().await;
+        let during = disconnect_at.lock().unwrap().is_some();
+        let s = s.clone();
+        tasks.spawn(async move {
+            let t = &s.p.target;
+            let id = s.next_conn.fetch_add(1, Relaxed);
+            if during {
+                s.newcomers.fetch_add(1, Relaxed);
+            }
+            let t0 = Instant::now();
+            let mut conn = match Conn::open(t, t.source_for(id), s.p.timeout).await {
+                Ok(c) => c,
+                Err(e) => {
+                    s.live.error(e.kind(), e.explain(t));
+                    return;
+                }
+            };
+            let connected = t0.elapsed();
+            if let Err(e) = conn.subscribe(t, &["storm-newcomers"], s.p.timeout).await {
+                s.live.error(e.kind(), e.explain(t));
+                return;
+            }
+            if during {
+                s.newcomer_connect.record_duration(id, connected);
+                s.newcomer_setup.record_duration(id, t0.elapsed());
+                s.newcomers_ok.fetch_add(1, Relaxed);
+            }
+            conn.close().await;
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Wait until `done()` or `limit` passes; true when done.
+async fn until(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
+    if p.clients == 0 || p.channels == 0 || p.presence_size == 0 || p.newcomer_rate <= 0.0 {
+        return super::err(
+            "storm needs at least one client, one channel, a presence size of at least one and a \
+             positive --newcomer-rate",
+        );
+    }
+    let mut report = Report::new("storm");
+    report.param("url", &p.target.url);
+    report.param("clients", p.clients);
+    report.param(
+        "channels",
+        format!(
+            "{} public, {} private, presence of {} members",
+            p.channels, p.channels, p.presence_size
+        ),
+    );
+    report.param(
+        "reconnect",
+        format!(
+            "pusher-js: after 1 s, attempts of 15 s doubling to 60 s; jitter {:?}",
+            p.jitter
+        ),
+    );
+    report.param(
+        "newcomers",
+        format!(
+            "{}/s, {:?} after the mass disconnect",
+            p.newcomer_rate, p.window
+        ),
+    );
+    let in_flight = (p.newcomer_rate * (p.timeout.as_secs_f64() + 1.0)) as u64;
+    if let Some(w) = raise_nofile(p.clients as u64 + in_flight.min(4096) + 64) {
+        eprintln!("herald bench: {w}");
+        report.notes.push(w);
+    }
+    if let Some(limit) = p.server_pid.and_then(super::nofile_of) {
+        if limit < p.clients as u64 + 64 {
+            report.notes.push(format!(
+                "the server's open-file limit is {limit}, below the {} connections asked for",
+                p.clients
+            ));
+        }
+    }
+    preflight(&p.target, None, true).await?;
+    let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
+    let api = Api::new(&p.target);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let base = worst::probe(p.server_pid);
+    let gauge_base = metrics.get("herald_connections").await;
+    let cpu = CpuMeter::start(p.server_pid);
+    let s = Arc::new(Shared {
+        p: p.clone(),
+        live: Arc::new(Live::default()),
+        next_conn: AtomicUsize::new(0),
+        ready: AtomicUsize::new(0),
+        first_failed: AtomicUsize::new(0),
+        back: AtomicUsize::new(0),
+        gave_up: AtomicUsize::new(0),
+        lost_while_held: AtomicU64::new(0),
+        reconnect_attempts: AtomicU64::new(0),
+        storm_started: Mutex::new(None),
+        back_after: Latency::default(),
+        presence_members: Mutex::new(BTreeMap::new()),
+        newcomer_connect: Latency::default(),
+        newcomer_setup: Latency::default(),
+        newcomers: AtomicU64::new(0),
+        newcomers_ok: AtomicU64::new(0),
+    });
+    let monitor = Monitor::start("storm", s.live.clone(), None, p.progress);
+    let started = Instant::now();
+
+    // Everyone connected and subscribed.
+    let (phase_tx, phase_rx) = watch::channel(Phase::Hold);
+    let gate = Arc::new(tokio::sync::Semaphore::new(p.concurrency.max(1)));
+    let mut members = tokio::task::JoinSet::new();
+    for i in 0..p.clients {
+        members.spawn(member(s.clone(), i, gate.clone(), phase_rx.clone()));
+    }
+    let n = p.clients;
+    let ok = until(p.timeout * 4 + Duration::from_secs(n as u64 / 100), || {
+        s.ready.load(Relaxed) + s.first_failed.load(Relaxed) >= n
+    })
+    .await;
+    let connected = s.ready.load(Relaxed);
+    report.value(
+        "connect_all_took",
+        Some(started.elapsed().as_secs_f64()),
+        "s",
+    );
+    report.rate("connected_before_storm", connected as u64, n as u64);
+    if !ok {
+        report
+            .notes
+            .push("not every client settled in the first connect".into());
+    }
+    let gauge_held = metrics.get("herald_connections").await;
+    report.value("connections_gauge_before_storm", gauge_held, "");
+
+    // (a) The storm: all drop at once and come back.
+    *s.storm_started.lock().unwrap() = Some(Instant::now());
+    let storm_at = Instant::now();
+    let _ = phase_tx.send(Phase::Storm);
+    let all_back = until(p.give_up + Duration::from_secs(60), || {
+        s.back.load(Relaxed) + s.gave_up.load(Relaxed) >= connected
+    })
+    .await;
+    let back = s.back.load(Relaxed);
+    report.rate("back_and_subscribed", back as u64, connected as u64);
+    report.value(
+        "all_back_after",
+        (all_back && back == connected).then(|| s.back_after.total().max() as f64 / 1e6),
+        "s",
+    );
+    report.trend("reconnect_time", s.back_after.total());
+    report.counter("reconnect_attempts", s.reconnect_attempts.load(Relaxed));
+    report.counter("reconnects_given_up", s.gave_up.load(Relaxed) as u64);
+    report.value("storm_took", Some(storm_at.elapsed().as_secs_f64()), "s");
+
+    // Right at the end of the storm: presence members as the HTTP API
+    // sees them, against the members the bench has there.
+    let expected: BTreeMap<String, usize> = s.presence_members.lock().unwrap().clone();
+    let (mut matching, mut checked) = (0u64, 0u64);
+    for (channel, want) in &expected {
+        checked += 1;
+        match api.presence_users(channel).await {
+            Ok(got) if got == *want => matching += 1,
+            Ok(got) => report.notes.push(format!(
+                "{channel}: the HTTP API lists {got} members, the bench has {want} there"
+            )),
+            Err(e) => report
+                .notes
+                .push(format!("{channel}: {}", worst::api_error(&e, &p.target))),
+        }
+    }
+    report.rate("presence_counts_matching", matching, checked);
+    report.counter(
+        "presence_members_expected",
+        expected.values().sum::<usize>() as u64,
+    );
+    let gauge_after_storm = metrics.get("herald_connections").await;
+    report.value("connections_gauge_after_storm", gauge_after_storm, "");
+    if let (Some(b), Some(g)) = (gauge_base, gauge_after_storm) {
+        if g != b + back as f64 {
+            report.notes.push(format!(
+                "after the storm herald_connections is {g}, but {back} clients are connected \
+                 (baseline {b})"
+            ));
+        }
+    }
+
+    // (b) The mass disconnect, with new clients arriving throughout.
+    let disconnect_at = Arc::new(Mutex::new(None));
+    let lead = Duration::from_secs(1);
+    let stream = tokio::spawn(newcomers(s.clone(), lead + p.window, disconnect_at.clone()));
+    tokio::time::sleep(lead).await;
+    *disconnect_at.lock().unwrap() = Some(Instant::now());
+    let _ = phase_tx.send(Phase::Leave);
+    while members.join_next().await.is_some() {}
+    let _ = stream.await;
+    report.counter("newcomers_during_disconnect", s.newcomers.load(Relaxed));
+    report.rate(
+        "newcomer_success",
+        s.newcomers_ok.load(Relaxed),
+        s.newcomers.load(Relaxed),
+    );
+    report.trend("newcomer_connect", s.newcomer_connect.total());
+    report.trend("newcomer_setup", s.newcomer_setup.total());
+    report.counter(
+        "connections_lost_while_held",
+        s.lost_while_held.load(Relaxed),
+    );
+    drop(api);
+    report.timeline = monitor.finish().await;
+
+    // Everyone has left: descriptors and gauge back to the baseline?
+    let fds_after = match (p.server_pid, base.fds) {
+        (Some(pid), Some(want)) => {
+            worst::settle(want, p.settle, || async move { worst::open_fds(pid) }).await
+        }
+        _ => None,
+    };
+    let gauge_after = match gauge_base {
+        Some(want) => {
+            let m = &metrics;
+            worst::settle(want as u64, p.settle, || async move {
+                m.get("herald_connections").await.map(|g| g as u64)
+            })
+            .await
+            .map(|g| g as f64)
+        }
+        None => None,
+    };
+    report.seconds = started.elapsed().as_secs_f64();
+    report.value("fds_baseline", base.fds.map(|v| v as f64), "");
+    report.value("fds_after_all_left", fds_after.map(|v| v as f64), "");
+    let fds_back = match (base.fds, fds_after) {
+        (Some(a), Some(b)) => Some(a == b),
+        _ => None,
+    };
+    report.value("fds_back_to_baseline", fds_back.map(|b| b as u8 as f64), "");
+    report.value("connections_gauge_baseline", gauge_base, "");
+    report.value("connections_gauge_after_all_left", gauge_after, "");
+    let gauge_back = gauge_base.map(|b| gauge_after == Some(b));
+    report.value(
+        "gauge_back_to_baseline",
+        gauge_back.map(|b| b as u8 as f64),
+        "",
+    );
+    if fds_back == Some(false) {
+        report.notes.push(format!(
+            "the server had {:?} descriptors before the first client and {:?} {:?} after the last left",
+            base.fds, fds_after, p.settle
+        ));
+    }
+    if gauge_back == Some(false) {
+        report.notes.push(format!(
+            "herald_connections was {gauge_base:?} before the first client and {gauge_after:?} \
+             after the last left"
+        ));
+    }
+    report.errors(&s.live);
+    cpu.finish(&mut report);
+    super::server_memory(&mut report, p.server_pid);
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_third_each_and_presence_channels_of_the_asked_size() {
+        let t = Target::new("ws://127.0.0.1:1", "a", "b", "c", false).unwrap();
+        let mut p = StormParams::new(t);
+        p.channels = 10;
+        p.presence_size = 50;
+        assert_eq!(channel_of(&p, 0), "storm-0");
+        assert_eq!(channel_of(&p, 1), "private-storm-0");
+        assert_eq!(channel_of(&p, 2), "presence-storm-0");
+        assert_eq!(channel_of(&p, 33), "storm-1");
+        let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+        for i in 0..15_000 {
+            let c = channel_of(&p, i);
+            if c.starts_with("presence-") {
+                *sizes.entry(c).or_default() += 1;
+            }
+        }
+        assert_eq!(sizes.len(), 100);
+        assert!(sizes.values().all(|&n| n == 50));
+    }
+}
