@@ -7,14 +7,18 @@
 //! - `Occupied` / `Vacated`: a channel's first subscriber joined, its last
 //!   left. The node asks the broker ([`crate::broker::Broker::occupancy`])
 //!   whether that changed the channel for the whole cluster, so exactly one
-//!   node reports it; with one node the node's own count decides.
+//!   node reports it; with one node the node's own count decides. An
+//!   engine may have another node report it instead
+//!   ([`crate::broker::Inbox::observed`]), as it does for a dead node's
+//!   channels.
 //! - `MemberAdded` / `MemberRemoved`: a presence member's first socket
-//!   anywhere joined, its last one anywhere left, reported by the node
-//!   where that socket is (the hub's view of the cluster's members).
+//!   anywhere joined, its last one anywhere left, decided the same way
+//!   ([`crate::broker::Broker::member`]).
 //! - `CacheMiss`: a subscriber asked for a channel's last event and there
 //!   was none.
 //! - `SubscriptionCount`: a counted channel's count changed (coalesced, as
-//!   the count pushes are; this node's count).
+//!   the count pushes are; the cluster's total, reported by the node with
+//!   the lowest id among those with subscribers).
 //! - `Published`: a publication passed through this node's `publish`, only
 //!   while somebody watches ([`crate::node::Node::watch_publications`]).
 //! - `ClientEvent`: reported by an adapter ([`crate::node::Node::notify`])
