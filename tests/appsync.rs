@@ -303,6 +303,21 @@ async fn events_subscribe_publish_unsubscribe() {
         b.expect("data").await,
         json!({ "type": "data", "id": "b2", "event": "4" })
     );
+
+    // /metrics: both sockets under the app's id, the POSTs counted.
+    let scrape = server.scrape().await;
+    let sockets = [("app", APP_ID), ("protocol", "appsync-events")];
+    assert_eq!(metric_in(&scrape, "herald_connections", &sockets), Some(2));
+    let posted = [
+        ("app", APP_ID),
+        ("protocol", "appsync-events"),
+        ("endpoint", "event"),
+        ("status", "200"),
+    ];
+    assert_eq!(
+        metric_in(&scrape, "herald_api_requests_total", &posted),
+        Some(3)
+    );
 }
 
 #[tokio::test]
@@ -735,6 +750,26 @@ async fn graphql_start_publish_stop() {
     assert_eq!(
         (status, reply),
         (200, json!({ "data": { "getChannel": null } }))
+    );
+
+    // /metrics: the sockets under the app's id, the POSTs as API requests
+    // (an unknown key under no app).
+    let (status, _, _) = post(&server, "/graphql", Some("no-such-key"), "{}").await;
+    assert_eq!(status, 401);
+    let scrape = server.scrape().await;
+    let graphql = [("app", APP_ID), ("protocol", "appsync-graphql")];
+    assert!(metric_in(&scrape, "herald_connections_opened_total", &graphql).unwrap() >= 1);
+    let published = [
+        ("app", APP_ID),
+        ("protocol", "appsync-graphql"),
+        ("endpoint", "graphql"),
+        ("status", "200"),
+    ];
+    assert!(metric_in(&scrape, "herald_api_requests_total", &published).unwrap() >= 4);
+    let refused = [("app", ""), ("endpoint", "graphql"), ("status", "401")];
+    assert_eq!(
+        metric_in(&scrape, "herald_api_requests_total", &refused),
+        Some(1)
     );
 }
 
