@@ -1010,3 +1010,56 @@ async fn shutdown_closes_appsync_sockets_with_going_away() {
     assert_eq!(g.expect_close().await, Some(1001));
     assert!(server.wait_exit().await.success());
 }
+
+/// The Pusher HTTP API's channel list holds Pusher channels only, though
+/// the app's hub also has AppSync's (`/…`, `graphql:…`) and Action
+/// Cable's (`cable:…`) channels.
+#[tokio::test]
+async fn the_pusher_channel_list_leaves_out_other_protocols() {
+    let server = Server::start_with("[rpc]\npublic_streams = true", APP).await;
+    let mut e = events(&server, API_KEY).await;
+    assert_eq!(
+        subscribe(&mut e, "s", "/default/room").await["type"],
+        "subscribe_success"
+    );
+    let mut g = graphql(&server, "/graphql/realtime", API_KEY).await;
+    let query = "subscription Subscribe($name: String!) { subscribe(name: $name) { name data } }";
+    assert_eq!(
+        start(&mut g, "g", query, json!({ "name": "room" })).await["type"],
+        "start_ack"
+    );
+    let mut req = format!("ws://127.0.0.1:{}/cable", server.port)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        HeaderValue::from_static("actioncable-v1-json"),
+    );
+    let (mut cable, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    let public = json!({ "channel": "$pubsub", "stream_name": "room" }).to_string();
+    cable
+        .send(Message::text(
+            json!({ "command": "subscribe", "identifier": public }).to_string(),
+        ))
+        .await
+        .unwrap();
+    loop {
+        match next(&mut cable).await {
+            Next::Frame(f) if f["type"] == "confirm_subscription" => break,
+            Next::Frame(f) => assert!(f["type"] == "welcome" || f["type"] == "ping", "{f}"),
+            Next::Close(c) => panic!("cable closed: {c:?}"),
+        }
+    }
+    let mut p = server.client().await;
+    p.subscribe("news").await;
+
+    let (status, body) = server.api("GET", "/apps/test-app/channels", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "channels": { "news": {} } }));
+    // The other protocols' channels are there, just not listed.
+    let metric = server.metric("herald_channels").await;
+    assert!(metric >= 4, "herald_channels {metric}");
+}
