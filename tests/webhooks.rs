@@ -425,14 +425,26 @@ use herald_broker::testing::{BrokerServer, Kind};
 const CLUSTER_TYPES: &str = r#"["channel_occupied", "channel_vacated", "member_added", "member_removed", "client_event", "subscription_count"]"#;
 
 /// Three `herald serve` nodes on `broker`, each sending the test app's
-/// webhooks to `rx` (leaves at once, so counts are exact).
-async fn cluster(broker: &BrokerServer, rx: &Receiver, prefix: &str, ttl: u64) -> Vec<Server> {
+/// webhooks to `rx` (leaves at once, so counts are exact); `counts`: the
+/// app pushes subscription counts (a client subscribing twice may see a
+/// count before its second confirmation).
+async fn cluster(
+    broker: &BrokerServer,
+    rx: &Receiver,
+    prefix: &str,
+    ttl: u64,
+    counts: bool,
+) -> Vec<Server> {
     let top = format!(
         "webhook_batch_ms = 20\nwebhook_leave_delay_ms = 0\n\
          [broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\nttl = {ttl}\n",
         broker.url()
     );
-    let app = hook_app(&rx.url, CLUSTER_TYPES, "subscription_count = true");
+    let app = hook_app(
+        &rx.url,
+        CLUSTER_TYPES,
+        &format!("subscription_count = {counts}"),
+    );
     let mut nodes = Vec::new();
     for _ in 0..3 {
         // start_with waits for /ready, which waits for the broker and for
@@ -508,7 +520,7 @@ both!(a_cluster_sends_each_webhook_once);
 async fn a_cluster_sends_each_webhook_once(kind: Kind) {
     let broker = BrokerServer::start(kind);
     let rx = Receiver::start().await;
-    let n = cluster(&broker, &rx, "hooks-once", 30).await;
+    let n = cluster(&broker, &rx, "hooks-once", 30, true).await;
     let mut bar = barrier_clients(&[&n[0], &n[1], &n[2]]).await;
 
     // The first subscribers of one channel on three nodes at once.
@@ -614,7 +626,7 @@ async fn a_killed_nodes_members_are_removed_once(kind: Kind) {
     let broker = BrokerServer::start(kind);
     let rx = Receiver::start().await;
     let ttl = 2;
-    let mut n = cluster(&broker, &rx, "hooks-kill", ttl).await;
+    let mut n = cluster(&broker, &rx, "hooks-kill", ttl, false).await;
     let mut bar = barrier_clients(&[&n[0], &n[1]]).await;
     let mut watcher = n[1].client().await;
     watcher
@@ -692,4 +704,69 @@ async fn a_killed_nodes_members_are_removed_once(kind: Kind) {
     assert_eq!(rx.count("channel_occupied", "presence-k"), 1);
     drop((first, last));
     let _ = n.pop();
+}
+
+/// `/ready`'s status, polled until it is `want`.
+async fn ready_is(s: &Server, want: u16) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (status, _) = s.raw_api("GET", "/ready", "", "").await;
+        if status == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "/ready stayed {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+both!(a_broker_outage_reports_the_net_changes_once);
+async fn a_broker_outage_reports_the_net_changes_once(kind: Kind) {
+    let mut broker = BrokerServer::start(kind);
+    let rx = Receiver::start().await;
+    let n = cluster(&broker, &rx, "hooks-outage", 30, false).await;
+    let mut c1 = n[1].client().await;
+    c1.subscribe("stays").await;
+    c1.subscribe("goes").await;
+    c1.subscribe("flaps").await;
+    rx.event("channel_occupied", "goes").await;
+    rx.event("channel_occupied", "flaps").await;
+
+    broker.kill();
+    for s in &n {
+        ready_is(s, 503).await;
+    }
+    // While nodes cannot hear each other: one channel empties, one is
+    // new, one empties and fills again on another node.
+    c1.unsubscribe("goes").await;
+    c1.unsubscribe("flaps").await;
+    c1.send(json!({"event": "pusher:ping"})).await;
+    c1.expect("pusher:pong", None).await;
+    let mut c2 = n[2].client().await;
+    c2.subscribe("new").await;
+    c2.subscribe("flaps").await;
+
+    broker.restart();
+    for s in &n {
+        ready_is(s, 200).await;
+    }
+    rx.event("channel_vacated", "goes").await;
+    rx.event("channel_occupied", "new").await;
+    let mut bar = barrier_clients(&[&n[0], &n[1], &n[2]]).await;
+    barrier(&rx, &mut bar, 1).await;
+    for (name, channel, want) in [
+        ("channel_occupied", "stays", 1),
+        ("channel_vacated", "stays", 0),
+        ("channel_occupied", "goes", 1),
+        ("channel_vacated", "goes", 1),
+        ("channel_occupied", "new", 1),
+        ("channel_occupied", "flaps", 1),
+        ("channel_vacated", "flaps", 0),
+    ] {
+        assert_eq!(
+            rx.count(name, channel),
+            want,
+            "{name} {channel}: {:#?}",
+            rx.events()
+        );
+    }
 }

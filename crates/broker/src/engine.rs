@@ -244,7 +244,7 @@ impl Shared {
     }
 
     /// The connection is up (subscriptions in place) or down.
-    pub fn set_up(&self, up: bool, why: &str) {
+    pub fn set_up(self: &Arc<Self>, up: bool, why: &str) {
         let was = self.up.swap(up, Ordering::AcqRel);
         if was == up {
             return;
@@ -271,6 +271,14 @@ impl Shared {
             }
             self.beat(true);
             self.send_state();
+            // Once settled this node may lead (alone, or the oldest back
+            // from an outage): report what it journaled meanwhile then,
+            // not at the next heartbeat.
+            let me = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(DISCOVERY + Duration::from_millis(10)).await;
+                me.settle_check();
+            });
         } else {
             *self.down_since.lock() = Some(Instant::now());
             metrics::count(&metrics::BROKER_OUTAGES);
@@ -376,6 +384,17 @@ impl Shared {
             acts.extend(s.tally.replay().into_iter().map(Act::Observed));
         }
         s.tally.leading = leads;
+    }
+
+    fn settle_check(&self) {
+        let mut acts = Vec::new();
+        {
+            let mut s = self.state.lock();
+            self.lead_check(&mut s, &mut acts);
+        }
+        if let Some(inbox) = self.inbox.get() {
+            run(inbox, acts);
+        }
     }
 
     /// Flips of the tally: reported by the leader, journaled by the others
