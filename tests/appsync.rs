@@ -1059,6 +1059,12 @@ async fn the_pusher_channel_list_leaves_out_other_protocols() {
     let (status, body) = server.api("GET", "/apps/test-app/channels", "").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!({ "channels": { "news": {} } }));
+    for other in ["cable:room", "graphql:room"] {
+        let (status, body) = server
+            .api("GET", &format!("/apps/test-app/channels/{other}"), "")
+            .await;
+        assert_eq!((status, body), (200, json!({ "occupied": false })));
+    }
     // The other protocols' channels are there, just not listed.
     let metric = server.metric("herald_channels").await;
     assert!(metric >= 4, "herald_channels {metric}");

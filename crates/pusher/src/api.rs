@@ -317,6 +317,10 @@ fn check(app: &AppConfig, ev: EventRequest) -> Result<Checked, ApiError> {
 
 /// Figures of one channel for the whole cluster (`None`: not occupied).
 async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
+    // The app's other protocols' channels are not Pusher's to report.
+    if !names::is_channel_name(name) {
+        return None;
+    }
     node.stats(hub, StatsFilter::Exact(name.to_owned()))
         .await
         .into_iter()
