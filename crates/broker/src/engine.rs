@@ -121,6 +121,8 @@ enum Act {
     Connections(String, u32),
     /// A cluster-wide flip this node reports.
     Observed(Flip),
+    /// One another node reports (for displays).
+    Seen(Flip),
 }
 
 /// The engine's state, shared by the broker handle and its tasks.
@@ -405,9 +407,12 @@ impl Shared {
         }
         if s.tally.leading {
             acts.extend(flips.into_iter().map(Act::Observed));
-        } else if !buried.is_some_and(|n| s.leader_buried.contains(&n)) {
+            return;
+        }
+        if !buried.is_some_and(|n| s.leader_buried.contains(&n)) {
             s.tally.journal(&flips, buried);
         }
+        acts.extend(flips.into_iter().map(Act::Seen));
     }
 
     /// This node now holds (`on`) or no longer holds `key`: tell the
@@ -432,7 +437,8 @@ impl Shared {
             match flip {
                 Some(_) if s.tally.leading => true,
                 Some(f) => {
-                    s.tally.journal(&[f], None);
+                    s.tally.journal(std::slice::from_ref(&f), None);
+                    acts.push(Act::Seen(f));
                     false
                 }
                 None => false,
@@ -916,25 +922,20 @@ fn run(inbox: &Arc<dyn Inbox>, acts: Vec<Act>) {
             Act::Presence(app, change) => inbox.presence(&app, &change),
             Act::Gone(n) => inbox.node_gone(n),
             Act::Connections(app, c) => inbox.remote_connections(&app, c),
-            Act::Observed(Flip {
-                key: (app, channel, user),
-                on,
-            }) => {
-                let change = match (&user, on) {
-                    (None, true) => Change::Occupied { channel: &channel },
-                    (None, false) => Change::Vacated { channel: &channel },
-                    (Some(user_id), true) => Change::MemberAdded {
-                        channel: &channel,
-                        user_id,
-                    },
-                    (Some(user_id), false) => Change::MemberRemoved {
-                        channel: &channel,
-                        user_id,
-                    },
-                };
-                inbox.observed(&app, &change);
-            }
+            Act::Observed(f) => inbox.observed(&f.key.0, &change_of(&f)),
+            Act::Seen(f) => inbox.seen(&f.key.0, &change_of(&f)),
         }
+    }
+}
+
+/// What a flip of the tally means for observers.
+fn change_of(f: &Flip) -> Change<'_> {
+    let (_, channel, user) = &f.key;
+    match (user, f.on) {
+        (None, true) => Change::Occupied { channel },
+        (None, false) => Change::Vacated { channel },
+        (Some(user_id), true) => Change::MemberAdded { channel, user_id },
+        (Some(user_id), false) => Change::MemberRemoved { channel, user_id },
     }
 }
 

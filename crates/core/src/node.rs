@@ -172,6 +172,17 @@ impl Node {
         }
     }
 
+    /// Tell every observer about a cluster-wide change another node
+    /// reports ([`Observer::seen`]).
+    pub fn notify_seen(&self, hub: &Hub, change: &Change<'_>) {
+        if !self.observed.load(Ordering::Acquire) {
+            return;
+        }
+        for o in self.observers.read().iter() {
+            o.seen(&hub.app.id, change);
+        }
+    }
+
     /// Observers hear of every publication while the returned guard lives
     /// (the dashboard's live console); otherwise publishing skips them.
     pub fn watch_publications(self: &Arc<Self>) -> PublicationWatch {
@@ -596,6 +607,10 @@ impl Inbox for NodeInbox {
 
     fn observed(&self, app_id: &str, change: &Change<'_>) {
         self.with(app_id, |node, hub| node.notify(hub, change));
+    }
+
+    fn seen(&self, app_id: &str, change: &Change<'_>) {
+        self.with(app_id, |node, hub| node.notify_seen(hub, change));
     }
 
     fn node_gone(&self, gone: NodeId) {

@@ -65,6 +65,12 @@ pub enum Change<'a> {
 pub trait Observer: Send + Sync {
     fn changed(&self, app_id: &str, change: &Change<'_>);
 
+    /// A channel occupied or vacated, or a member added or removed, in the
+    /// cluster, that another node reports: for displays of the whole
+    /// cluster (a dashboard's console), never for notifications (those go
+    /// out once, from the node that reports it, through `changed`).
+    fn seen(&self, _app_id: &str, _change: &Change<'_>) {}
+
     /// Graceful shutdown: finish pending work before `deadline`.
     fn flush(&self, _deadline: Instant) -> BoxFuture<()> {
         Box::pin(std::future::ready(()))

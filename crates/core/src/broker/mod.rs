@@ -92,6 +92,9 @@ pub trait Inbox: Send + Sync {
     /// did not come from this node's own call to [`Broker::occupancy`] or
     /// [`Broker::member`]: another node's subscriber, or a node gone.
     fn observed(&self, _app_id: &str, _change: &Change<'_>) {}
+    /// A cluster-wide change another node reports (for
+    /// [`crate::observer::Observer::seen`]).
+    fn seen(&self, _app_id: &str, _change: &Change<'_>) {}
 }
 
 /// A cluster engine connecting nodes.
