@@ -303,6 +303,21 @@ async fn events_subscribe_publish_unsubscribe() {
         b.expect("data").await,
         json!({ "type": "data", "id": "b2", "event": "4" })
     );
+
+    // /metrics: both sockets under the app's id, the POSTs counted.
+    let scrape = server.scrape().await;
+    let sockets = [("app", APP_ID), ("protocol", "appsync-events")];
+    assert_eq!(metric_in(&scrape, "herald_connections", &sockets), Some(2));
+    let posted = [
+        ("app", APP_ID),
+        ("protocol", "appsync-events"),
+        ("endpoint", "event"),
+        ("status", "200"),
+    ];
+    assert_eq!(
+        metric_in(&scrape, "herald_api_requests_total", &posted),
+        Some(3)
+    );
 }
 
 #[tokio::test]
@@ -736,6 +751,26 @@ async fn graphql_start_publish_stop() {
         (status, reply),
         (200, json!({ "data": { "getChannel": null } }))
     );
+
+    // /metrics: the sockets under the app's id, the POSTs as API requests
+    // (an unknown key under no app).
+    let (status, _, _) = post(&server, "/graphql", Some("no-such-key"), "{}").await;
+    assert_eq!(status, 401);
+    let scrape = server.scrape().await;
+    let graphql = [("app", APP_ID), ("protocol", "appsync-graphql")];
+    assert!(metric_in(&scrape, "herald_connections_opened_total", &graphql).unwrap() >= 1);
+    let published = [
+        ("app", APP_ID),
+        ("protocol", "appsync-graphql"),
+        ("endpoint", "graphql"),
+        ("status", "200"),
+    ];
+    assert!(metric_in(&scrape, "herald_api_requests_total", &published).unwrap() >= 4);
+    let refused = [("app", ""), ("endpoint", "graphql"), ("status", "401")];
+    assert_eq!(
+        metric_in(&scrape, "herald_api_requests_total", &refused),
+        Some(1)
+    );
 }
 
 #[tokio::test]
@@ -974,4 +1009,63 @@ async fn shutdown_closes_appsync_sockets_with_going_away() {
     assert_eq!(e.expect_close().await, Some(1001));
     assert_eq!(g.expect_close().await, Some(1001));
     assert!(server.wait_exit().await.success());
+}
+
+/// The Pusher HTTP API's channel list holds Pusher channels only, though
+/// the app's hub also has AppSync's (`/…`, `graphql:…`) and Action
+/// Cable's (`cable:…`) channels.
+#[tokio::test]
+async fn the_pusher_channel_list_leaves_out_other_protocols() {
+    let server = Server::start_with("[rpc]\npublic_streams = true", APP).await;
+    let mut e = events(&server, API_KEY).await;
+    assert_eq!(
+        subscribe(&mut e, "s", "/default/room").await["type"],
+        "subscribe_success"
+    );
+    let mut g = graphql(&server, "/graphql/realtime", API_KEY).await;
+    let query = "subscription Subscribe($name: String!) { subscribe(name: $name) { name data } }";
+    assert_eq!(
+        start(&mut g, "g", query, json!({ "name": "room" })).await["type"],
+        "start_ack"
+    );
+    let mut req = format!("ws://127.0.0.1:{}/cable", server.port)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        HeaderValue::from_static("actioncable-v1-json"),
+    );
+    let (mut cable, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    let public = json!({ "channel": "$pubsub", "stream_name": "room" }).to_string();
+    cable
+        .send(Message::text(
+            json!({ "command": "subscribe", "identifier": public }).to_string(),
+        ))
+        .await
+        .unwrap();
+    loop {
+        match next(&mut cable).await {
+            Next::Frame(f) if f["type"] == "confirm_subscription" => break,
+            Next::Frame(f) => assert!(f["type"] == "welcome" || f["type"] == "ping", "{f}"),
+            Next::Close(c) => panic!("cable closed: {c:?}"),
+        }
+    }
+    let mut p = server.client().await;
+    p.subscribe("news").await;
+
+    let (status, body) = server.api("GET", "/apps/test-app/channels", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "channels": { "news": {} } }));
+    for other in ["cable:room", "graphql:room"] {
+        let (status, body) = server
+            .api("GET", &format!("/apps/test-app/channels/{other}"), "")
+            .await;
+        assert_eq!((status, body), (200, json!({ "occupied": false })));
+    }
+    // The other protocols' channels are there, just not listed.
+    let metric = server.metric("herald_channels").await;
+    assert!(metric >= 4, "herald_channels {metric}");
 }

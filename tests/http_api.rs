@@ -327,7 +327,10 @@ async fn channel_queries() {
     let server = Server::start_with("", "subscription_count = true").await;
     let mut a = server.client().await;
     a.subscribe("news").await;
-    a.subscribe_presence("presence-x", "u1", json!({})).await;
+    // Another socket: `a` may already be getting news's count pushes,
+    // which would come before this subscription's confirmation.
+    let mut p = server.client().await;
+    p.subscribe_presence("presence-x", "u1", json!({})).await;
     let mut b = server.client().await;
     b.subscribe("news").await;
 

@@ -417,3 +417,356 @@ async fn shutdown_sends_what_waits() {
         "within the grace period"
     );
 }
+
+// ----- in a cluster ----------------------------------------------------------
+
+use herald_broker::testing::{BrokerServer, Kind};
+
+const CLUSTER_TYPES: &str = r#"["channel_occupied", "channel_vacated", "member_added", "member_removed", "client_event", "subscription_count"]"#;
+
+/// Three `herald serve` nodes on `broker`, each sending the test app's
+/// webhooks to `rx` (leaves at once, so counts are exact); `counts`: the
+/// app pushes subscription counts (a client subscribing twice may see a
+/// count before its second confirmation).
+async fn cluster(
+    broker: &BrokerServer,
+    rx: &Receiver,
+    prefix: &str,
+    ttl: u64,
+    counts: bool,
+) -> Vec<Server> {
+    let top = format!(
+        "webhook_batch_ms = 20\nwebhook_leave_delay_ms = 0\n\
+         [broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\nttl = {ttl}\n",
+        broker.url()
+    );
+    let app = hook_app(
+        &rx.url,
+        CLUSTER_TYPES,
+        &format!("subscription_count = {counts}"),
+    );
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        // start_with waits for /ready, which waits for the broker and for
+        // the other nodes to have answered this one's hello.
+        nodes.push(Server::start_with(&top, &app).await);
+    }
+    nodes
+}
+
+/// One client per node on `private-barrier`: [`barrier`] sends through them.
+async fn barrier_clients(nodes: &[&Server]) -> Vec<Client> {
+    let mut out = Vec::new();
+    for n in nodes {
+        let mut c = n.client().await;
+        c.subscribe_private("private-barrier").await;
+        out.push(c);
+    }
+    out
+}
+
+/// Every node reports a client event of its own, after whatever it had
+/// queued before: once all arrived, every node's earlier webhooks have.
+async fn barrier(rx: &Receiver, clients: &mut [Client], round: usize) {
+    for (i, c) in clients.iter_mut().enumerate() {
+        let event = format!("client-b{round}-{i}");
+        c.send(json!({"event": event, "channel": "private-barrier", "data": {}}))
+            .await;
+    }
+    let n = clients.len();
+    rx.wait_for(&format!("barrier {round}"), |ev| {
+        (0..n).all(|i| {
+            let name = format!("client-b{round}-{i}");
+            ev.iter()
+                .any(|e| e["name"] == "client_event" && e["event"] == name.as_str())
+        })
+    })
+    .await;
+}
+
+fn user_count(rx: &Receiver, name: &str, channel: &str, user: &str) -> usize {
+    rx.events()
+        .iter()
+        .filter(|e| e["name"] == name && e["channel"] == channel && e["user_id"] == user)
+        .count()
+}
+
+/// The `subscription_count` events of `channel`, in order.
+fn counts(rx: &Receiver, channel: &str) -> Vec<u64> {
+    rx.events()
+        .iter()
+        .filter(|e| e["name"] == "subscription_count" && e["channel"] == channel)
+        .map(|e| e["subscription_count"].as_u64().unwrap())
+        .collect()
+}
+
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn redis() {
+                super::$name(Kind::Redis).await
+            }
+            #[tokio::test]
+            async fn nats() {
+                super::$name(Kind::Nats).await
+            }
+        }
+    };
+}
+
+both!(a_cluster_sends_each_webhook_once);
+async fn a_cluster_sends_each_webhook_once(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let rx = Receiver::start().await;
+    let n = cluster(&broker, &rx, "hooks-once", 30, true).await;
+    let mut bar = barrier_clients(&[&n[0], &n[1], &n[2]]).await;
+
+    // The first subscribers of one channel on three nodes at once.
+    let mut c: Vec<Client> = Vec::new();
+    for s in &n {
+        c.push(s.client().await);
+    }
+    {
+        let [a, b, d] = &mut c[..] else {
+            unreachable!()
+        };
+        tokio::join!(
+            a.subscribe("room"),
+            b.subscribe("room"),
+            d.subscribe("room")
+        );
+    }
+    rx.event("channel_occupied", "room").await;
+
+    // The same user joins a presence channel on two nodes at once; another
+    // user on the third.
+    let mut p: Vec<Client> = Vec::new();
+    for s in &n {
+        p.push(s.client().await);
+    }
+    {
+        let [a, b, d] = &mut p[..] else {
+            unreachable!()
+        };
+        tokio::join!(
+            a.subscribe_presence("presence-room", "u1", json!({})),
+            b.subscribe_presence("presence-room", "u1", json!({})),
+            d.subscribe_presence("presence-room", "u2", json!({})),
+        );
+    }
+    rx.wait_for("both members added", |ev| {
+        ["u1", "u2"].iter().all(|u| {
+            ev.iter()
+                .any(|e| e["name"] == "member_added" && e["user_id"] == *u)
+        })
+    })
+    .await;
+
+    // Subscription counts: the cluster's total, whichever node reports.
+    let mut counted = Vec::new();
+    for (i, s) in n.iter().enumerate() {
+        let mut k = s.client().await;
+        k.subscribe("counted").await;
+        counted.push(k);
+        rx.wait_for(&format!("count {}", i + 1), |_| {
+            counts(&rx, "counted").last() == Some(&(i as u64 + 1))
+        })
+        .await;
+    }
+
+    barrier(&rx, &mut bar, 1).await;
+    assert_eq!(
+        rx.count("channel_occupied", "room"),
+        1,
+        "{:#?}",
+        rx.events()
+    );
+    assert_eq!(rx.count("channel_occupied", "presence-room"), 1);
+    assert_eq!(user_count(&rx, "member_added", "presence-room", "u1"), 1);
+    assert_eq!(user_count(&rx, "member_added", "presence-room", "u2"), 1);
+
+    // Two of three leave: the channel and u1 are still in the cluster.
+    let mut c = c.into_iter();
+    c.next().unwrap().close().await;
+    c.next().unwrap().close().await;
+    let mut p = p.into_iter();
+    p.next().unwrap().close().await;
+    let last_room = c.next().unwrap();
+    let u1_last = p.next().unwrap();
+    let u2 = p.next().unwrap();
+    counted.pop().unwrap().close().await;
+    rx.wait_for("count 2", |_| counts(&rx, "counted").last() == Some(&2))
+        .await;
+    barrier(&rx, &mut bar, 2).await;
+    assert_eq!(rx.count("channel_vacated", "room"), 0);
+    assert_eq!(user_count(&rx, "member_removed", "presence-room", "u1"), 0);
+
+    // The last ones leave: once each.
+    last_room.close().await;
+    u1_last.close().await;
+    rx.event("channel_vacated", "room").await;
+    rx.event("member_removed", "presence-room").await;
+    u2.close().await;
+    rx.event("channel_vacated", "presence-room").await;
+    barrier(&rx, &mut bar, 3).await;
+    assert_eq!(rx.count("channel_vacated", "room"), 1, "{:#?}", rx.events());
+    assert_eq!(rx.count("channel_vacated", "presence-room"), 1);
+    assert_eq!(user_count(&rx, "member_removed", "presence-room", "u1"), 1);
+    assert_eq!(user_count(&rx, "member_removed", "presence-room", "u2"), 1);
+    assert_eq!(rx.count("channel_occupied", "room"), 1);
+    for h in rx.hooks() {
+        assert_signed(&h);
+    }
+}
+
+both!(a_killed_nodes_members_are_removed_once);
+async fn a_killed_nodes_members_are_removed_once(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let rx = Receiver::start().await;
+    let ttl = 2;
+    let mut n = cluster(&broker, &rx, "hooks-kill", ttl, false).await;
+    let mut bar = barrier_clients(&[&n[0], &n[1]]).await;
+    let mut watcher = n[1].client().await;
+    watcher
+        .subscribe_presence("presence-k", "watcher", json!({}))
+        .await;
+    // Node 0 is the oldest (it reports for the cluster); node 2 the
+    // youngest. Each has a member and a channel of its own.
+    let mut first = n[0].client().await;
+    first
+        .subscribe_presence("presence-k", "first", json!({}))
+        .await;
+    first.subscribe("only-first").await;
+    let mut last = n[2].client().await;
+    last.subscribe_presence("presence-k", "last", json!({}))
+        .await;
+    last.subscribe("only-last").await;
+    rx.event("channel_occupied", "only-first").await;
+    rx.event("channel_occupied", "only-last").await;
+    rx.wait_for("three members", |ev| {
+        ev.iter().filter(|e| e["name"] == "member_added").count() == 3
+    })
+    .await;
+
+    // SIGKILL the youngest: the others notice within the TTL; one reports.
+    n[2].child.kill().unwrap();
+    let t0 = Instant::now();
+    rx.event("channel_vacated", "only-last").await;
+    rx.wait_for("last removed", |_| {
+        user_count(&rx, "member_removed", "presence-k", "last") == 1
+    })
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(ttl) + Duration::from_millis(1500),
+        "reported after {took:?} (TTL {ttl} s)"
+    );
+
+    // SIGKILL the oldest, the one that reported: the next takes over and
+    // reports what the dead one held.
+    n[0].child.kill().unwrap();
+    bar.remove(0);
+    let t0 = Instant::now();
+    rx.event("channel_vacated", "only-first").await;
+    rx.wait_for("first removed", |_| {
+        user_count(&rx, "member_removed", "presence-k", "first") == 1
+    })
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(ttl) + Duration::from_millis(1500),
+        "reported after {took:?} (TTL {ttl} s)"
+    );
+    // The survivor still reports: a new channel, then leaving it.
+    let mut after = n[1].client().await;
+    after.subscribe("after").await;
+    rx.event("channel_occupied", "after").await;
+
+    barrier(&rx, &mut bar, 1).await;
+    for (name, channel, user) in [
+        ("member_removed", "presence-k", "last"),
+        ("member_removed", "presence-k", "first"),
+        ("member_removed", "presence-k", "watcher"),
+    ] {
+        let want = usize::from(user != "watcher");
+        assert_eq!(
+            user_count(&rx, name, channel, user),
+            want,
+            "{name} {user}: {:#?}",
+            rx.events()
+        );
+    }
+    assert_eq!(rx.count("channel_vacated", "only-last"), 1);
+    assert_eq!(rx.count("channel_vacated", "only-first"), 1);
+    assert_eq!(rx.count("channel_vacated", "presence-k"), 0);
+    assert_eq!(rx.count("channel_occupied", "presence-k"), 1);
+    drop((first, last));
+    let _ = n.pop();
+}
+
+/// `/ready`'s status, polled until it is `want`.
+async fn ready_is(s: &Server, want: u16) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (status, _) = s.raw_api("GET", "/ready", "", "").await;
+        if status == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "/ready stayed {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+both!(a_broker_outage_reports_the_net_changes_once);
+async fn a_broker_outage_reports_the_net_changes_once(kind: Kind) {
+    let mut broker = BrokerServer::start(kind);
+    let rx = Receiver::start().await;
+    let n = cluster(&broker, &rx, "hooks-outage", 30, false).await;
+    let mut c1 = n[1].client().await;
+    c1.subscribe("stays").await;
+    c1.subscribe("goes").await;
+    c1.subscribe("flaps").await;
+    rx.event("channel_occupied", "goes").await;
+    rx.event("channel_occupied", "flaps").await;
+
+    broker.kill();
+    for s in &n {
+        ready_is(s, 503).await;
+    }
+    // While nodes cannot hear each other: one channel empties, one is
+    // new, one empties and fills again on another node.
+    c1.unsubscribe("goes").await;
+    c1.unsubscribe("flaps").await;
+    c1.send(json!({"event": "pusher:ping"})).await;
+    c1.expect("pusher:pong", None).await;
+    let mut c2 = n[2].client().await;
+    c2.subscribe("new").await;
+    c2.subscribe("flaps").await;
+
+    broker.restart();
+    for s in &n {
+        ready_is(s, 200).await;
+    }
+    rx.event("channel_vacated", "goes").await;
+    rx.event("channel_occupied", "new").await;
+    let mut bar = barrier_clients(&[&n[0], &n[1], &n[2]]).await;
+    barrier(&rx, &mut bar, 1).await;
+    for (name, channel, want) in [
+        ("channel_occupied", "stays", 1),
+        ("channel_vacated", "stays", 0),
+        ("channel_occupied", "goes", 1),
+        ("channel_vacated", "goes", 1),
+        ("channel_occupied", "new", 1),
+        ("channel_occupied", "flaps", 1),
+        ("channel_vacated", "flaps", 0),
+    ] {
+        assert_eq!(
+            rx.count(name, channel),
+            want,
+            "{name} {channel}: {:#?}",
+            rx.events()
+        );
+    }
+}

@@ -303,6 +303,12 @@ fn shown(raw: &str) -> String {
 }
 
 impl Observer for Feed {
+    /// The console shows the cluster's occupancy and members on every
+    /// node, though only one node reports each (for webhooks).
+    fn seen(&self, app_id: &str, change: &Change<'_>) {
+        self.changed(app_id, change);
+    }
+
     fn changed(&self, app_id: &str, change: &Change<'_>) {
         if self.0.receiver_count() == 0 {
             return;

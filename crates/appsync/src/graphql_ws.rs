@@ -140,6 +140,10 @@ impl GraphqlSession {
 }
 
 impl Handler for GraphqlSession {
+    fn app_id(&self) -> &str {
+        &self.base.hub.app.id
+    }
+
     async fn on_text(&mut self, text: String) -> Next {
         let m: Message = match serde_json::from_str::<Value>(&text) {
             Ok(v @ Value::Object(_)) => match serde_json::from_value(v) {

@@ -21,6 +21,7 @@ use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::Hub;
 use herald_core::metrics;
 use herald_core::node::Node;
+use herald_core::wire::Wire;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -113,12 +114,32 @@ async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Respon
     })
 }
 
+/// Count an HTTP API request (`herald_api_requests_total`): `app` is the
+/// app its API key named, empty when the key named none (so a caller
+/// cannot grow the number of series by inventing keys).
+fn counted(app: &str, wire: &dyn Wire, endpoint: &str, response: Response) -> Response {
+    metrics::api_request(app, wire.name(), endpoint, response.status().as_u16());
+    response
+}
+
 /// `POST /event`: `{"channel": "/ns/a", "events": ["<json>", ...]}`.
 pub async fn post_event(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Response {
-    let (hub, key) = match authorize(&node, &headers) {
+    let mut app = String::new();
+    let response = event_request(&node, &headers, body, &mut app).await;
+    counted(&app, &crate::wire::EVENTS_WIRE, "event", response)
+}
+
+async fn event_request(
+    node: &Arc<Node>,
+    headers: &HeaderMap,
+    body: Body,
+    app: &mut String,
+) -> Response {
+    let (hub, key) = match authorize(node, headers) {
         Ok(x) => x,
         Err(r) => return r,
     };
+    app.clone_from(&hub.app.id);
     let bytes = match read_body(body, MAX_EVENT_BODY).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -152,7 +173,7 @@ pub async fn post_event(State(node): State<Arc<Node>>, headers: HeaderMap, body:
             return error(status, t, &m);
         }
     };
-    let (successful, failed) = events::publish(&node, &hub, &request).await;
+    let (successful, failed) = events::publish(node, &hub, &request).await;
     if !failed.is_empty() {
         metrics::count(&metrics::API_ERRORS);
     }
@@ -184,10 +205,22 @@ pub async fn post_graphql(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (hub, _) = match authorize(&node, &headers) {
+    let mut app = String::new();
+    let response = graphql_request(&node, &headers, body, &mut app).await;
+    counted(&app, &crate::wire::GRAPHQL_WIRE, "graphql", response)
+}
+
+async fn graphql_request(
+    node: &Arc<Node>,
+    headers: &HeaderMap,
+    body: Body,
+    app: &mut String,
+) -> Response {
+    let (hub, _) = match authorize(node, headers) {
         Ok(x) => x,
         Err(r) => return r,
     };
+    app.clone_from(&hub.app.id);
     let bytes = match read_body(body, node.config.max_request_size).await {
         Ok(b) => b,
         Err(r) => return r,

@@ -29,11 +29,13 @@
 
 use crate::msg::{Answer, Entry, Info, Msg, PubRef, Query};
 use crate::subject;
+use crate::tally::{Flip, Key, Tally};
 use bytes::Bytes;
 use herald_core::broker::{BoxFuture, Broker, Control, Inbox, PresenceChange, RemoteMember, Scope};
 use herald_core::fanout::{NodeId, Publication};
 use herald_core::hub::{prefixes, ChannelStats, StatsFilter};
 use herald_core::metrics;
+use herald_core::observer::Change;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,6 +77,8 @@ type ScopeKey = (String, Scope);
 struct Peer {
     seen: Instant,
     load: Vec<(String, u32)>,
+    /// When it started (from its heartbeats; 0 until heard).
+    born: u64,
 }
 
 struct Pending {
@@ -100,6 +104,14 @@ struct State {
     gone: HashMap<NodeId, Instant>,
     /// Heartbeats are not judged before this (after our own reconnect).
     grace_until: Option<Instant>,
+    /// Cluster-wide occupancy and members, decided once ([`crate::tally`]).
+    tally: Tally,
+    /// A node's tally keys being received with its state.
+    incoming_held: HashMap<NodeId, HashSet<Key>>,
+    /// When heartbeats were last judged (a long gap: we were frozen).
+    last_judged: Option<Instant>,
+    /// The nodes the leader says it buried, from its last heartbeat.
+    leader_buried: HashSet<NodeId>,
 }
 
 /// What to tell the inbox once the state lock is released.
@@ -107,6 +119,10 @@ enum Act {
     Presence(String, PresenceChange),
     Gone(NodeId),
     Connections(String, u32),
+    /// A cluster-wide flip this node reports.
+    Observed(Flip),
+    /// One another node reports (for displays).
+    Seen(Flip),
 }
 
 /// The engine's state, shared by the broker handle and its tasks.
@@ -122,6 +138,11 @@ pub struct Shared {
     /// When the node has heard from the others after (re)connecting.
     settled: Mutex<Instant>,
     left: AtomicBool,
+    /// When this node started, as the others compare it (ms since the
+    /// epoch); later after an outage longer than the TTL.
+    born: AtomicU64,
+    /// Since when the broker has been away.
+    down_since: Mutex<Option<Instant>>,
     out: mpsc::Sender<Out>,
     /// Poked when the wanted set changes.
     pub wake: Notify,
@@ -225,13 +246,20 @@ impl Shared {
     }
 
     /// The connection is up (subscriptions in place) or down.
-    pub fn set_up(&self, up: bool, why: &str) {
+    pub fn set_up(self: &Arc<Self>, up: bool, why: &str) {
         let was = self.up.swap(up, Ordering::AcqRel);
         if was == up {
             return;
         }
         if up {
             tracing::info!(engine = self.name, "broker connected; announcing this node");
+            if let Some(since) = self.down_since.lock().take() {
+                if since.elapsed() > self.ttl {
+                    // The others have declared us gone: we come back as a
+                    // new node, not as their leader with a stale view.
+                    self.born.store(now_ms(), Ordering::Release);
+                }
+            }
             *self.settled.lock() = Instant::now() + DISCOVERY;
             {
                 let mut s = self.state.lock();
@@ -240,10 +268,21 @@ impl Shared {
                     p.seen = now;
                 }
                 s.grace_until = Some(now + self.ttl);
+                // Not judged while away: no stall to see in that gap.
+                s.last_judged = None;
             }
             self.beat(true);
             self.send_state();
+            // Once settled this node may lead (alone, or the oldest back
+            // from an outage): report what it journaled meanwhile then,
+            // not at the next heartbeat.
+            let me = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(DISCOVERY + Duration::from_millis(10)).await;
+                me.settle_check();
+            });
         } else {
+            *self.down_since.lock() = Some(Instant::now());
             metrics::count(&metrics::BROKER_OUTAGES);
             tracing::warn!(
                 engine = self.name,
@@ -266,29 +305,41 @@ impl Shared {
             .get()
             .map(|i| i.connections())
             .unwrap_or_default();
+        let g = {
+            let s = self.state.lock();
+            if s.tally.leading {
+                s.gone.keys().copied().collect()
+            } else {
+                Vec::new()
+            }
+        };
         let msg = Msg::Beat {
             n: self.me(),
             l: load,
             h: hello,
             r: hello,
+            t: self.born(),
+            g,
         };
         self.send_msg(self.all(), &msg);
     }
 
     /// Send our whole presence state, in order, on `all`.
     fn send_state(&self) {
-        let entries: Vec<Entry> = {
-            let s = self.state.lock();
-            s.own
-                .iter()
-                .flat_map(|((app, scope), members)| {
-                    members
-                        .iter()
-                        .map(move |(u, i)| (app.clone(), scope.clone(), u.clone(), i.clone()))
-                })
-                .collect()
-        };
+        // Queued under the lock: a change made meanwhile goes out after
+        // the state, never before it (the others would undo it).
+        let s = self.state.lock();
+        let entries: Vec<Entry> = s
+            .own
+            .iter()
+            .flat_map(|((app, scope), members)| {
+                members
+                    .iter()
+                    .map(move |(u, i)| (app.clone(), scope.clone(), u.clone(), i.clone()))
+            })
+            .collect();
         let n = self.me();
+        let held = s.tally.of(n);
         let all = self.all();
         self.send_msg(all.clone(), &Msg::StateBegin { n });
         for chunk in entries.chunks(STATE_CHUNK) {
@@ -300,7 +351,103 @@ impl Shared {
                 },
             );
         }
+        for chunk in held.chunks(STATE_CHUNK) {
+            self.send_msg(
+                all.clone(),
+                &Msg::StateHeld {
+                    n,
+                    k: chunk.to_vec(),
+                },
+            );
+        }
         self.send_msg(all, &Msg::StateEnd { n });
+        drop(s);
+    }
+
+    pub fn born(&self) -> u64 {
+        self.born.load(Ordering::Acquire)
+    }
+
+    /// The node that reports cluster-wide flips as this node sees it: the
+    /// oldest alive (earliest start, then lowest id).
+    fn leader(&self, s: &State) -> NodeId {
+        let mut best = (self.born(), self.me());
+        for (n, p) in &s.peers {
+            best = best.min((p.born, *n));
+        }
+        best.1
+    }
+
+    /// Whether this node leads now; on becoming the leader, report what
+    /// the journal says the old one may not have.
+    fn lead_check(&self, s: &mut State, acts: &mut Vec<Act>) {
+        let leads = self.is_settled() && self.leader(s) == self.me();
+        if leads && !s.tally.leading {
+            acts.extend(s.tally.replay().into_iter().map(Act::Observed));
+        }
+        s.tally.leading = leads;
+    }
+
+    fn settle_check(&self) {
+        let mut acts = Vec::new();
+        {
+            let mut s = self.state.lock();
+            self.lead_check(&mut s, &mut acts);
+        }
+        if let Some(inbox) = self.inbox.get() {
+            run(inbox, acts);
+        }
+    }
+
+    /// Flips of the tally: reported by the leader, journaled by the others
+    /// (`buried`: burying that node caused them).
+    fn flipped(s: &mut State, flips: Vec<Flip>, acts: &mut Vec<Act>, buried: Option<NodeId>) {
+        if flips.is_empty() {
+            return;
+        }
+        if s.tally.leading {
+            acts.extend(flips.into_iter().map(Act::Observed));
+            return;
+        }
+        if !buried.is_some_and(|n| s.leader_buried.contains(&n)) {
+            s.tally.journal(&flips, buried);
+        }
+        acts.extend(flips.into_iter().map(Act::Seen));
+    }
+
+    /// This node now holds (`on`) or no longer holds `key`: tell the
+    /// others. Returns whether the caller reports the flip it made.
+    fn hold(&self, key: Key, on: bool) -> bool {
+        let mut acts = Vec::new();
+        let mine = {
+            let mut s = self.state.lock();
+            self.lead_check(&mut s, &mut acts);
+            let (changed, flip) = s.tally.set(self.me(), key.clone(), on);
+            if changed {
+                let (a, ch, u) = key;
+                let msg = Msg::Held {
+                    n: self.me(),
+                    a,
+                    ch,
+                    u,
+                    j: on,
+                };
+                self.send_msg(self.all(), &msg);
+            }
+            match flip {
+                Some(_) if s.tally.leading => true,
+                Some(f) => {
+                    s.tally.journal(std::slice::from_ref(&f), None);
+                    acts.push(Act::Seen(f));
+                    false
+                }
+                None => false,
+            }
+        };
+        if let Some(inbox) = self.inbox.get() {
+            run(inbox, acts);
+        }
+        mine
     }
 
     /// A message arrived on subscription `via` (a subject or a pattern).
@@ -334,6 +481,8 @@ impl Shared {
                         l: Vec::new(),
                         h: true,
                         r: true,
+                        t: self.born(),
+                        g: Vec::new(),
                     };
                     self.send_msg(subject::node(&self.prefix, from), &ask);
                 }
@@ -343,7 +492,23 @@ impl Shared {
                     .or_insert(Peer {
                         seen: now,
                         load: Vec::new(),
+                        born: 0,
                     });
+            }
+            if let Msg::Beat { t, .. } = &msg {
+                if let Some(p) = s.peers.get_mut(&from) {
+                    if *t != 0 {
+                        p.born = *t;
+                    }
+                }
+            }
+            if !s.tally.leading && self.leader(&s) == from {
+                s.tally.clear_journal();
+                if let Msg::Beat { g, .. } = &msg {
+                    let gone: HashSet<NodeId> = g.iter().copied().collect();
+                    s.tally.clear_buried(&gone);
+                    s.leader_buried = gone;
+                }
             }
             match msg {
                 Msg::Pub { a, p, .. } => {
@@ -382,7 +547,7 @@ impl Shared {
                         },
                     ));
                 }
-                Msg::Beat { n, l, h, r } => {
+                Msg::Beat { n, l, h, r, .. } => {
                     if let Some(p) = s.peers.get_mut(&n) {
                         if !l.is_empty() || !h {
                             p.load = l;
@@ -397,6 +562,8 @@ impl Shared {
                             l: inbox.connections(),
                             h: false,
                             r: false,
+                            t: self.born(),
+                            g: Vec::new(),
                         };
                         self.send_msg(subject::node(&self.prefix, n), &reply);
                     }
@@ -457,6 +624,17 @@ impl Shared {
                 }
                 Msg::StateBegin { n } => {
                     s.incoming.insert(n, HashMap::new());
+                    s.incoming_held.insert(n, HashSet::new());
+                }
+                Msg::StateHeld { n, k } => {
+                    if let Some(inc) = s.incoming_held.get_mut(&n) {
+                        inc.extend(k);
+                    }
+                }
+                Msg::Held { n, a, ch, u, j } => {
+                    self.lead_check(&mut s, &mut acts);
+                    let (_, flip) = s.tally.set(n, (a, ch, u), j);
+                    Self::flipped(&mut s, flip.into_iter().collect(), &mut acts, None);
                 }
                 Msg::StatePart { n, e } => {
                     let mut keep = Vec::new();
@@ -474,6 +652,11 @@ impl Shared {
                 Msg::StateEnd { n } => {
                     if let Some(inc) = s.incoming.remove(&n) {
                         reconcile(&mut s, n, inc, &mut acts);
+                    }
+                    if let Some(held) = s.incoming_held.remove(&n) {
+                        self.lead_check(&mut s, &mut acts);
+                        let flips = s.tally.replace(n, held);
+                        Self::flipped(&mut s, flips, &mut acts, None);
                     }
                 }
             }
@@ -539,7 +722,13 @@ impl Shared {
     fn bury(&self, s: &mut State, n: NodeId, acts: &mut Vec<Act>) {
         s.peers.remove(&n);
         s.incoming.remove(&n);
+        s.incoming_held.remove(&n);
         s.gone.insert(n, Instant::now());
+        // Whoever leads now (perhaps this node, in place of `n`) reports
+        // what `n` held alone.
+        self.lead_check(s, acts);
+        let flips = s.tally.replace(n, HashSet::new());
+        Self::flipped(s, flips, acts, Some(n));
         if let Some(scopes) = s.remote.remove(&n) {
             for ((app, scope), members) in scopes {
                 for user in members.into_keys() {
@@ -623,10 +812,28 @@ impl Shared {
             return;
         };
         let mut acts = Vec::new();
+        let buried;
         {
             let mut s = self.state.lock();
             let now = Instant::now();
+            if s.last_judged
+                .replace(now)
+                .is_some_and(|t| now - t > self.ttl)
+            {
+                // This process was frozen: the others were not silent, we
+                // were (and they have declared us gone). Give them a TTL,
+                // and come back as the youngest node.
+                tracing::warn!("this node stalled for longer than the TTL");
+                for p in s.peers.values_mut() {
+                    p.seen = now;
+                }
+                self.born.store(now_ms(), Ordering::Release);
+            }
+            // A node alone since it started leads once settled.
+            self.lead_check(&mut s, &mut acts);
             if s.grace_until.is_some_and(|g| now < g) {
+                drop(s);
+                run(&inbox, acts);
                 return;
             }
             let silent: Vec<NodeId> = s
@@ -635,15 +842,23 @@ impl Shared {
                 .filter(|(_, p)| now.duration_since(p.seen) > self.ttl)
                 .map(|(n, _)| *n)
                 .collect();
+            let any = !silent.is_empty();
             for n in silent {
                 tracing::warn!(node = n, "node missed its heartbeats; removing its members");
                 self.bury(&mut s, n, &mut acts);
             }
+            // (Leading now: perhaps because the leader was among them.)
+            buried = any && s.tally.leading;
             // Forget the dead after a while (a node id is never reused).
             let keep = self.ttl * 10;
             s.gone.retain(|_, at| now.duration_since(*at) < keep);
         }
         run(&inbox, acts);
+        if buried {
+            // Tell the others at once that the leader buried them, so
+            // none replays it should the leader die before its next beat.
+            self.beat(false);
+        }
     }
 }
 
@@ -707,7 +922,20 @@ fn run(inbox: &Arc<dyn Inbox>, acts: Vec<Act>) {
             Act::Presence(app, change) => inbox.presence(&app, &change),
             Act::Gone(n) => inbox.node_gone(n),
             Act::Connections(app, c) => inbox.remote_connections(&app, c),
+            Act::Observed(f) => inbox.observed(&f.key.0, &change_of(&f)),
+            Act::Seen(f) => inbox.seen(&f.key.0, &change_of(&f)),
         }
+    }
+}
+
+/// What a flip of the tally means for observers.
+fn change_of(f: &Flip) -> Change<'_> {
+    let (_, channel, user) = &f.key;
+    match (user, f.on) {
+        (None, true) => Change::Occupied { channel },
+        (None, false) => Change::Vacated { channel },
+        (Some(user_id), true) => Change::MemberAdded { channel, user_id },
+        (Some(user_id), false) => Change::MemberRemoved { channel, user_id },
     }
 }
 
@@ -740,6 +968,8 @@ impl Engine {
                 up: AtomicBool::new(false),
                 settled: Mutex::new(Instant::now()),
                 left: AtomicBool::new(false),
+                born: AtomicU64::new(now_ms()),
+                down_since: Mutex::new(None),
                 out: tx,
                 wake: Notify::new(),
                 state: Mutex::new(State::default()),
@@ -835,6 +1065,33 @@ impl Broker for Engine {
             s.dirty.insert(subject);
         }
         sh.wake.notify_one();
+    }
+
+    fn occupancy(
+        &self,
+        _node: NodeId,
+        app_id: &str,
+        channel: &str,
+        occupied: bool,
+    ) -> BoxFuture<bool> {
+        let key = (app_id.to_owned(), channel.to_owned(), None);
+        Box::pin(std::future::ready(self.shared.hold(key, occupied)))
+    }
+
+    fn member(
+        &self,
+        _node: NodeId,
+        app_id: &str,
+        channel: &str,
+        user_id: &str,
+        joined: bool,
+    ) -> BoxFuture<bool> {
+        let key = (
+            app_id.to_owned(),
+            channel.to_owned(),
+            Some(user_id.to_owned()),
+        );
+        Box::pin(std::future::ready(self.shared.hold(key, joined)))
     }
 
     fn presence(&self, app_id: &str, change: PresenceChange) {

@@ -10,6 +10,7 @@ pub mod msg;
 pub mod nats;
 pub mod redis;
 pub mod subject;
+pub mod tally;
 pub mod testing;
 
 use herald_core::broker::local::LocalBroker;

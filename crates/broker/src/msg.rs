@@ -1,6 +1,7 @@
 //! What nodes send each other through the broker: JSON, one message per
 //! broker message, every one naming the node it comes from.
 
+use crate::tally::Key;
 use herald_core::broker::{Control, Scope};
 use herald_core::fanout::{NodeId, Publication};
 use herald_core::hub::{ChannelStats, StatsFilter};
@@ -43,6 +44,13 @@ pub enum Msg {
         h: bool,
         #[serde(default)]
         r: bool,
+        /// When the node started (ms since the epoch): the oldest node
+        /// reports cluster-wide flips (see [`crate::tally`]).
+        #[serde(default)]
+        t: u64,
+        /// Nodes the sender buried (sent by the leader only).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        g: Vec<NodeId>,
     },
     /// Node `n` leaves the cluster (graceful shutdown).
     #[serde(rename = "B")]
@@ -75,6 +83,20 @@ pub enum Msg {
     StatePart { n: NodeId, e: Vec<Entry> },
     #[serde(rename = "E")]
     StateEnd { n: NodeId },
+    /// Node `n` now holds (`j`) or no longer holds a key of the tally: a
+    /// channel with subscribers (`u` absent) or a presence member.
+    #[serde(rename = "O")]
+    Held {
+        n: NodeId,
+        a: String,
+        ch: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        u: Option<String>,
+        j: bool,
+    },
+    /// Part of node `n`'s state: keys of the tally it holds.
+    #[serde(rename = "K")]
+    StateHeld { n: NodeId, k: Vec<Key> },
 }
 
 impl Msg {
@@ -90,7 +112,9 @@ impl Msg {
             | Msg::Count { n, .. }
             | Msg::StateBegin { n }
             | Msg::StatePart { n, .. }
-            | Msg::StateEnd { n } => *n,
+            | Msg::StateEnd { n }
+            | Msg::Held { n, .. }
+            | Msg::StateHeld { n, .. } => *n,
         }
     }
 

@@ -557,3 +557,81 @@ async fn broker_restart_resumes_delivery_and_reconciles(kind: Kind) {
         .await;
     assert_eq!(stats[0].users, ["obs", "u8"]);
 }
+
+/// What a node's observers heard: (`changed` or `seen`, what).
+#[derive(Default)]
+struct Heard(parking_lot::Mutex<Vec<(&'static str, String)>>);
+
+fn line(change: &herald_core::observer::Change<'_>) -> String {
+    use herald_core::observer::Change;
+    match change {
+        Change::Occupied { channel } => format!("occupied:{channel}"),
+        Change::Vacated { channel } => format!("vacated:{channel}"),
+        Change::MemberAdded { channel, user_id } => format!("added:{channel}:{user_id}"),
+        Change::MemberRemoved { channel, user_id } => format!("removed:{channel}:{user_id}"),
+        _ => String::new(),
+    }
+}
+
+impl herald_core::observer::Observer for Heard {
+    fn changed(&self, _app: &str, change: &herald_core::observer::Change<'_>) {
+        let l = line(change);
+        if !l.is_empty() {
+            self.0.lock().push(("changed", l));
+        }
+    }
+    fn seen(&self, _app: &str, change: &herald_core::observer::Change<'_>) {
+        self.0.lock().push(("seen", line(change)));
+    }
+}
+
+impl Heard {
+    fn has(&self, kind: &str, what: &str) -> bool {
+        self.0.lock().iter().any(|(k, w)| *k == kind && w == what)
+    }
+    fn count(&self, kind: &str) -> usize {
+        self.0.lock().iter().filter(|(k, _)| *k == kind).count()
+    }
+}
+
+both!(the_oldest_node_reports_the_others_see);
+async fn the_oldest_node_reports_the_others_see(kind: Kind) {
+    let c = Cluster::start(kind, 2, 30).await;
+    let heard: Vec<Arc<Heard>> = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let h = Arc::new(Heard::default());
+            n.observe(h.clone());
+            h
+        })
+        .collect();
+    let age = |i: usize| (c.engines[i].shared().born(), c.nodes[i].id);
+    let (leader, other) = if age(0) < age(1) { (0, 1) } else { (1, 0) };
+    // A subscriber and a member on the younger node only.
+    let s = conn(&c.nodes[other]);
+    join(&c.nodes[other], &s, "presence-r", Some("u1")).await;
+    until("the leader reports", || {
+        heard[leader].has("changed", "occupied:presence-r")
+            && heard[leader].has("changed", "added:presence-r:u1")
+    })
+    .await;
+    until("the other sees", || {
+        heard[other].has("seen", "occupied:presence-r")
+            && heard[other].has("seen", "added:presence-r:u1")
+    })
+    .await;
+    c.nodes[other].unsubscribe(&app(&c.nodes[other]), &s, "presence-r", &None, false);
+    until("the leader reports the leave", || {
+        heard[leader].has("changed", "vacated:presence-r")
+            && heard[leader].has("changed", "removed:presence-r:u1")
+    })
+    .await;
+    until("the other sees the leave", || {
+        heard[other].has("seen", "vacated:presence-r")
+    })
+    .await;
+    assert_eq!(heard[other].count("changed"), 0, "only the leader reports");
+    assert_eq!(heard[leader].count("seen"), 0);
+    assert_eq!(heard[leader].count("changed"), 4);
+}

@@ -172,6 +172,17 @@ impl Node {
         }
     }
 
+    /// Tell every observer about a cluster-wide change another node
+    /// reports ([`Observer::seen`]).
+    pub fn notify_seen(&self, hub: &Hub, change: &Change<'_>) {
+        if !self.observed.load(Ordering::Acquire) {
+            return;
+        }
+        for o in self.observers.read().iter() {
+            o.seen(&hub.app.id, change);
+        }
+    }
+
     /// Observers hear of every publication while the returned guard lives
     /// (the dashboard's live console); otherwise publishing skips them.
     pub fn watch_publications(self: &Arc<Self>) -> PublicationWatch {
@@ -280,17 +291,26 @@ impl Node {
                 return Err(e);
             }
         };
+        let observed = self.observed.load(Ordering::Acquire);
         if joined.first_here {
             self.broker.interest(self.id, app, channel, pattern, true);
-            if !pattern && self.broker.occupancy(self.id, app, channel, true).await {
+            if !pattern && observed && self.broker.occupancy(self.id, app, channel, true).await {
                 self.notify(hub, &Change::Occupied { channel });
             }
         }
         if joined.cache_miss {
             self.notify(hub, &Change::CacheMiss { channel });
         }
-        if let (true, Some((user_id, _))) = (joined.member_added, &joined.member_joined) {
-            self.notify(hub, &Change::MemberAdded { channel, user_id });
+        if let (true, Some((user_id, _))) = (observed, &joined.member_joined) {
+            // The member's first socket here: the broker decides whether
+            // that added it to the cluster, and who says so.
+            if self
+                .broker
+                .member(self.id, app, channel, user_id, true)
+                .await
+            {
+                self.notify(hub, &Change::MemberAdded { channel, user_id });
+            }
         }
         if let Some((user_id, info)) = &joined.member_joined {
             self.broker.presence(
@@ -318,8 +338,10 @@ impl Node {
     ) -> bool {
         let left = hub.unsubscribe(conn, channel, tag, pattern);
         let app = &hub.app.id;
-        if let (true, Some(user_id)) = (left.member_removed, &left.member_left) {
-            self.notify(hub, &Change::MemberRemoved { channel, user_id });
+        let observed = self.observed.load(Ordering::Acquire);
+        if let (true, Some(user_id)) = (observed, &left.member_left) {
+            let answer = self.broker.member(self.id, app, channel, user_id, false);
+            self.report_if(hub, answer, channel, Some(user_id));
         }
         if let Some(user_id) = left.member_left {
             self.broker.presence(
@@ -334,28 +356,43 @@ impl Node {
         }
         if left.last_here {
             self.broker.interest(self.id, app, channel, pattern, false);
-            if !pattern {
-                self.vacated(hub, channel);
+            if !pattern && observed {
+                let answer = self.broker.occupancy(self.id, app, channel, false);
+                self.report_if(hub, answer, channel, None);
             }
         }
         left.was_subscribed
     }
 
-    /// The last subscriber here left `channel`: report `Vacated` if the
-    /// broker says the whole cluster has none now. An engine that answers
-    /// later (over the network) is awaited on a task.
-    fn vacated(&self, hub: &Hub, channel: &str) {
-        let mut answer = self.broker.occupancy(self.id, &hub.app.id, channel, false);
+    /// A leave the broker decides on: report `Vacated` (`user` is `None`)
+    /// or `MemberRemoved` if `answer` says this node reports it for the
+    /// cluster. An engine that answers later (over the network) is
+    /// awaited on a task.
+    fn report_if(
+        &self,
+        hub: &Hub,
+        mut answer: crate::broker::BoxFuture<bool>,
+        channel: &str,
+        user: Option<&str>,
+    ) {
+        fn change<'a>(channel: &'a str, user: Option<&'a str>) -> Change<'a> {
+            match user {
+                None => Change::Vacated { channel },
+                Some(user_id) => Change::MemberRemoved { channel, user_id },
+            }
+        }
         match (&mut answer).now_or_never() {
-            Some(true) => self.notify(hub, &Change::Vacated { channel }),
+            Some(true) => self.notify(hub, &change(channel, user)),
             Some(false) => {}
             None => {
                 let observers = self.observers.read().clone();
-                let (app, channel) = (hub.app.id.clone(), channel.to_owned());
+                let app = hub.app.id.clone();
+                let (channel, user) = (channel.to_owned(), user.map(str::to_owned));
                 tokio::spawn(async move {
                     if answer.await {
+                        let c = change(&channel, user.as_deref());
                         for o in observers.iter() {
-                            o.changed(&app, &Change::Vacated { channel: &channel });
+                            o.changed(&app, &c);
                         }
                     }
                 });
@@ -445,8 +482,8 @@ impl Node {
 
     pub fn flush_counts(&self) {
         for hub in self.hubs() {
-            let counts = hub.flush_subscription_counts();
-            for (channel, count) in &counts.sent {
+            let counts = hub.flush_subscription_counts(self.id);
+            for (channel, count) in &counts.report {
                 self.notify(
                     hub,
                     &Change::SubscriptionCount {
@@ -566,6 +603,14 @@ impl Inbox for NodeInbox {
 
     fn remote_connections(&self, app_id: &str, count: u32) {
         self.with(app_id, |_, hub| hub.set_remote_connections(count));
+    }
+
+    fn observed(&self, app_id: &str, change: &Change<'_>) {
+        self.with(app_id, |node, hub| node.notify(hub, change));
+    }
+
+    fn seen(&self, app_id: &str, change: &Change<'_>) {
+        self.with(app_id, |node, hub| node.notify_seen(hub, change));
     }
 
     fn node_gone(&self, gone: NodeId) {

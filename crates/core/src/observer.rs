@@ -7,14 +7,18 @@
 //! - `Occupied` / `Vacated`: a channel's first subscriber joined, its last
 //!   left. The node asks the broker ([`crate::broker::Broker::occupancy`])
 //!   whether that changed the channel for the whole cluster, so exactly one
-//!   node reports it; with one node the node's own count decides.
+//!   node reports it; with one node the node's own count decides. An
+//!   engine may have another node report it instead
+//!   ([`crate::broker::Inbox::observed`]), as it does for a dead node's
+//!   channels.
 //! - `MemberAdded` / `MemberRemoved`: a presence member's first socket
-//!   anywhere joined, its last one anywhere left, reported by the node
-//!   where that socket is (the hub's view of the cluster's members).
+//!   anywhere joined, its last one anywhere left, decided the same way
+//!   ([`crate::broker::Broker::member`]).
 //! - `CacheMiss`: a subscriber asked for a channel's last event and there
 //!   was none.
 //! - `SubscriptionCount`: a counted channel's count changed (coalesced, as
-//!   the count pushes are; this node's count).
+//!   the count pushes are; the cluster's total, reported by the node with
+//!   the lowest id among those with subscribers).
 //! - `Published`: a publication passed through this node's `publish`, only
 //!   while somebody watches ([`crate::node::Node::watch_publications`]).
 //! - `ClientEvent`: reported by an adapter ([`crate::node::Node::notify`])
@@ -60,6 +64,12 @@ pub enum Change<'a> {
 /// Hears about changes in every app of a node.
 pub trait Observer: Send + Sync {
     fn changed(&self, app_id: &str, change: &Change<'_>);
+
+    /// A channel occupied or vacated, or a member added or removed, in the
+    /// cluster, that another node reports: for displays of the whole
+    /// cluster (a dashboard's console), never for notifications (those go
+    /// out once, from the node that reports it, through `changed`).
+    fn seen(&self, _app_id: &str, _change: &Change<'_>) {}
 
     /// Graceful shutdown: finish pending work before `deadline`.
     fn flush(&self, _deadline: Instant) -> BoxFuture<()> {

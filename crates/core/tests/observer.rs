@@ -215,3 +215,35 @@ async fn a_cluster_reports_each_change_once() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_departed_nodes_members_and_channels_are_reported_once() {
+    let broker = Arc::new(LocalBroker::new());
+    let nodes: Vec<_> = (0..3).map(|_| node(&broker)).collect();
+    let all = |nodes: &[(Arc<Node>, Arc<Log>)]| -> Vec<String> {
+        let mut v: Vec<String> = nodes.iter().flat_map(|(_, l)| l.take()).collect();
+        v.sort();
+        v
+    };
+    join(
+        &nodes[0].0,
+        &conn(&nodes[0].0),
+        "presence-room",
+        member("stays"),
+    )
+    .await;
+    let c = conn(&nodes[2].0);
+    join(&nodes[2].0, &c, "presence-room", member("gone")).await;
+    join(&nodes[2].0, &c, "only-there", SubscribeOptions::default()).await;
+    all(&nodes);
+    // The node goes without its sockets leaving (as when it dies): what
+    // only it held is reported gone, once, by a remaining node.
+    nodes[2].0.leave_cluster();
+    assert_eq!(
+        all(&nodes),
+        [
+            "app-id:member_removed:presence-room:gone",
+            "app-id:vacated:only-there"
+        ]
+    );
+}

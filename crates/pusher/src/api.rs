@@ -4,7 +4,7 @@
 //! limit.
 
 use crate::auth::{authenticate, SignedRequest};
-use crate::names::{validate_publish_name, ChannelKind, SERVER_TO_USER_PREFIX};
+use crate::names::{self, validate_publish_name, ChannelKind, SERVER_TO_USER_PREFIX};
 use axum::extract::Path;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -317,6 +317,10 @@ fn check(app: &AppConfig, ev: EventRequest) -> Result<Checked, ApiError> {
 
 /// Figures of one channel for the whole cluster (`None`: not occupied).
 async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
+    // The app's other protocols' channels are not Pusher's to report.
+    if !names::is_channel_name(name) {
+        return None;
+    }
     node.stats(hub, StatsFilter::Exact(name.to_owned()))
         .await
         .into_iter()
@@ -434,6 +438,12 @@ async fn channels(Signed { node, hub, uri, .. }: Signed) -> ApiResult {
     }
     let mut out = Map::new();
     for stats in node.stats(&hub, StatsFilter::Prefix(prefix)).await {
+        // The hub also holds other protocols' channels of the app (Action
+        // Cable's `cable:…`, AppSync's `/…` and `graphql:…`): not Pusher
+        // names, not listed.
+        if !names::is_channel_name(&stats.name) {
+            continue;
+        }
         let m = attributes_of(&stats.name, Some(&stats), &attrs);
         out.insert(stats.name, Value::Object(m));
     }

@@ -267,6 +267,21 @@ impl AppHooks {
     }
 
     fn changed(&self, change: &Change<'_>) {
+        let channel = match *change {
+            Change::Occupied { channel }
+            | Change::Vacated { channel }
+            | Change::MemberAdded { channel, .. }
+            | Change::MemberRemoved { channel, .. }
+            | Change::CacheMiss { channel }
+            | Change::SubscriptionCount { channel, .. } => channel,
+            Change::Published(p) | Change::ClientEvent(p) => &p.channel,
+        };
+        // The app's hub also holds other protocols' channels (Action
+        // Cable's `cable:…`, AppSync's): Pusher webhooks are about Pusher
+        // channels only.
+        if !crate::names::is_channel_name(channel) {
+            return;
+        }
         let event = |name: &'static str, channel: &str, body: Value| Pending {
             name,
             channel: channel.to_owned(),
@@ -612,6 +627,25 @@ fn causes(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn other_protocols_channels_send_nothing() {
+        let mut app = AppConfig::development();
+        app.webhooks = vec![herald_core::config::WebhookConfig {
+            url: "http://127.0.0.1:9/hooks".into(),
+            event_types: vec!["channel_occupied".into()],
+            headers: Default::default(),
+            filter: Default::default(),
+        }];
+        let settings = Arc::new(Settings::from_config(&Config::default()));
+        let hooks = AppHooks::new(&app, settings, reqwest::Client::new());
+        for channel in ["cable:room", "/default/room", "graphql:room"] {
+            hooks.changed(&Change::Occupied { channel });
+        }
+        assert_eq!(hooks.depth(), 0);
+        hooks.changed(&Change::Occupied { channel: "room" });
+        assert_eq!(hooks.depth(), 1);
+    }
 
     #[test]
     fn jitter_stays_within_half_and_whole() {

@@ -10,6 +10,7 @@
 use super::{BoxFuture, Broker, Control, Inbox, PresenceChange, RemoteMember, Scope};
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
+use crate::observer::Change;
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, HashSet};
@@ -30,6 +31,9 @@ struct State {
     presence: HashMap<(String, Scope), Members>,
     /// (app, channel) → nodes with subscribers to it.
     occupied: HashMap<(String, String), HashSet<NodeId>>,
+    /// (app, channel, user) → nodes where the member has a socket, as
+    /// [`Broker::member`] reported them.
+    joined: HashMap<(String, String, String), HashSet<NodeId>>,
     heartbeats: HashMap<NodeId, Instant>,
 }
 
@@ -99,6 +103,8 @@ impl LocalBroker {
     /// Remove node `node` and tell the others its members left.
     fn forget(&self, node: NodeId) {
         let mut leaves = Vec::new();
+        let mut emptied = Vec::new();
+        let reporter;
         {
             let mut s = self.state.lock();
             s.inboxes.remove(&node);
@@ -107,10 +113,25 @@ impl LocalBroker {
                 nodes.remove(&node);
             }
             s.interest.retain(|_, n| !n.is_empty());
-            for nodes in s.occupied.values_mut() {
-                nodes.remove(&node);
+            // What the node's departure empties, reported once, by the
+            // remaining node with the lowest id.
+            for ((app, channel), nodes) in s.occupied.iter_mut() {
+                if nodes.remove(&node) && nodes.is_empty() {
+                    emptied.push((app.clone(), channel.clone(), None));
+                }
             }
             s.occupied.retain(|_, n| !n.is_empty());
+            for ((app, channel, user), nodes) in s.joined.iter_mut() {
+                if nodes.remove(&node) && nodes.is_empty() {
+                    emptied.push((app.clone(), channel.clone(), Some(user.clone())));
+                }
+            }
+            s.joined.retain(|_, n| !n.is_empty());
+            reporter = s
+                .inboxes
+                .iter()
+                .min_by_key(|(n, _)| **n)
+                .map(|(_, i)| i.clone());
             let mut gone = Vec::new();
             for ((app, scope), users) in s.presence.iter_mut() {
                 for (user, nodes) in users.iter_mut() {
@@ -138,6 +159,15 @@ impl LocalBroker {
         for (app, change, to) in leaves {
             for inbox in to {
                 inbox.presence(&app, &change);
+            }
+        }
+        if let Some(inbox) = reporter {
+            for (app, channel, user) in &emptied {
+                let change = match user {
+                    None => Change::Vacated { channel },
+                    Some(user_id) => Change::MemberRemoved { channel, user_id },
+                };
+                inbox.observed(app, &change);
             }
         }
         let others: Vec<Arc<dyn Inbox>> = self.state.lock().inboxes.values().cloned().collect();
@@ -261,6 +291,34 @@ impl Broker for LocalBroker {
                     let last = nodes.remove(&node) && nodes.is_empty();
                     if nodes.is_empty() {
                         s.occupied.remove(&key);
+                    }
+                    last
+                }
+                None => false,
+            }
+        };
+        Box::pin(std::future::ready(flipped))
+    }
+
+    fn member(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        channel: &str,
+        user_id: &str,
+        joined: bool,
+    ) -> BoxFuture<bool> {
+        let mut s = self.state.lock();
+        let key = (app_id.to_owned(), channel.to_owned(), user_id.to_owned());
+        let flipped = if joined {
+            let nodes = s.joined.entry(key).or_default();
+            nodes.insert(node) && nodes.len() == 1
+        } else {
+            match s.joined.get_mut(&key) {
+                Some(nodes) => {
+                    let last = nodes.remove(&node) && nodes.is_empty();
+                    if nodes.is_empty() {
+                        s.joined.remove(&key);
                     }
                     last
                 }

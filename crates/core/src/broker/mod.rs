@@ -32,6 +32,7 @@ pub mod local;
 
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{ChannelStats, StatsFilter};
+use crate::observer::Change;
 use serde_json::value::RawValue;
 use std::future::Future;
 use std::pin::Pin;
@@ -86,6 +87,14 @@ pub trait Inbox: Send + Sync {
     /// Node `node` left or was declared gone: forget what it told us
     /// besides presence (which the engine removes member by member).
     fn node_gone(&self, node: NodeId);
+    /// The engine decided that this node reports `change` (occupied,
+    /// vacated, member added or removed) for the whole cluster, though it
+    /// did not come from this node's own call to [`Broker::occupancy`] or
+    /// [`Broker::member`]: another node's subscriber, or a node gone.
+    fn observed(&self, _app_id: &str, _change: &Change<'_>) {}
+    /// A cluster-wide change another node reports (for
+    /// [`crate::observer::Observer::seen`]).
+    fn seen(&self, _app_id: &str, _change: &Change<'_>) {}
 }
 
 /// A cluster engine connecting nodes.
@@ -107,8 +116,10 @@ pub trait Broker: Send + Sync {
     /// channel has subscribers anywhere in the cluster: the one node that
     /// gets `true` reports the channel occupied or vacated, so observers
     /// (webhooks) hear it once for the cluster. The engine must decide
-    /// atomically (two nodes joining at once: one `true`). The default
-    /// suits a single node: its own first and last subscriber decide.
+    /// atomically (two nodes joining at once: one `true`); it may instead
+    /// have another node report the change, through [`Inbox::observed`].
+    /// Nodes call it only while they have observers. The default suits a
+    /// single node: its own first and last subscriber decide.
     fn occupancy(
         &self,
         node: NodeId,
@@ -117,6 +128,23 @@ pub trait Broker: Send + Sync {
         occupied: bool,
     ) -> BoxFuture<bool> {
         let _ = (node, app_id, channel, occupied);
+        Box::pin(std::future::ready(true))
+    }
+    /// Node `node`'s first socket of member `user_id` in presence channel
+    /// `channel` joined (`joined`) or its last one there left. Resolves to
+    /// whether this node reports the member added or removed: decided once
+    /// for the cluster, like [`Broker::occupancy`] (an engine may instead
+    /// have another node report it, through [`Inbox::observed`]). The
+    /// default suits a single node: its own first and last socket decide.
+    fn member(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        channel: &str,
+        user_id: &str,
+        joined: bool,
+    ) -> BoxFuture<bool> {
+        let _ = (node, app_id, channel, user_id, joined);
         Box::pin(std::future::ready(true))
     }
     /// Record a presence change and tell the other interested nodes.

@@ -522,8 +522,10 @@ impl Hub {
     }
 
     /// Send the count (this node's plus the other nodes') of every channel
-    /// whose count changed since the last call (run periodically).
-    pub fn flush_subscription_counts(&self) -> FlushedCounts {
+    /// whose count changed since the last call (run periodically). `me` is
+    /// this node: of the nodes with subscribers to a channel, the one with
+    /// the lowest id reports its count to observers.
+    pub fn flush_subscription_counts(&self, me: NodeId) -> FlushedCounts {
         let changed: Vec<String> = self.counts_changed.iter().map(|c| c.clone()).collect();
         let announce: Vec<String> = self.counts_announce.iter().map(|c| c.clone()).collect();
         // Unmark before reading the count: a change after this point marks
@@ -535,6 +537,7 @@ impl Hub {
             self.counts_announce.remove(channel);
         }
         let mut sent = Vec::new();
+        let mut report = Vec::new();
         for channel in changed {
             if let Some(ch) = self.channels.get(&channel) {
                 if ch.subs.is_empty() || !ch.count {
@@ -546,7 +549,11 @@ impl Hub {
                     count,
                 });
                 ch.send_to_all(None, &mut event);
+                let lowest = ch.remote_counts.keys().all(|n| me < *n);
                 drop(ch);
+                if lowest {
+                    report.push((channel.clone(), count));
+                }
                 sent.push((channel, count));
             }
         }
@@ -557,7 +564,11 @@ impl Hub {
                 (c, n)
             })
             .collect();
-        FlushedCounts { sent, announce }
+        FlushedCounts {
+            sent,
+            report,
+            announce,
+        }
     }
 
     /// Node `node` has `count` subscriptions to `channel`. A node not
@@ -752,6 +763,9 @@ impl Hub {
 pub struct FlushedCounts {
     /// (channel, cluster-wide count) sent to this node's subscribers.
     pub sent: Vec<(String, usize)>,
+    /// Those of `sent` this node reports to observers: it has the lowest
+    /// id among the nodes with subscribers, so one node reports each.
+    pub report: Vec<(String, usize)>,
     /// (channel, this node's count) for the other nodes.
     pub announce: Vec<(String, usize)>,
 }

@@ -34,8 +34,8 @@ fn subscription_counts_are_coalesced_per_flush() {
         };
         assert!(hub.subscribe(c, "room", opts).unwrap().new);
     }
-    hub.flush_subscription_counts();
-    hub.flush_subscription_counts(); // nothing changed since: sends nothing
+    hub.flush_subscription_counts(1);
+    hub.flush_subscription_counts(1); // nothing changed since: sends nothing
     for c in &conns {
         // Subscribed, then exactly one count, the final one.
         assert_eq!(texts(c), ["|subscribed|room|", "|count|room|50"]);
