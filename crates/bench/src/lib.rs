@@ -18,6 +18,8 @@
 //! idle        many idle subscribed connections; server memory per connection
 //! rpc         AnyCable RPC: a gRPC BenchmarkChannel server (`rpc-server`)
 //!             and a throughput scenario against any such server (`rpc`)
+//! actioncable Action Cable clients for broadcast and connect
+//!             (`--protocol actioncable`, BenchmarkChannel over /cable)
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
@@ -29,6 +31,7 @@
 //! distinct expected ids received), never hidden in an average or made up
 //! for by duplicates.
 
+pub mod actioncable;
 pub mod appsync;
 pub mod broadcast;
 pub mod cli;
