@@ -310,6 +310,12 @@ pub struct RpcConfig {
     pub jwt_param: String,
     /// Refuse clients without a token.
     pub jwt_force: bool,
+    /// Where the app's broadcasts come from besides `POST /_broadcast`:
+    /// `http` (only that), `redis` or `nats` (also the broker's server,
+    /// on `broadcast_channel`); a comma-separated list, as AnyCable's.
+    pub broadcast_adapter: String,
+    /// The Redis channel or NATS subject of those broadcasts.
+    pub broadcast_channel: String,
 }
 
 impl Default for RpcConfig {
@@ -330,6 +336,8 @@ impl Default for RpcConfig {
             jwt_secret: None,
             jwt_param: "jid".into(),
             jwt_force: false,
+            broadcast_adapter: "http".into(),
+            broadcast_channel: "__anycable__".into(),
         }
     }
 }
@@ -398,6 +406,26 @@ impl RpcConfig {
                     "must be a path such as /ws (a '/' and a name)",
                 ));
             }
+        }
+        for a in self.broadcast_adapter.split(',').map(str::trim) {
+            if !["http", "redis", "nats"].contains(&a) {
+                return Err(invalid(
+                    "rpc.broadcast_adapter",
+                    format!("{a:?}: expected http, redis or nats (comma-separated)"),
+                ));
+            }
+        }
+        if self.broadcast_channel.is_empty()
+            || self.broadcast_channel.len() > 256
+            || self
+                .broadcast_channel
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                "rpc.broadcast_channel",
+                "must be 1 to 256 characters without spaces",
+            ));
         }
         for (key, v) in [
             ("rpc.secret", &self.secret),
@@ -563,6 +591,8 @@ pub struct Overrides {
     /// Comma-separated header names.
     pub rpc_headers: Option<String>,
     pub broadcast_key: Option<String>,
+    /// `rpc.broadcast_adapter`.
+    pub broadcast_adapter: Option<String>,
     pub keepalive_interval: Option<u64>,
     /// Replace the single app's API keys.
     pub api_keys: Option<Vec<String>>,
@@ -742,6 +772,9 @@ impl Config {
         }
         if let Some(v) = &o.broadcast_key {
             self.rpc.broadcast_key = Some(v.clone());
+        }
+        if let Some(v) = &o.broadcast_adapter {
+            self.rpc.broadcast_adapter = v.clone();
         }
         if let Some(v) = o.keepalive_interval {
             self.keepalive_interval = v;
@@ -1123,6 +1156,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("keepalive_interval"), "{err}");
+    }
+
+    #[test]
+    fn broadcast_adapters_are_checked() {
+        let c = Config::from_toml("[rpc]\nbroadcast_adapter = 'http, redis'", "x").unwrap();
+        assert_eq!(c.rpc.broadcast_channel, "__anycable__");
+        c.validate().unwrap();
+        for bad in [
+            "broadcast_adapter = 'redisx'",
+            "broadcast_adapter = ''",
+            "broadcast_channel = ''",
+            "broadcast_channel = 'a b'",
+        ] {
+            let c = Config::from_toml(&format!("[rpc]\n{bad}"), "x").unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("rpc.broadcast_"), "{bad}: {err}");
+        }
     }
 
     #[test]
