@@ -252,13 +252,21 @@ async fn run(config: Config) -> std::io::Result<()> {
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let shown = config.broker.shown_url();
     let node = Node::new(config, broker);
-    // AnyCable's redis/nats broadcast adapters: the app publishes to the
-    // broker's server; every node reads the channel.
-    if let Some(channel) = herald_actioncable::broadcast::ingress_channel(&node.config) {
-        let rx = herald_broker::ingress::subscribe(&node.config.broker.url, channel)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        if let Some(hub) = herald_actioncable::hub_of(&node) {
-            tokio::spawn(herald_actioncable::broadcast::ingest(node.clone(), hub, rx));
+    // AnyCable's redis/nats/redisx broadcast adapters: the app publishes
+    // to the broker's server; every node reads the channel (delivering to
+    // its own clients), or the stream in a group (publishing to all).
+    let invalid = |e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    if let Some(hub) = herald_actioncable::hub_of(&node) {
+        use herald_actioncable::broadcast as cable;
+        let url = node.config.broker.url.clone();
+        if let Some(channel) = cable::ingress_channel(&node.config) {
+            let rx = herald_broker::ingress::subscribe(&url, channel).map_err(invalid)?;
+            tokio::spawn(cable::ingest(node.clone(), hub.clone(), rx, true));
+        }
+        if let Some(stream) = cable::ingress_stream(&node.config) {
+            let rx = herald_broker::ingress::consume_stream(&url, stream, cable::STREAM_GROUP)
+                .map_err(invalid)?;
+            tokio::spawn(cable::ingest(node.clone(), hub, rx, false));
         }
     }
     tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");

@@ -52,6 +52,21 @@ impl App {
             }
         }
     }
+
+    /// `XADD stream * payload body` (AnyCable's `redisx` format).
+    async fn xadd(&mut self, stream: &str, body: &str) {
+        let App::Redis(c) = self else {
+            panic!("streams are Redis's")
+        };
+        let _: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(body)
+            .query_async(c)
+            .await
+            .unwrap();
+    }
 }
 
 async fn cable(server: &Server) -> Ws {
@@ -222,6 +237,85 @@ macro_rules! both {
 
 both!(every_message_once_on_every_node);
 
+/// AnyCable's `redisx`: the app adds entries to the `__anycable__` stream;
+/// each entry is read by one node (consumer group `bx`), which publishes it
+/// to the cluster, so the client on each node gets every message once, in
+/// order; acknowledged entries are deleted from the stream.
+#[tokio::test]
+async fn redis_stream_entries_reach_every_node_once() {
+    let broker = BrokerServer::start(Kind::Redis);
+    let servers = nodes(&broker, "redisx").await;
+    let mut clients = vec![cable(&servers[0]).await, cable(&servers[1]).await];
+    let mut app = App::connect(&broker).await;
+    // The group is created at the stream's end when a node starts reading:
+    // add probes until both clients have one.
+    let deadline = Instant::now() + TIMEOUT;
+    let mut seen = [false, false];
+    let mut k = 0;
+    while !(seen[0] && seen[1]) {
+        assert!(Instant::now() < deadline, "the stream was never read");
+        k += 1;
+        let body = message("room", json!({ "probe": k })).to_string();
+        app.xadd(CHANNEL, &body).await;
+        for (c, s) in clients.iter_mut().zip(seen.iter_mut()) {
+            while let Some(f) = frame_within(c, Duration::from_millis(100)).await {
+                assert!(f["message"]["probe"].is_number(), "{f}");
+                *s = true;
+            }
+        }
+    }
+    let end = message("room", json!({ "probe": "end" })).to_string();
+    app.xadd(CHANNEL, &end).await;
+    for c in clients.iter_mut() {
+        while frame(c).await["message"]["probe"] != "end" {}
+    }
+    for n in 0..10 {
+        let body = message("room", json!({ "n": n })).to_string();
+        app.xadd(CHANNEL, &body).await;
+    }
+    let batch = json!([
+        message("room", json!({ "n": 10 })),
+        message("room", json!({ "n": 11 }))
+    ]);
+    app.xadd(CHANNEL, &batch.to_string()).await;
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while got.len() < 12 {
+            let f = frame(c).await;
+            got.push(f["message"]["n"].as_i64().unwrap_or_else(|| panic!("{f}")));
+        }
+        // One node reads an entry, the next may be read by the other: the
+        // two nodes' publications may interleave, but none is repeated.
+        got.sort();
+        assert_eq!(got, (0..12).collect::<Vec<_>>(), "client on node {i}");
+        assert_eq!(
+            frame_within(c, Duration::from_millis(300)).await,
+            None,
+            "client on node {i}"
+        );
+    }
+    // Read entries are acknowledged and deleted.
+    let App::Redis(c) = &mut app else {
+        unreachable!()
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(CHANNEL)
+            .query_async(c)
+            .await
+            .unwrap();
+        if len == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{len} entries left in the stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The adapter reads the broker's server: it must be the matching kind.
 #[test]
 fn the_adapter_must_match_the_broker() {
@@ -229,6 +323,7 @@ fn the_adapter_must_match_the_broker() {
         ("local", "redis"),
         ("nats://127.0.0.1:4222", "redis"),
         ("redis://127.0.0.1:6379", "nats"),
+        ("nats://127.0.0.1:4222", "redisx"),
     ] {
         let dir = std::env::temp_dir().join(format!(
             "herald-adapter-{}-{adapter}-{}",
@@ -262,7 +357,7 @@ fn the_adapter_must_match_the_broker() {
                 "--port",
                 &port.to_string(),
                 "--broadcast-adapter",
-                "redisx",
+                "kafka",
             ])
             .env_remove("HERALD_CONFIG"),
         TIMEOUT,

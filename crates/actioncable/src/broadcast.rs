@@ -149,6 +149,21 @@ pub fn ingress_channel(config: &Config) -> Option<&str> {
         .then_some(config.rpc.broadcast_channel.as_str())
 }
 
+/// The Redis stream the app's broadcasts also arrive on, when
+/// `rpc.broadcast_adapter` names `redisx` (AnyCable's Redis Streams
+/// adapter).
+pub fn ingress_stream(config: &Config) -> Option<&str> {
+    config
+        .rpc
+        .broadcast_adapter
+        .split(',')
+        .any(|a| a.trim() == "redisx")
+        .then_some(config.rpc.broadcast_channel.as_str())
+}
+
+/// The consumer group every node reads the stream in (AnyCable's).
+pub const STREAM_GROUP: &str = "bx";
+
 /// Check that the broadcast adapter matches the broker: `redis` needs a
 /// `redis://` (or `rediss://`) `broker.url`, `nats` a `nats://` (or
 /// `tls://`) one, since the messages are read from the broker's server.
@@ -156,14 +171,15 @@ pub fn check_adapter(config: &Config) -> Result<(), String> {
     let url = config.broker.url.as_str();
     for a in config.rpc.broadcast_adapter.split(',').map(str::trim) {
         let ok = match a {
-            "redis" => url.starts_with("redis://") || url.starts_with("rediss://"),
+            "redis" | "redisx" => url.starts_with("redis://") || url.starts_with("rediss://"),
             "nats" => url.starts_with("nats://") || url.starts_with("tls://"),
             _ => true,
         };
         if !ok {
+            let scheme = if a == "nats" { "nats" } else { "redis" };
             return Err(format!(
                 "rpc.broadcast_adapter {a:?} reads broadcasts from the broker's server, but \
-                 broker.url is {:?}: set broker.url to a {a}:// server (see docs/cluster.md)",
+                 broker.url is {:?}: set broker.url to a {scheme}:// server (see docs/cluster.md)",
                 config.broker.shown_url()
             ));
         }
@@ -171,22 +187,29 @@ pub fn check_adapter(config: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Take the app's broadcasts from the broker's channel (`rx`, raw
+/// Take the app's broadcasts from the broker's server (`rx`, raw
 /// messages: AnyCable's format, one message or an array) until it closes.
 ///
-/// Every node subscribes to the channel and so receives every message:
-/// each delivers it to its own subscribers only ([`Node::publish_here`]),
-/// never through the broker, so each subscriber in the cluster gets it
-/// exactly once. (One node taking each message and publishing it through
-/// the broker would need the broker's server to hand each message to one
-/// subscriber, which Redis pub/sub cannot.) A message that is not a
-/// broadcast is counted in `herald_broadcast_errors_total` and logged.
-pub async fn ingest(node: Arc<Node>, hub: Arc<Hub>, mut rx: mpsc::Receiver<Bytes>) {
+/// From a pub/sub channel (`local`): every node subscribes to the channel
+/// and so receives every message; each delivers it to its own subscribers
+/// only ([`Node::publish_here`]), never through the broker, so each
+/// subscriber in the cluster gets it exactly once. (One node taking each
+/// message and publishing it through the broker would need the server to
+/// hand each message to one subscriber, which Redis pub/sub cannot.)
+/// From a Redis stream read in a consumer group (not `local`): each entry
+/// reaches one node, which publishes it to the whole cluster
+/// ([`Node::publish`]). A message that is not a broadcast is counted in
+/// `herald_broadcast_errors_total` and logged.
+pub async fn ingest(node: Arc<Node>, hub: Arc<Hub>, mut rx: mpsc::Receiver<Bytes>, local: bool) {
     while let Some(bytes) = rx.recv().await {
         match parse(&bytes) {
             Ok(messages) => {
                 for msg in messages {
-                    node.publish_here(&hub, publication(msg)).await;
+                    if local {
+                        node.publish_here(&hub, publication(msg)).await;
+                    } else {
+                        node.publish(&hub, publication(msg)).await;
+                    }
                 }
             }
             Err((_, why)) => {

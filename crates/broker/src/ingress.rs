@@ -4,10 +4,15 @@
 //! `SUBSCRIBE` or a NATS subscription to the name as given (no prefix),
 //! reconnecting with the engine's backoff (100 ms doubling to 5 s).
 //!
-//! Every node that asks subscribes, so every node receives every message:
-//! the caller delivers what arrives to its own node's subscribers only.
-//! Messages sent while a node's connection is down are not received there
-//! (pub/sub is at most once), as with the engine's own publications.
+//! [`subscribe`]: every node that asks subscribes, so every node receives
+//! every message: the caller delivers what arrives to its own node's
+//! subscribers only. Messages sent while a node's connection is down are
+//! not received there (pub/sub is at most once), as with the engine's own
+//! publications.
+//!
+//! [`consume_stream`]: a Redis stream read through a consumer group, so
+//! each entry goes to one node, which publishes it to the cluster; entries
+//! wait in Redis while no node reads.
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -150,6 +155,203 @@ async fn nats_loop(addr: async_nats::ServerAddr, channel: String, tx: mpsc::Send
     }
 }
 
+/// Messages of a Redis stream through a consumer group (AnyCable's
+/// `redisx` adapter): the group is created at the stream's end if missing
+/// (`XGROUP CREATE … $ MKSTREAM`), every node reads with `XREADGROUP` as
+/// its own consumer, so each entry goes to one node; the entry's `payload`
+/// field is passed on, then the entry is acknowledged and deleted. Entries
+/// a consumer took and never acknowledged (its node died) are claimed by
+/// another after `block` idle time (`XAUTOCLAIM`). The caller publishes
+/// what arrives to the whole cluster.
+pub fn consume_stream(
+    url: &str,
+    stream: &str,
+    group: &str,
+) -> Result<mpsc::Receiver<Bytes>, String> {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err("broker.url: a Redis stream needs a redis:// broker".into());
+    }
+    let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+    let (tx, rx) = mpsc::channel(QUEUE);
+    tokio::spawn(stream_loop(client, stream.to_owned(), group.to_owned(), tx));
+    Ok(rx)
+}
+
+/// How long one `XREADGROUP` waits for entries (AnyCable's default), and
+/// how long an entry stays unacknowledged before another consumer takes it.
+const BLOCK_MS: u64 = 2000;
+/// Entries read at once.
+const READ_COUNT: usize = 100;
+
+async fn stream_loop(
+    client: redis::Client,
+    stream: String,
+    group: String,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let consumer = format!("herald-{:016x}", rand::random::<u64>());
+    let mut attempt = 0u32;
+    loop {
+        let err = async {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(TIMEOUT))
+                .set_response_timeout(Some(TIMEOUT + Duration::from_millis(BLOCK_MS)));
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|e| e.to_string())?;
+            let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&stream)
+                .arg(&group)
+                .arg("$")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = created {
+                if e.code() != Some("BUSYGROUP") {
+                    return Err(e.to_string());
+                }
+            }
+            attempt = 0;
+            tracing::info!(
+                engine = "redis",
+                stream,
+                group,
+                consumer,
+                "stream ingress reading"
+            );
+            loop {
+                if tx.is_closed() {
+                    return Ok(());
+                }
+                // Entries another consumer left unacknowledged for too long.
+                let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+                    .arg(&stream)
+                    .arg(&group)
+                    .arg(&consumer)
+                    .arg(BLOCK_MS)
+                    .arg("0-0")
+                    .arg("COUNT")
+                    .arg(READ_COUNT)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut entries = match &claimed {
+                    redis::Value::Array(parts) => parts.get(1).map(entries_of).unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                let read: redis::Value = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(&group)
+                    .arg(&consumer)
+                    .arg("COUNT")
+                    .arg(READ_COUNT)
+                    .arg("BLOCK")
+                    .arg(BLOCK_MS)
+                    .arg("STREAMS")
+                    .arg(&stream)
+                    .arg(">")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                entries.extend(read_entries(&read));
+                for (id, payload) in entries {
+                    match payload {
+                        Some(p) => {
+                            if !pass(&tx, &stream, p) {
+                                return Ok(());
+                            }
+                        }
+                        None => tracing::debug!(
+                            stream,
+                            id,
+                            "stream entry without a payload field; dropped"
+                        ),
+                    }
+                    let _: redis::RedisResult<()> = redis::pipe()
+                        .cmd("XACK")
+                        .arg(&stream)
+                        .arg(&group)
+                        .arg(&id)
+                        .ignore()
+                        .cmd("XDEL")
+                        .arg(&stream)
+                        .arg(&id)
+                        .ignore()
+                        .query_async(&mut conn)
+                        .await;
+                }
+            }
+        }
+        .await;
+        match err {
+            Ok(()) => return,
+            Err(e) => {
+                if attempt == 0 {
+                    tracing::warn!(engine = "redis", stream, error = %e, "stream ingress lost its connection; retrying");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(crate::backoff(attempt)) => {}
+            _ = tx.closed() => return,
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+fn text(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// `[[id, [field, value, ...]], ...]` → (id, the `payload` field).
+fn entries_of(v: &redis::Value) -> Vec<(String, Option<Bytes>)> {
+    let redis::Value::Array(list) = v else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|e| {
+            let redis::Value::Array(pair) = e else {
+                return None;
+            };
+            let id = text(pair.first()?)?;
+            let payload = match pair.get(1) {
+                Some(redis::Value::Array(fields)) => fields
+                    .chunks(2)
+                    .find(|kv| kv.len() == 2 && text(&kv[0]).as_deref() == Some("payload"))
+                    .and_then(|kv| match &kv[1] {
+                        redis::Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+                        other => text(other).map(Bytes::from),
+                    }),
+                _ => None,
+            };
+            Some((id, payload))
+        })
+        .collect()
+}
+
+/// An `XREADGROUP` answer: nil (nothing within the block time), or
+/// `[[stream, entries]]` (RESP2) / `{stream: entries}` (RESP3).
+fn read_entries(v: &redis::Value) -> Vec<(String, Option<Bytes>)> {
+    match v {
+        redis::Value::Array(streams) => streams
+            .iter()
+            .flat_map(|s| match s {
+                redis::Value::Array(pair) if pair.len() == 2 => entries_of(&pair[1]),
+                _ => Vec::new(),
+            })
+            .collect(),
+        redis::Value::Map(pairs) => pairs.iter().flat_map(|(_, e)| entries_of(e)).collect(),
+        _ => Vec::new(),
+    }
+}
+
 // Whether the ingress is subscribed yet is not observable from outside:
 // the tests publish until a message arrives.
 #[cfg(test)]
@@ -209,6 +411,72 @@ mod tests {
     #[tokio::test]
     async fn nats_messages_arrive() {
         roundtrip(Kind::Nats).await;
+    }
+
+    /// An entry a consumer read and never acknowledged (its node died) is
+    /// claimed and passed on once it has been idle for the block time;
+    /// passed entries are acknowledged and deleted.
+    #[tokio::test]
+    async fn stream_entries_left_by_a_dead_consumer_are_claimed() {
+        let server = BrokerServer::start(Kind::Redis);
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg("s")
+            .arg("bx")
+            .arg("$")
+            .arg("MKSTREAM")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: String = redis::cmd("XADD")
+            .arg("s")
+            .arg("*")
+            .arg("payload")
+            .arg("orphan")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        // The dead consumer takes it and never acknowledges it.
+        let taken: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("bx")
+            .arg("dead")
+            .arg("STREAMS")
+            .arg("s")
+            .arg(">")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(read_entries(&taken).len(), 1);
+        let mut rx = consume_stream(&server.url(), "s", "bx").unwrap();
+        let _: String = redis::cmd("XADD")
+            .arg("s")
+            .arg("*")
+            .arg("other")
+            .arg("no payload field")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("claimed within 10 s");
+        assert_eq!(got.as_deref(), Some(&b"orphan"[..]));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let len: u64 = redis::cmd("XLEN")
+                .arg("s")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            if len == 0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{len} entries left");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(consume_stream("nats://127.0.0.1:1", "s", "bx").is_err());
     }
 
     #[test]

@@ -312,9 +312,10 @@ pub struct RpcConfig {
     pub jwt_force: bool,
     /// Where the app's broadcasts come from besides `POST /_broadcast`:
     /// `http` (only that), `redis` or `nats` (also the broker's server,
-    /// on `broadcast_channel`); a comma-separated list, as AnyCable's.
+    /// on `broadcast_channel`), `redisx` (a Redis stream of that name);
+    /// a comma-separated list, as AnyCable's.
     pub broadcast_adapter: String,
-    /// The Redis channel or NATS subject of those broadcasts.
+    /// The Redis channel, NATS subject or Redis stream of those broadcasts.
     pub broadcast_channel: String,
 }
 
@@ -408,10 +409,10 @@ impl RpcConfig {
             }
         }
         for a in self.broadcast_adapter.split(',').map(str::trim) {
-            if !["http", "redis", "nats"].contains(&a) {
+            if !["http", "redis", "redisx", "nats"].contains(&a) {
                 return Err(invalid(
                     "rpc.broadcast_adapter",
-                    format!("{a:?}: expected http, redis or nats (comma-separated)"),
+                    format!("{a:?}: expected http, redis, redisx or nats (comma-separated)"),
                 ));
             }
         }
@@ -1164,7 +1165,7 @@ mod tests {
         assert_eq!(c.rpc.broadcast_channel, "__anycable__");
         c.validate().unwrap();
         for bad in [
-            "broadcast_adapter = 'redisx'",
+            "broadcast_adapter = 'kafka'",
             "broadcast_adapter = ''",
             "broadcast_channel = ''",
             "broadcast_channel = 'a b'",
