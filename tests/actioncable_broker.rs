@@ -245,7 +245,7 @@ both!(every_message_once_on_every_node);
 async fn redis_stream_entries_reach_every_node_once() {
     let broker = BrokerServer::start(Kind::Redis);
     let servers = nodes(&broker, "redisx").await;
-    let mut clients = vec![cable(&servers[0]).await, cable(&servers[1]).await];
+    let mut clients = [cable(&servers[0]).await, cable(&servers[1]).await];
     let mut app = App::connect(&broker).await;
     // The group is created at the stream's end when a node starts reading:
     // add probes until both clients have one.
