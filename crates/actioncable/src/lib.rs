@@ -80,7 +80,21 @@ pub struct Jwt {
 /// Check the settings this adapter reads (at start, before serving).
 pub fn check_config(config: &Config) -> Result<(), String> {
     if let Some(host) = &config.rpc.host {
-        rpc::parse_host(host)?;
+        let (http, _) = rpc::parse_host(host)?;
+        if http && config.rpc.tls {
+            return Err(format!(
+                "rpc.tls is for gRPC; rpc.host {host:?} is HTTP RPC (use an https:// URL for TLS)"
+            ));
+        }
+    }
+    if let Some(path) = &config.rpc.tls_root_ca {
+        let pem = std::fs::read_to_string(path)
+            .map_err(|e| format!("rpc.tls_root_ca {path:?}: cannot read it: {e}"))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(format!(
+                "rpc.tls_root_ca {path:?}: no PEM certificate in it"
+            ));
+        }
     }
     broadcast::check_adapter(config)
 }

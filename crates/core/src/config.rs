@@ -317,6 +317,11 @@ pub struct RpcConfig {
     pub broadcast_adapter: String,
     /// The Redis channel, NATS subject or Redis stream of those broadcasts.
     pub broadcast_channel: String,
+    /// gRPC over TLS to the backend (its certificate verified against the
+    /// system's roots and `tls_root_ca`).
+    pub tls: bool,
+    /// A PEM file of extra certificate authorities for the backend's TLS.
+    pub tls_root_ca: Option<String>,
 }
 
 impl Default for RpcConfig {
@@ -339,6 +344,8 @@ impl Default for RpcConfig {
             jwt_force: false,
             broadcast_adapter: "http".into(),
             broadcast_channel: "__anycable__".into(),
+            tls: false,
+            tls_root_ca: None,
         }
     }
 }
@@ -427,6 +434,9 @@ impl RpcConfig {
                 "rpc.broadcast_channel",
                 "must be 1 to 256 characters without spaces",
             ));
+        }
+        if self.tls_root_ca.is_some() && !self.tls {
+            return Err(invalid("rpc.tls_root_ca", "needs rpc.tls = true"));
         }
         for (key, v) in [
             ("rpc.secret", &self.secret),
@@ -1174,6 +1184,11 @@ mod tests {
             let err = c.validate().unwrap_err().to_string();
             assert!(err.contains("rpc.broadcast_"), "{bad}: {err}");
         }
+        let c = Config::from_toml("[rpc]\ntls_root_ca = 'ca.pem'", "x").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("rpc.tls_root_ca"), "{err}");
+        let c = Config::from_toml("[rpc]\ntls = true\ntls_root_ca = 'ca.pem'", "x").unwrap();
+        c.validate().unwrap();
     }
 
     #[test]
