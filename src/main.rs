@@ -99,6 +99,11 @@ struct ServeArgs {
     /// Bearer token required by POST /_broadcast (default: none).
     #[arg(long, env = "HERALD_BROADCAST_KEY", hide_env_values = true)]
     broadcast_key: Option<String>,
+    /// Broadcasts from the app also through the broker's server: redis
+    /// or nats (AnyCable's --broadcast_adapter; default http, i.e. only
+    /// POST /_broadcast).
+    #[arg(long, env = "HERALD_BROADCAST_ADAPTER")]
+    broadcast_adapter: Option<String>,
     /// Seconds between keep-alive messages on protocols that send them on
     /// a clock (AppSync's `ka`; default 60).
     #[arg(long, env = "HERALD_KEEPALIVE_INTERVAL", value_parser = seconds("HERALD_KEEPALIVE_INTERVAL"))]
@@ -172,6 +177,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         rpc_secret: args.rpc_secret,
         rpc_headers: args.rpc_headers,
         broadcast_key: args.broadcast_key,
+        broadcast_adapter: args.broadcast_adapter,
         keepalive_interval: args.keepalive_interval,
         api_keys: args.api_keys,
     };
@@ -246,6 +252,23 @@ async fn run(config: Config) -> std::io::Result<()> {
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let shown = config.broker.shown_url();
     let node = Node::new(config, broker);
+    // AnyCable's redis/nats/redisx broadcast adapters: the app publishes
+    // to the broker's server; every node reads the channel (delivering to
+    // its own clients), or the stream in a group (publishing to all).
+    let invalid = |e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    if let Some(hub) = herald_actioncable::hub_of(&node) {
+        use herald_actioncable::broadcast as cable;
+        let url = node.config.broker.url.clone();
+        if let Some(channel) = cable::ingress_channel(&node.config) {
+            let rx = herald_broker::ingress::subscribe(&url, channel).map_err(invalid)?;
+            tokio::spawn(cable::ingest(node.clone(), hub.clone(), rx, true));
+        }
+        if let Some(stream) = cable::ingress_stream(&node.config) {
+            let rx = herald_broker::ingress::consume_stream(&url, stream, cable::STREAM_GROUP)
+                .map_err(invalid)?;
+            tokio::spawn(cable::ingest(node.clone(), hub, rx, false));
+        }
+    }
     tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
     server::serve(node, listener, server::shutdown::signal()).await
 }

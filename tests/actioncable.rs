@@ -531,3 +531,60 @@ async fn jwt_identification_without_the_app() {
     let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
     assert_eq!(frame(&mut ws).await["type"], "welcome");
 }
+
+/// gRPC over TLS (`rpc.tls`): the app serves `anycable.RPC` with the test
+/// certificate; with the certificate as `rpc.tls_root_ca` Herald connects
+/// and the client is welcomed and subscribed through it; without it the
+/// certificate is not trusted and the client gets `rpc_error`.
+#[tokio::test]
+async fn grpc_over_tls_verifies_the_apps_certificate() {
+    use herald_bench::rpc;
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let cert = fixtures.join("tls-test-cert.pem");
+    let key = fixtures.join("tls-test-key.pem");
+    let port = common::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let app = Arc::new(rpc::BenchApp::new(String::new(), None));
+    tokio::spawn(rpc::serve_tls(
+        addr,
+        app,
+        std::fs::read(&cert).unwrap(),
+        std::fs::read(&key).unwrap(),
+        std::future::pending(),
+    ));
+    let trusted = Server::start_with(
+        &format!(
+            "[rpc]\nhost = \"127.0.0.1:{port}\"\ntls = true\ntls_root_ca = {:?}\ntimeout_ms = 3000",
+            cert.display().to_string()
+        ),
+        "",
+    )
+    .await;
+    let mut ws = None;
+    for _ in 0..50 {
+        let mut c = cable(&trusted, None).await;
+        match next(&mut c).await {
+            common::Next::Frame(f) if f["type"] == "welcome" => {
+                ws = Some(c);
+                break;
+            }
+            // The app was not listening yet: rpc_error, try again.
+            _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    let mut ws = ws.unwrap_or_else(|| panic!("welcomed over TLS; log:\n{}", trusted.log()));
+    let id = json!({ "channel": "BenchmarkChannel" }).to_string();
+    send(&mut ws, json!({ "command": "subscribe", "identifier": id })).await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+
+    // The same app, its certificate not trusted: no welcome, rpc_error.
+    let untrusted = Server::start_with(
+        &format!("[rpc]\nhost = \"127.0.0.1:{port}\"\ntls = true\ntimeout_ms = 2000\nretries = 0"),
+        "",
+    )
+    .await;
+    let mut c = cable(&untrusted, None).await;
+    let f = frame(&mut c).await;
+    assert_eq!(f["type"], "disconnect", "{f}");
+    assert_eq!(f["reason"], "rpc_error", "{f}");
+}

@@ -4,6 +4,12 @@
 //! must carry `Authorization: Bearer <key>` (checked in constant time).
 //! Accepted messages go through `node.publish`, so every node's
 //! subscribers get them; the answer is 201, as AnyCable's.
+//!
+//! With `rpc.broadcast_adapter` naming `redis` or `nats`, the same messages
+//! also arrive on the broker's server (Redis pub/sub channel or NATS
+//! subject `rpc.broadcast_channel`, AnyCable's `__anycable__`), as
+//! AnyCable's `redis` and `nats` broadcast adapters take them: see
+//! [`ingest`].
 
 use crate::metrics as m;
 use crate::session::MAX_STREAM_NAME;
@@ -14,12 +20,16 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use bytes::Bytes;
+use herald_core::config::Config;
 use herald_core::fanout::Publication;
+use herald_core::hub::Hub;
 use herald_core::metrics;
 use herald_core::node::Node;
 use serde::Deserialize;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
+use tokio::sync::mpsc;
 
 #[derive(Deserialize)]
 struct Message {
@@ -79,37 +89,144 @@ pub async fn handle(
             )
         }
     };
-    let messages = match serde_json::from_slice::<Body0>(&bytes) {
+    let messages = match parse(&bytes) {
+        Ok(m) => m,
+        Err((status, message)) => return error(status, message),
+    };
+    for msg in messages {
+        node.publish(&cable.hub, publication(msg)).await;
+    }
+    StatusCode::CREATED.into_response()
+}
+
+/// A broadcast body: one message or an array of them, every stream name
+/// 1 to [`MAX_STREAM_NAME`] bytes. The error is the HTTP status and what
+/// was wrong.
+fn parse(bytes: &[u8]) -> Result<Vec<Message>, (StatusCode, String)> {
+    let messages = match serde_json::from_slice::<Body0>(bytes) {
         Ok(Body0::One(m)) => vec![m],
         Ok(Body0::Many(v)) => v,
         Err(_) => {
-            return error(
+            return Err((
                 StatusCode::BAD_REQUEST,
-                "Body must be {\"stream\": string, \"data\": string, \"meta\"?: object} or an array of them",
-            )
+                "Body must be {\"stream\": string, \"data\": string, \"meta\"?: object} or an array of them".into(),
+            ))
         }
     };
     for msg in &messages {
         if msg.stream.is_empty() || msg.stream.len() > MAX_STREAM_NAME {
-            return error(
+            return Err((
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("stream must be 1 to {MAX_STREAM_NAME} bytes"),
-            );
+            ));
         }
     }
-    for msg in messages {
-        metrics::count(&m::BROADCASTS);
-        let exclude = msg
-            .meta
-            .and_then(|m| m.exclude_socket)
-            .filter(|s| !s.is_empty());
-        let p = Publication::new(
-            channel_of(&msg.stream),
-            String::new(),
-            message_value(&msg.data),
-        )
-        .excluding(exclude);
-        node.publish(&cable.hub, p).await;
+    Ok(messages)
+}
+
+fn publication(msg: Message) -> Publication {
+    metrics::count(&m::BROADCASTS);
+    let exclude = msg
+        .meta
+        .and_then(|m| m.exclude_socket)
+        .filter(|s| !s.is_empty());
+    Publication::new(
+        channel_of(&msg.stream),
+        String::new(),
+        message_value(&msg.data),
+    )
+    .excluding(exclude)
+}
+
+/// The broker channel (Redis) or subject (NATS) the app's broadcasts also
+/// arrive on, when `rpc.broadcast_adapter` names `redis` or `nats`.
+pub fn ingress_channel(config: &Config) -> Option<&str> {
+    config
+        .rpc
+        .broadcast_adapter
+        .split(',')
+        .any(|a| matches!(a.trim(), "redis" | "nats"))
+        .then_some(config.rpc.broadcast_channel.as_str())
+}
+
+/// The Redis stream the app's broadcasts also arrive on, when
+/// `rpc.broadcast_adapter` names `redisx` (AnyCable's Redis Streams
+/// adapter).
+pub fn ingress_stream(config: &Config) -> Option<&str> {
+    config
+        .rpc
+        .broadcast_adapter
+        .split(',')
+        .any(|a| a.trim() == "redisx")
+        .then_some(config.rpc.broadcast_channel.as_str())
+}
+
+/// The consumer group every node reads the stream in (AnyCable's).
+pub const STREAM_GROUP: &str = "bx";
+
+/// Check that the broadcast adapter matches the broker: `redis` needs a
+/// `redis://` (or `rediss://`) `broker.url`, `nats` a `nats://` (or
+/// `tls://`) one, since the messages are read from the broker's server.
+pub fn check_adapter(config: &Config) -> Result<(), String> {
+    let url = config.broker.url.as_str();
+    for a in config.rpc.broadcast_adapter.split(',').map(str::trim) {
+        let ok = match a {
+            "redis" | "redisx" => url.starts_with("redis://") || url.starts_with("rediss://"),
+            "nats" => url.starts_with("nats://") || url.starts_with("tls://"),
+            _ => true,
+        };
+        if !ok {
+            let scheme = if a == "nats" { "nats" } else { "redis" };
+            return Err(format!(
+                "rpc.broadcast_adapter {a:?} reads broadcasts from the broker's server, but \
+                 broker.url is {:?}: set broker.url to a {scheme}:// server (see docs/cluster.md)",
+                config.broker.shown_url()
+            ));
+        }
     }
-    StatusCode::CREATED.into_response()
+    Ok(())
+}
+
+/// Take the app's broadcasts from the broker's server (`rx`, raw
+/// messages: AnyCable's format, one message or an array) until it closes.
+///
+/// From a pub/sub channel (`local`): every node subscribes to the channel
+/// and so receives every message; each delivers it to its own subscribers
+/// only ([`Node::publish_here`]), never through the broker, so each
+/// subscriber in the cluster gets it exactly once. (One node taking each
+/// message and publishing it through the broker would need the server to
+/// hand each message to one subscriber, which Redis pub/sub cannot.)
+/// From a Redis stream read in a consumer group (not `local`): each entry
+/// reaches one node, which publishes it to the whole cluster
+/// ([`Node::publish`]). A message that is not a broadcast is counted in
+/// `herald_broadcast_errors_total` and logged.
+pub async fn ingest(node: Arc<Node>, hub: Arc<Hub>, mut rx: mpsc::Receiver<Bytes>, local: bool) {
+    while let Some(bytes) = rx.recv().await {
+        match parse(&bytes) {
+            Ok(messages) => {
+                for msg in messages {
+                    if local {
+                        node.publish_here(&hub, publication(msg)).await;
+                    } else {
+                        node.publish(&hub, publication(msg)).await;
+                    }
+                }
+            }
+            Err((_, why)) => {
+                metrics::count(&m::BROADCAST_ERRORS);
+                let command = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("command").and_then(|c| c.as_str()).map(str::to_owned));
+                match command {
+                    Some(c) => tracing::warn!(
+                        command = %c.chars().take(64).collect::<String>(),
+                        "broadcast channel: remote commands are not supported; ignored"
+                    ),
+                    None => {
+                        tracing::debug!(error = %why, "broadcast channel: not a broadcast; ignored")
+                    }
+                }
+            }
+        }
+    }
 }

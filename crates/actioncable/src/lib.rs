@@ -11,7 +11,8 @@
 //!   └ disconnects  Disconnect calls, queued and rate-limited
 //! rpc         the client: gRPC (one multiplexed connection) or HTTP;
 //!   └ proto        AnyCable's messages, field numbers as in rpc.proto
-//! broadcast   POST /_broadcast → node.publish
+//! broadcast   POST /_broadcast → node.publish; the broker's
+//!             `__anycable__` channel (Redis/NATS) → node.publish_here
 //! wire        parse/encode frames; the core's `Wire` (a frame per
 //!             (stream, identifier), shared by its subscribers)
 //! ```
@@ -79,20 +80,39 @@ pub struct Jwt {
 /// Check the settings this adapter reads (at start, before serving).
 pub fn check_config(config: &Config) -> Result<(), String> {
     if let Some(host) = &config.rpc.host {
-        rpc::parse_host(host)?;
+        let (http, _) = rpc::parse_host(host)?;
+        if http && config.rpc.tls {
+            return Err(format!(
+                "rpc.tls is for gRPC; rpc.host {host:?} is HTTP RPC (use an https:// URL for TLS)"
+            ));
+        }
     }
-    Ok(())
+    if let Some(path) = &config.rpc.tls_root_ca {
+        let pem = std::fs::read_to_string(path)
+            .map_err(|e| format!("rpc.tls_root_ca {path:?}: cannot read it: {e}"))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(format!(
+                "rpc.tls_root_ca {path:?}: no PEM certificate in it"
+            ));
+        }
+    }
+    broadcast::check_adapter(config)
+}
+
+/// The hub of the app whose streams `/cable` serves (`rpc.app`, else the
+/// first app).
+pub fn hub_of(node: &Node) -> Option<Arc<Hub>> {
+    match &node.config.rpc.app {
+        Some(id) => node.hub_by_id(id),
+        None => node.config.apps.first().and_then(|a| node.hub_by_id(&a.id)),
+    }
+    .cloned()
 }
 
 impl Cable {
     pub fn new(node: &Node) -> Result<Cable, String> {
         let config = &node.config.rpc;
-        let hub = match &config.app {
-            Some(id) => node.hub_by_id(id),
-            None => node.config.apps.first().and_then(|a| node.hub_by_id(&a.id)),
-        }
-        .ok_or("no app to serve /cable")?
-        .clone();
+        let hub = hub_of(node).ok_or("no app to serve /cable")?;
         let rpc = match &config.host {
             Some(_) => Some(Arc::new(rpc::Rpc::new(config)?)),
             None => None,

@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Largest HTTP RPC answer read, in bytes (gRPC's own limit is 4 MiB too).
 pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
@@ -127,7 +127,7 @@ impl Rpc {
         let host = config.host.as_deref().ok_or("rpc.host is not set")?;
         let (http, address) = parse_host(host)?;
         let timeout = config.timeout();
-        let transport = if http {
+        let (address, transport) = if http {
             let client = reqwest::Client::builder()
                 .timeout(timeout)
                 .connect_timeout(timeout)
@@ -135,19 +135,36 @@ impl Rpc {
                 .tcp_nodelay(true)
                 .build()
                 .map_err(|e| format!("cannot build the HTTP RPC client: {e}"))?;
-            Transport::Http {
+            let transport = Transport::Http {
                 client,
                 base: address.clone(),
                 secret: config.secret.clone(),
-            }
+            };
+            (address, transport)
         } else {
-            let endpoint = Endpoint::from_shared(address.clone())
+            let address = if config.tls {
+                address.replacen("http://", "https://", 1)
+            } else {
+                address
+            };
+            let mut endpoint = Endpoint::from_shared(address.clone())
                 .map_err(|e| format!("rpc.host {host:?}: {e}"))?
                 .connect_timeout(timeout)
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_while_idle(true);
-            Transport::Grpc(endpoint.connect_lazy())
+            if config.tls {
+                let mut tls = ClientTlsConfig::new().with_native_roots();
+                if let Some(path) = &config.tls_root_ca {
+                    let pem = std::fs::read(path)
+                        .map_err(|e| format!("rpc.tls_root_ca {path:?}: cannot read it: {e}"))?;
+                    tls = tls.ca_certificate(Certificate::from_pem(pem));
+                }
+                endpoint = endpoint
+                    .tls_config(tls)
+                    .map_err(|e| format!("rpc.tls: {e}"))?;
+            }
+            (address, Transport::Grpc(endpoint.connect_lazy()))
         };
         let target = match reqwest::Url::parse(&address) {
             Ok(mut u) => {

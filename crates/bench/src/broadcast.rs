@@ -9,7 +9,8 @@
 //! then counts, per receiver, the distinct expected ids that arrived, so
 //! drops are counted and duplicates cannot hide them.
 
-use super::client::{bench_data, scan, Conn, HttpPublisher};
+use super::actioncable::{self, WsProtocol};
+use super::client::{bench_data, HttpPublisher};
 use super::ledger::{Ledger, Receipt, Seen, Window};
 use super::metrics::{Latency, Live, Monitor};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
@@ -45,6 +46,10 @@ pub struct BroadcastParams {
     pub timeout: Duration,
     pub progress: bool,
     pub server_pid: Option<u32>,
+    /// The protocol the users speak. With Action Cable a sender performs
+    /// `BenchmarkChannel`'s `broadcast` action (the RPC app broadcasts it
+    /// to the stream); `channel` and `Via::Http` do not apply.
+    pub protocol: WsProtocol,
 }
 
 impl BroadcastParams {
@@ -63,6 +68,7 @@ impl BroadcastParams {
             timeout: Duration::from_secs(30),
             progress: true,
             server_pid: None,
+            protocol: WsProtocol::Pusher,
         }
     }
 }
@@ -126,18 +132,25 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let target = &p.target;
     let id = s.next_conn.fetch_add(1, Relaxed);
     let t0 = Instant::now();
-    let mut conn = match Conn::open(target, target.source_for(id as usize), p.timeout).await {
+    let proto = p.protocol;
+    let mut conn = match proto
+        .open(target, target.source_for(id as usize), p.timeout)
+        .await
+    {
         Ok(c) => c,
         Err(e) => {
-            s.live.error(e.kind(), e.explain(target));
+            s.live.error(e.kind(), proto.explain(&e, target));
             return false;
         }
     };
     s.connecting.record_duration(id as usize, t0.elapsed());
     s.sessions.fetch_add(1, Relaxed);
     let t1 = Instant::now();
-    if let Err(e) = conn.subscribe(target, &[&p.channel], p.timeout).await {
-        s.live.error(e.kind(), e.explain(target));
+    if let Err(e) = proto
+        .subscribe(&mut conn, target, &p.channel, p.timeout)
+        .await
+    {
+        s.live.error(e.kind(), proto.explain(&e, target));
         conn.close().await;
         return false;
     }
@@ -159,8 +172,13 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let mut seen = Seen::default();
     let mut gone = false;
     let on_frame = |text: &str, seen: &mut Seen| {
-        let f = scan(text);
+        let f = proto.scan(text);
         if f.event == CLIENT_EVENT || f.event == API_EVENT {
+            // Action Cable broadcasts reach their sender too: not a
+            // delivery the ledger expects, and not an echo to count.
+            if proto.echoes_to_sender() && f.id.is_some_and(|m| m.sender == id) {
+                return;
+            }
             if let Some(t) = f.stamp {
                 // Every stamped frame, duplicates included (ws_msgs_received).
                 s.live.received.fetch_add(1, Relaxed);
@@ -172,7 +190,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                     None => seen.garbled(),
                 }
             }
-        } else if f.event == "pusher:error" {
+        } else if proto.is_error(f.event) {
             s.server_errors.fetch_add(1, Relaxed);
         }
     };
@@ -183,10 +201,10 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
             // showed in the profile). Frames arrive far apart compared with
             // reading one, so the timers are not starved.
             biased;
-            r = conn.recv() => match r {
+            r = proto.recv(&mut conn) => match r {
                 Ok(text) => on_frame(&text, &mut seen),
                 Err(e) => {
-                    s.live.error(e.kind(), e.explain(target));
+                    s.live.error(e.kind(), proto.explain(&e, target));
                     gone = true;
                     break;
                 }
@@ -198,12 +216,15 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                     let data = bench_data(stamp, msg);
                     match p.via {
                         Via::Ws => {
-                            let frame = format!(
-                                "{{\"event\":\"{CLIENT_EVENT}\",\"channel\":\"{}\",\"data\":{data}}}",
-                                p.channel
-                            );
+                            let frame = match proto {
+                                WsProtocol::Pusher => format!(
+                                    "{{\"event\":\"{CLIENT_EVENT}\",\"channel\":\"{}\",\"data\":{data}}}",
+                                    p.channel
+                                ),
+                                WsProtocol::ActionCable => actioncable::broadcast_command(&data),
+                            };
                             if let Err(e) = conn.send(frame).await {
-                                s.live.error(e.kind(), e.explain(target));
+                                s.live.error(e.kind(), proto.explain(&e, target));
                                 gone = true;
                                 break;
                             }
@@ -245,7 +266,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
         // is still open (and subscribed) meanwhile, so it still counts in
         // the connections gauge until it is closed.
         let _ = tokio::time::timeout(p.grace, async {
-            while let Ok(text) = conn.recv().await {
+            while let Ok(text) = proto.recv(&mut conn).await {
                 on_frame(&text, &mut seen);
             }
         })
@@ -265,12 +286,16 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
 pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
     let mut report = Report::new("broadcast");
     report.param("url", &p.target.url);
+    report.param("protocol", p.protocol.name());
     report.param("peak", p.peak);
     report.param("duration", format!("{:?}", p.duration));
     report.param("lifetime", format!("{:?}", p.lifetime));
     report.param(
         "via",
         match p.via {
+            Via::Ws if p.protocol == WsProtocol::ActionCable => {
+                "ws (BenchmarkChannel's broadcast action)"
+            }
             Via::Ws => "ws (client events)",
             Via::Http => "http (HTTP API publishes)",
         },
@@ -279,7 +304,19 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    preflight(&p.target, Some(&p.channel), p.via == Via::Http).await?;
+    match p.protocol {
+        WsProtocol::Pusher => preflight(&p.target, Some(&p.channel), p.via == Via::Http).await?,
+        WsProtocol::ActionCable if p.via == Via::Http => {
+            return Err(BenchError(
+                "--protocol actioncable sends through BenchmarkChannel's broadcast action (the \
+                 RPC app broadcasts); --via http does not apply"
+                    .into(),
+            ))
+        }
+        WsProtocol::ActionCable => actioncable::preflight(&p.target, true)
+            .await
+            .map_err(BenchError)?,
+    }
     let cpu = CpuMeter::start(p.server_pid);
     let s = Arc::new(Shared {
         p: p.clone(),

@@ -213,6 +213,11 @@ struct BroadcastArgs {
     send_probability: f64,
     #[arg(long, default_value = "private-benchmark")]
     channel: String,
+    /// The protocol users speak: pusher, or actioncable (/cable with
+    /// `herald bench rpc-server`'s BenchmarkChannel as the server's app;
+    /// senders perform its broadcast action).
+    #[arg(long, value_enum, default_value = "pusher")]
+    protocol: super::actioncable::WsProtocol,
 }
 
 #[derive(Args)]
@@ -228,6 +233,10 @@ struct ConnectArgs {
     /// client disconnecting right after its own confirmation.
     #[arg(long)]
     hold: bool,
+    /// The protocol clients speak: pusher, or actioncable (/cable,
+    /// subscribing to `herald bench rpc-server`'s BenchmarkChannel).
+    #[arg(long, value_enum, default_value = "pusher")]
+    protocol: super::actioncable::WsProtocol,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -357,6 +366,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.send_interval = a.send_interval;
                 p.send_probability = a.send_probability;
                 p.channel = a.channel;
+                p.protocol = a.protocol;
                 p.via = match a.via {
                     ViaArg::Ws => broadcast::Via::Ws,
                     ViaArg::Http => broadcast::Via::Http,
@@ -371,6 +381,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.clients = common.clients.unwrap_or(p.clients);
                 p.channel = a.channel;
                 p.hold = a.hold;
+                p.protocol = a.protocol;
                 p.timeout = common.timeout;
                 p.progress = progress;
                 p.server_pid = common.server_pid;

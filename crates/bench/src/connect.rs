@@ -6,7 +6,7 @@
 //! confirmed subscriptions, errors) goes into the report, so `--json` and
 //! `--html` show how the avalanche unfolded.
 
-use super::client::Conn;
+use super::actioncable::{self, WsProtocol};
 use super::metrics::{Latency, Live, Monitor, Tick};
 use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -24,6 +24,9 @@ pub struct ConnectParams {
     pub hold: bool,
     pub progress: bool,
     pub server_pid: Option<u32>,
+    /// The protocol the clients speak (Action Cable subscribes to
+    /// `BenchmarkChannel`; `channel` does not apply).
+    pub protocol: WsProtocol,
 }
 
 impl ConnectParams {
@@ -36,6 +39,7 @@ impl ConnectParams {
             hold: false,
             progress: true,
             server_pid: None,
+            protocol: WsProtocol::Pusher,
         }
     }
 }
@@ -72,29 +76,30 @@ async fn avalanche(p: &ConnectParams) -> Step {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..p.clients {
         let (target, channel, timeout) = (p.target.clone(), p.channel.clone(), p.timeout);
+        let proto = p.protocol;
         let (live, shared, barrier) = (live.clone(), shared.clone(), barrier.clone());
         tasks.spawn(async move {
             let (connecting, subscribe, setup, connected, subscribed) = &*shared;
             let t0 = Instant::now();
-            let conn = match Conn::open(&target, target.source_for(i), timeout).await {
+            let conn = match proto.open(&target, target.source_for(i), timeout).await {
                 Ok(mut conn) => {
                     connecting.record_duration(i, t0.elapsed());
                     connected.fetch_add(1, Relaxed);
                     live.connections.fetch_add(1, Relaxed);
                     let t1 = Instant::now();
-                    match conn.subscribe(&target, &[&channel], timeout).await {
+                    match proto.subscribe(&mut conn, &target, &channel, timeout).await {
                         Ok(()) => {
                             subscribe.record_duration(i, t1.elapsed());
                             setup.record_duration(i, t0.elapsed());
                             subscribed.fetch_add(1, Relaxed);
                             live.received.fetch_add(1, Relaxed);
                         }
-                        Err(e) => live.error(e.kind(), e.explain(&target)),
+                        Err(e) => live.error(e.kind(), proto.explain(&e, &target)),
                     }
                     Some(conn)
                 }
                 Err(e) => {
-                    live.error(e.kind(), e.explain(&target));
+                    live.error(e.kind(), proto.explain(&e, &target));
                     None
                 }
             };
@@ -132,6 +137,15 @@ async fn avalanche(p: &ConnectParams) -> Step {
     }
 }
 
+async fn connect_preflight(p: &ConnectParams) -> Result<(), BenchError> {
+    match p.protocol {
+        WsProtocol::Pusher => preflight(&p.target, None, false).await,
+        WsProtocol::ActionCable => actioncable::preflight(&p.target, false)
+            .await
+            .map_err(BenchError),
+    }
+}
+
 fn check_limits(p: &ConnectParams, most: usize, report: &mut Report) {
     if let Some(w) = raise_nofile(most as u64) {
         eprintln!("herald bench: {w}");
@@ -153,8 +167,9 @@ pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
     report.param("clients", p.clients);
     report.param("channel", &p.channel);
     report.param("hold", p.hold);
+    report.param("protocol", p.protocol.name());
     check_limits(p, p.clients, &mut report);
-    preflight(&p.target, None, false).await?;
+    connect_preflight(p).await?;
     let cpu = CpuMeter::start(p.server_pid);
     let s = avalanche(p).await;
     let n = p.clients as u64;
@@ -194,7 +209,8 @@ pub async fn sweep(p: &SweepParams) -> Result<Report, BenchError> {
         p.steps.iter().copied().max().unwrap_or(0),
         &mut report,
     );
-    preflight(&p.base.target, None, false).await?;
+    report.param("protocol", p.base.protocol.name());
+    connect_preflight(&p.base).await?;
     let cpu = CpuMeter::start(p.base.server_pid);
     let started = Instant::now();
     let (mut below_100, mut below_99) = (None, None);

@@ -26,6 +26,8 @@
 //!             against a clean run, 4100 closes, server memory
 //! worst       what soak, storm and slow share (process probes, /metrics,
 //!             HTTP API queries, presence subscriptions, slopes)
+//! actioncable Action Cable clients for broadcast and connect
+//!             (`--protocol actioncable`, BenchmarkChannel over /cable)
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
@@ -37,6 +39,7 @@
 //! distinct expected ids received), never hidden in an average or made up
 //! for by duplicates.
 
+pub mod actioncable;
 pub mod appsync;
 pub mod broadcast;
 pub mod cli;

@@ -310,6 +310,25 @@ pub async fn serve(
         .map_err(|e| format!("cannot serve on {addr}: {e}"))
 }
 
+/// [`serve`] over TLS with this PEM certificate chain and key.
+pub async fn serve_tls(
+    addr: SocketAddr,
+    app: Arc<BenchApp>,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    stop: impl Future<Output = ()> + Send,
+) -> Result<(), String> {
+    let identity = tonic::transport::Identity::from_pem(cert_pem, key_pem);
+    tonic::transport::Server::builder()
+        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+        .map_err(|e| format!("TLS: {e}"))?
+        .tcp_nodelay(true)
+        .add_service(RpcService(app))
+        .serve_with_shutdown(addr, stop)
+        .await
+        .map_err(|e| format!("cannot serve on {addr}: {e}"))
+}
+
 pub fn serve_cli(a: RpcServerArgs) -> ExitCode {
     let addr: SocketAddr = match format!("{}:{}", a.host, a.port).parse() {
         Ok(a) => a,

@@ -6,6 +6,7 @@
 //! docs/cluster.md.
 
 pub mod engine;
+pub mod ingress;
 pub mod msg;
 pub mod nats;
 pub mod redis;

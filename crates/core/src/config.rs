@@ -310,6 +310,18 @@ pub struct RpcConfig {
     pub jwt_param: String,
     /// Refuse clients without a token.
     pub jwt_force: bool,
+    /// Where the app's broadcasts come from besides `POST /_broadcast`:
+    /// `http` (only that), `redis` or `nats` (also the broker's server,
+    /// on `broadcast_channel`), `redisx` (a Redis stream of that name);
+    /// a comma-separated list, as AnyCable's.
+    pub broadcast_adapter: String,
+    /// The Redis channel, NATS subject or Redis stream of those broadcasts.
+    pub broadcast_channel: String,
+    /// gRPC over TLS to the backend (its certificate verified against the
+    /// system's roots and `tls_root_ca`).
+    pub tls: bool,
+    /// A PEM file of extra certificate authorities for the backend's TLS.
+    pub tls_root_ca: Option<String>,
 }
 
 impl Default for RpcConfig {
@@ -330,6 +342,10 @@ impl Default for RpcConfig {
             jwt_secret: None,
             jwt_param: "jid".into(),
             jwt_force: false,
+            broadcast_adapter: "http".into(),
+            broadcast_channel: "__anycable__".into(),
+            tls: false,
+            tls_root_ca: None,
         }
     }
 }
@@ -398,6 +414,29 @@ impl RpcConfig {
                     "must be a path such as /ws (a '/' and a name)",
                 ));
             }
+        }
+        for a in self.broadcast_adapter.split(',').map(str::trim) {
+            if !["http", "redis", "redisx", "nats"].contains(&a) {
+                return Err(invalid(
+                    "rpc.broadcast_adapter",
+                    format!("{a:?}: expected http, redis, redisx or nats (comma-separated)"),
+                ));
+            }
+        }
+        if self.broadcast_channel.is_empty()
+            || self.broadcast_channel.len() > 256
+            || self
+                .broadcast_channel
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                "rpc.broadcast_channel",
+                "must be 1 to 256 characters without spaces",
+            ));
+        }
+        if self.tls_root_ca.is_some() && !self.tls {
+            return Err(invalid("rpc.tls_root_ca", "needs rpc.tls = true"));
         }
         for (key, v) in [
             ("rpc.secret", &self.secret),
@@ -563,6 +602,8 @@ pub struct Overrides {
     /// Comma-separated header names.
     pub rpc_headers: Option<String>,
     pub broadcast_key: Option<String>,
+    /// `rpc.broadcast_adapter`.
+    pub broadcast_adapter: Option<String>,
     pub keepalive_interval: Option<u64>,
     /// Replace the single app's API keys.
     pub api_keys: Option<Vec<String>>,
@@ -742,6 +783,9 @@ impl Config {
         }
         if let Some(v) = &o.broadcast_key {
             self.rpc.broadcast_key = Some(v.clone());
+        }
+        if let Some(v) = &o.broadcast_adapter {
+            self.rpc.broadcast_adapter = v.clone();
         }
         if let Some(v) = o.keepalive_interval {
             self.keepalive_interval = v;
@@ -1123,6 +1167,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("keepalive_interval"), "{err}");
+    }
+
+    #[test]
+    fn broadcast_adapters_are_checked() {
+        let c = Config::from_toml("[rpc]\nbroadcast_adapter = 'http, redis'", "x").unwrap();
+        assert_eq!(c.rpc.broadcast_channel, "__anycable__");
+        c.validate().unwrap();
+        for bad in [
+            "broadcast_adapter = 'kafka'",
+            "broadcast_adapter = ''",
+            "broadcast_channel = ''",
+            "broadcast_channel = 'a b'",
+        ] {
+            let c = Config::from_toml(&format!("[rpc]\n{bad}"), "x").unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("rpc.broadcast_"), "{bad}: {err}");
+        }
+        let c = Config::from_toml("[rpc]\ntls_root_ca = 'ca.pem'", "x").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("rpc.tls_root_ca"), "{err}");
+        let c = Config::from_toml("[rpc]\ntls = true\ntls_root_ca = 'ca.pem'", "x").unwrap();
+        c.validate().unwrap();
     }
 
     #[test]

@@ -220,6 +220,19 @@ impl Node {
         self.deliver_local(hub, Arc::new(publication)).await;
     }
 
+    /// Deliver to this node's subscribers only, never through the broker:
+    /// for publications every node of the cluster receives by itself (an
+    /// ingress each node subscribes to), so each subscriber gets one copy.
+    pub async fn publish_here(&self, hub: &Hub, mut publication: Publication) {
+        publication.origin = self.id;
+        publication.id = self.next_message.fetch_add(1, Ordering::Relaxed);
+        if self.publication_watchers.load(Ordering::Relaxed) > 0 {
+            self.notify(hub, &Change::Published(&publication));
+        }
+        publication.resolve(self.id);
+        self.deliver_local(hub, Arc::new(publication)).await;
+    }
+
     async fn deliver_local(&self, hub: &Hub, publication: Arc<Publication>) {
         if let Some(job) = local_job(hub, publication) {
             self.fanout().submit(job).await;

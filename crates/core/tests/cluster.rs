@@ -103,6 +103,32 @@ async fn publications_reach_every_node_exactly_once() {
     }
 }
 
+/// What each node receives on its own (an ingress every node subscribes
+/// to) goes to its own subscribers only: one copy per subscriber.
+#[tokio::test]
+async fn publish_here_stays_on_its_node() {
+    let nodes = cluster(3, Arc::new(LocalBroker::new()));
+    let subs: Vec<_> = nodes.iter().map(|n| conn(n)).collect();
+    for (n, c) in nodes.iter().zip(&subs) {
+        join(n, c, "news", None).await;
+        frames(c);
+    }
+    for n in &nodes {
+        n.publish_here(&app(n), publication("news", "1")).await;
+    }
+    settle(&nodes).await;
+    for c in &subs {
+        assert_eq!(frames(c), vec!["|e|news|\"1\"".to_string()]);
+    }
+    nodes[1]
+        .publish_here(&app(&nodes[1]), publication("news", "2"))
+        .await;
+    settle(&nodes).await;
+    assert!(frames(&subs[0]).is_empty());
+    assert_eq!(frames(&subs[1]), vec!["|e|news|\"2\"".to_string()]);
+    assert!(frames(&subs[2]).is_empty());
+}
+
 #[tokio::test]
 async fn only_interested_nodes_receive_a_channel() {
     let broker = Arc::new(LocalBroker::new());

@@ -1,0 +1,441 @@
+//! Action Cable clients for `herald bench broadcast --protocol actioncable`
+//! and `herald bench connect --protocol actioncable`: the same scenarios
+//! over `/cable` (subprotocol `actioncable-v1-json`), subscribed to the
+//! `BenchmarkChannel` that `herald bench rpc-server` serves (subscribing
+//! streams `all`; the `broadcast` action broadcasts its data to the stream
+//! and transmits it back to the sender as `broadcastResult`). The server
+//! under test is Herald or any AnyCable-compatible server with the bench's
+//! RPC server as its app.
+//!
+//! [`WsProtocol`] is what the scenarios call: open, subscribe, receive,
+//! scan and the frame a sender sends, for Pusher (the [`Conn`] methods of
+//! `client`) or Action Cable (this module). A broadcast reaches every
+//! subscriber, its sender included; a receiver ignores its own messages
+//! (the ledger never expects them).
+
+use super::client::{
+    bench_fields, next_text, string_field, tcp_connect, ws_config, ws_error, ClientError, Conn,
+    Scan,
+};
+use super::Target;
+use serde_json::Value;
+use std::net::IpAddr;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+/// The Action Cable mount path (Herald's and AnyCable's default).
+pub const PATH: &str = "/cable";
+/// The subprotocol the clients ask for.
+pub const SUBPROTOCOL: &str = "actioncable-v1-json";
+/// The subscription identifier: `herald bench rpc-server`'s channel.
+pub const IDENTIFIER: &str = r#"{"channel":"BenchmarkChannel"}"#;
+/// `IDENTIFIER` as a JSON string literal, as it appears in commands.
+const IDENTIFIER_JSON: &str = r#""{\"channel\":\"BenchmarkChannel\"}""#;
+/// The event name [`scan`] gives a broadcast (the `broadcast` action's
+/// data coming back through the stream): the broadcast scenario's
+/// `API_EVENT`.
+pub const BROADCAST_EVENT: &str = "broadcast";
+/// The event name of the sender's own `broadcastResult` transmission.
+pub const RESULT_EVENT: &str = "broadcastResult";
+/// The event name of a server's `disconnect` frame.
+pub const DISCONNECT_EVENT: &str = "disconnect";
+
+/// Which protocol the scenario's WebSocket clients speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum WsProtocol {
+    /// Pusher Channels v7 at /app/{key}.
+    #[default]
+    Pusher,
+    /// Action Cable at /cable, BenchmarkChannel of `herald bench rpc-server`.
+    #[value(name = "actioncable")]
+    ActionCable,
+}
+
+impl WsProtocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            WsProtocol::Pusher => "pusher",
+            WsProtocol::ActionCable => "actioncable",
+        }
+    }
+
+    /// Connect and wait for the server's greeting.
+    pub async fn open(
+        self,
+        target: &Target,
+        source: Option<IpAddr>,
+        timeout: Duration,
+    ) -> Result<Conn, ClientError> {
+        match self {
+            WsProtocol::Pusher => Conn::open(target, source, timeout).await,
+            WsProtocol::ActionCable => open(target, source, timeout).await,
+        }
+    }
+
+    /// Subscribe to `channel` (Pusher) or to `BenchmarkChannel` (Action
+    /// Cable, which has no channel names of its own) and wait until it is
+    /// confirmed.
+    pub async fn subscribe(
+        self,
+        conn: &mut Conn,
+        target: &Target,
+        channel: &str,
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        match self {
+            WsProtocol::Pusher => conn.subscribe(target, &[channel], timeout).await,
+            WsProtocol::ActionCable => subscribe(conn, timeout).await,
+        }
+    }
+
+    /// The next text frame (Pusher: answering pings on the way; Action
+    /// Cable's pings need no answer and are returned like any frame).
+    pub async fn recv(self, conn: &mut Conn) -> Result<Utf8Bytes, ClientError> {
+        match self {
+            WsProtocol::Pusher => conn.recv().await,
+            WsProtocol::ActionCable => next_text(&mut conn.ws).await,
+        }
+    }
+
+    pub fn scan(self, text: &str) -> Scan<'_> {
+        match self {
+            WsProtocol::Pusher => super::client::scan(text),
+            WsProtocol::ActionCable => scan(text),
+        }
+    }
+
+    /// Whether a scanned event is the server saying something went wrong.
+    pub fn is_error(self, event: &str) -> bool {
+        match self {
+            WsProtocol::Pusher => event == "pusher:error",
+            WsProtocol::ActionCable => event == DISCONNECT_EVENT,
+        }
+    }
+
+    /// Whether a sender receives its own messages (it does in Action
+    /// Cable: a broadcast goes to the whole stream).
+    pub fn echoes_to_sender(self) -> bool {
+        self == WsProtocol::ActionCable
+    }
+
+    pub fn explain(self, e: &ClientError, target: &Target) -> String {
+        match self {
+            WsProtocol::Pusher => e.explain(target),
+            WsProtocol::ActionCable => explain(e, target),
+        }
+    }
+}
+
+/// `ws://host:port/cable`.
+pub fn url(target: &Target) -> String {
+    format!("ws://{}{PATH}", target.host)
+}
+
+/// Connect to `/cable` and wait for `welcome`. The connection's
+/// `socket_id` is the welcome's `sid` when the server sends one.
+pub async fn open(
+    target: &Target,
+    source: Option<IpAddr>,
+    timeout: Duration,
+) -> Result<Conn, ClientError> {
+    let open = async {
+        let stream = tcp_connect(target, source)
+            .await
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let mut req = url(target)
+            .into_client_request()
+            .map_err(|e| ClientError::Handshake(e.to_string()))?;
+        req.headers_mut().insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_static(SUBPROTOCOL),
+        );
+        let (ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(ws_config()))
+            .await
+            .map_err(|e| match ws_error(e) {
+                ClientError::Io(m) => ClientError::Handshake(m),
+                other => other,
+            })?;
+        Ok::<_, ClientError>(ws)
+    };
+    let ws = tokio::time::timeout(timeout, open)
+        .await
+        .map_err(|_| ClientError::Timeout("connecting"))??;
+    let mut conn = Conn {
+        ws,
+        socket_id: String::new(),
+    };
+    let wait = async {
+        loop {
+            let text = next_text(&mut conn.ws).await.map_err(|e| match e {
+                ClientError::Closed(why) => {
+                    ClientError::NotPusher(format!("closed before welcome ({why})"))
+                }
+                other => other,
+            })?;
+            match type_of(&text) {
+                Some("welcome") => return Ok(sid_of(&text)),
+                Some("ping") => continue,
+                Some(DISCONNECT_EVENT) => return Err(disconnected(&text)),
+                _ => {
+                    let shown: String = text.chars().take(120).collect();
+                    return Err(ClientError::NotPusher(format!(
+                        "first frame was {shown:?}, expected {{\"type\":\"welcome\"}}"
+                    )));
+                }
+            }
+        }
+    };
+    conn.socket_id = tokio::time::timeout(timeout, wait)
+        .await
+        .map_err(|_| ClientError::Timeout("waiting for welcome"))??;
+    Ok(conn)
+}
+
+/// Subscribe to `BenchmarkChannel` and wait for `confirm_subscription`.
+pub async fn subscribe(conn: &mut Conn, timeout: Duration) -> Result<(), ClientError> {
+    conn.send(format!(
+        r#"{{"command":"subscribe","identifier":{IDENTIFIER_JSON}}}"#
+    ))
+    .await?;
+    let wait = async {
+        loop {
+            let text = next_text(&mut conn.ws).await?;
+            match type_of(&text) {
+                Some("confirm_subscription") => return Ok(()),
+                Some("reject_subscription") => {
+                    return Err(ClientError::Subscription {
+                        status: None,
+                        message: "reject_subscription".into(),
+                    })
+                }
+                Some(DISCONNECT_EVENT) => return Err(disconnected(&text)),
+                _ => continue,
+            }
+        }
+    };
+    tokio::time::timeout(timeout, wait)
+        .await
+        .map_err(|_| ClientError::Timeout("waiting for confirm_subscription"))?
+}
+
+/// The `message` command performing `BenchmarkChannel`'s `broadcast`
+/// action with `data` (the bench's JSON object, see
+/// [`super::client::bench_data`]) plus `"action":"broadcast"`.
+pub fn broadcast_command(data: &str) -> String {
+    let inner = data.strip_prefix('{').unwrap_or(data);
+    let action = format!(r#"{{"action":"broadcast",{inner}"#);
+    format!(
+        r#"{{"command":"message","identifier":{IDENTIFIER_JSON},"data":{}}}"#,
+        serde_json::to_string(&action).expect("a string serializes")
+    )
+}
+
+/// A frame's `type` (`welcome`, `ping`, `confirm_subscription`,
+/// `disconnect`, ...), if it has one.
+fn type_of(text: &str) -> Option<&str> {
+    if let Some(rest) = text.strip_prefix(r#"{"type":""#) {
+        return rest.find('"').map(|end| &rest[..end]);
+    }
+    string_field(text, "type")
+}
+
+fn sid_of(text: &str) -> String {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.get("sid").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn disconnected(text: &str) -> ClientError {
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let reason = v.get("reason").and_then(Value::as_str).unwrap_or("none");
+    let reconnect = v.get("reconnect").and_then(Value::as_bool);
+    ClientError::Rejected {
+        code: None,
+        message: format!(
+            "disconnect, reason {reason:?}{}",
+            reconnect.map_or(String::new(), |r| format!(", reconnect {r}"))
+        ),
+    }
+}
+
+/// The value of the first `action` field, whether the message is an
+/// object (`"action":"x"`) or a JSON-encoded string (`\"action\":\"x\"`).
+fn action_of(text: &str) -> Option<&str> {
+    let i = text.find("action")?;
+    let rest = &text.as_bytes()[i + "action".len()..];
+    let start = rest
+        .iter()
+        .position(|c| !matches!(c, b'\\' | b'"' | b':' | b' '))?;
+    let len = rest[start..]
+        .iter()
+        .position(|c| matches!(c, b'\\' | b'"'))?;
+    std::str::from_utf8(&rest[start..start + len]).ok()
+}
+
+/// The fields of an Action Cable frame the scenarios read: a message
+/// whose `action` is `broadcast` is [`BROADCAST_EVENT`] with the bench's
+/// stamp and id, the sender's transmission is [`RESULT_EVENT`]; other
+/// frames are their `type` (`ping`, `confirm_subscription`, `disconnect`).
+pub fn scan(text: &str) -> Scan<'_> {
+    if !text.starts_with(r#"{"type":"#) {
+        if let Some(action) = action_of(text) {
+            let (stamp, id) = bench_fields(text);
+            return Scan {
+                event: match action {
+                    "broadcast" => BROADCAST_EVENT,
+                    "broadcastResult" => RESULT_EVENT,
+                    _ => "message",
+                },
+                channel: None,
+                stamp,
+                id,
+            };
+        }
+    }
+    Scan {
+        event: type_of(text).unwrap_or(""),
+        channel: None,
+        stamp: None,
+        id: None,
+    }
+}
+
+/// What probably went wrong, for people.
+pub fn explain(e: &ClientError, t: &Target) -> String {
+    let at = url(t);
+    match e {
+        ClientError::Connect(_) | ClientError::Io(_) | ClientError::Closed(_) => e.explain(t),
+        ClientError::Timeout(step) => format!(
+            "{at}: no answer while {step} (server overloaded, its RPC app slow or down, or not an \
+             Action Cable server at this --url)"
+        ),
+        ClientError::Handshake(m) => format!(
+            "{at} did not accept an Action Cable WebSocket ({SUBPROTOCOL}): {m}; check --url"
+        ),
+        ClientError::NotPusher(m) => {
+            format!("{at} accepted the WebSocket but does not speak Action Cable: {m}")
+        }
+        ClientError::Rejected { message, .. } => format!(
+            "the server refused the connection ({message}): is its RPC app `herald bench \
+             rpc-server`, and is the server pointed at it?"
+        ),
+        ClientError::Subscription { message, .. } => format!(
+            "the server refused the subscription to BenchmarkChannel ({message}): is its RPC app \
+             `herald bench rpc-server`?"
+        ),
+        ClientError::Http { .. } => e.explain(t),
+    }
+}
+
+/// Check, with one client, that the target speaks Action Cable with a
+/// BenchmarkChannel app; with `broadcast`, also that the channel's
+/// `broadcast` action comes back through the stream (so the RPC server's
+/// `--broadcast-url` reaches this server), instead of thousands of clients
+/// failing or every message going missing.
+pub async fn preflight(target: &Target, broadcast: bool) -> Result<(), String> {
+    let timeout = Duration::from_secs(10);
+    let mut conn = open(target, None, timeout)
+        .await
+        .map_err(|e| explain(&e, target))?;
+    subscribe(&mut conn, timeout)
+        .await
+        .map_err(|e| explain(&e, target))?;
+    if broadcast {
+        conn.send(broadcast_command(r#"{"preflight":1}"#))
+            .await
+            .map_err(|e| explain(&e, target))?;
+        let wait = async {
+            let (mut result, mut delivered) = (false, false);
+            while !(result && delivered) {
+                let text = next_text(&mut conn.ws).await?;
+                match scan(&text).event {
+                    RESULT_EVENT => result = true,
+                    BROADCAST_EVENT => delivered = true,
+                    DISCONNECT_EVENT => return Err(disconnected(&text)),
+                    _ => {}
+                }
+            }
+            Ok::<_, ClientError>(())
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(explain(&e, target)),
+            Err(_) => {
+                return Err(format!(
+                    "{}: BenchmarkChannel's broadcast action did not come back through the \
+                     stream within {timeout:?}: start `herald bench rpc-server` with \
+                     --broadcast-url pointing at this server's broadcast endpoint (Herald: \
+                     http://host:port/_broadcast; AnyCable: its --http_broadcast_port), and \
+                     --broadcast-key if it has one",
+                    url(target)
+                ))
+            }
+        }
+    }
+    conn.close().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::bench_data;
+    use crate::ledger::MsgId;
+
+    #[test]
+    fn commands_and_frames() {
+        let id = MsgId { sender: 4, seq: 9 };
+        let cmd = broadcast_command(&bench_data(123, id));
+        let v: Value = serde_json::from_str(&cmd).unwrap();
+        assert_eq!(v["command"], "message");
+        assert_eq!(v["identifier"], IDENTIFIER);
+        let data: Value = serde_json::from_str(v["data"].as_str().unwrap()).unwrap();
+        assert_eq!(data["action"], "broadcast");
+        assert_eq!(data["bench_t"], 123);
+        assert_eq!(data["bench_s"], 4);
+        assert_eq!(data["bench_q"], 9);
+
+        // A broadcast as Herald and AnyCable send it (message an object),
+        // keys in any order, and with the message a JSON-encoded string.
+        let message =
+            serde_json::json!({"action": "broadcast", "bench_t": 123, "bench_s": 4, "bench_q": 9});
+        for frame in [
+            serde_json::json!({"identifier": IDENTIFIER, "message": message}).to_string(),
+            serde_json::json!({"identifier": IDENTIFIER, "message": message.to_string()})
+                .to_string(),
+        ] {
+            let s = scan(&frame);
+            assert_eq!(
+                (s.event, s.stamp, s.id),
+                (BROADCAST_EVENT, Some(123), Some(id)),
+                "{frame}"
+            );
+        }
+        let mut result = message.clone();
+        result["action"] = "broadcastResult".into();
+        let frame = serde_json::json!({"identifier": IDENTIFIER, "message": result}).to_string();
+        assert_eq!(scan(&frame).event, RESULT_EVENT);
+        assert_eq!(
+            scan(r#"{"type":"ping","message":1700000000}"#).event,
+            "ping"
+        );
+        let confirm =
+            format!(r#"{{"identifier":{IDENTIFIER_JSON},"type":"confirm_subscription"}}"#);
+        assert_eq!(scan(&confirm).event, "confirm_subscription");
+        assert_eq!(
+            scan(r#"{"type":"disconnect","reason":"unauthorized","reconnect":false}"#).event,
+            DISCONNECT_EVENT
+        );
+        assert_eq!(scan("").event, "");
+        assert_eq!(scan("action").event, "");
+        assert_eq!(sid_of(r#"{"type":"welcome","sid":"abc"}"#), "abc");
+        assert_eq!(sid_of(r#"{"type":"welcome"}"#), "");
+        assert!(matches!(
+            disconnected(r#"{"type":"disconnect","reason":"unauthorized","reconnect":false}"#),
+            ClientError::Rejected { message, .. } if message.contains("unauthorized")
+        ));
+    }
+}

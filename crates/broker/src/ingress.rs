@@ -1,0 +1,488 @@
+//! Raw messages from one channel of the broker's server, for adapters that
+//! take publications from outside the cluster (an app publishing straight
+//! to Redis or NATS). Its own connection, beside the engine's: a Redis
+//! `SUBSCRIBE` or a NATS subscription to the name as given (no prefix),
+//! reconnecting with the engine's backoff (100 ms doubling to 5 s).
+//!
+//! [`subscribe`]: every node that asks subscribes, so every node receives
+//! every message: the caller delivers what arrives to its own node's
+//! subscribers only. Messages sent while a node's connection is down are
+//! not received there (pub/sub is at most once), as with the engine's own
+//! publications.
+//!
+//! [`consume_stream`]: a Redis stream read through a consumer group, so
+//! each entry goes to one node, which publishes it to the cluster; entries
+//! wait in Redis while no node reads.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::str::FromStr;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Messages received and not yet taken before newer ones are dropped.
+pub const QUEUE: usize = 4096;
+
+/// Largest message passed on; longer ones are dropped (and logged).
+pub const MAX_MESSAGE: usize = 4 << 20;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Subscribe to `channel` on the server at `url` (`redis://`, `rediss://`,
+/// `nats://` or `tls://`, as `broker.url`). Call inside a Tokio runtime;
+/// the subscription lives until the receiver is dropped.
+pub fn subscribe(url: &str, channel: &str) -> Result<mpsc::Receiver<Bytes>, String> {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let channel = channel.to_owned();
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+        tokio::spawn(redis_loop(client, channel, tx));
+    } else if url.starts_with("nats://") || url.starts_with("tls://") {
+        let addr = async_nats::ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
+        tokio::spawn(nats_loop(addr, channel, tx));
+    } else {
+        return Err("broker.url: an ingress needs a redis:// or nats:// broker".into());
+    }
+    Ok(rx)
+}
+
+/// Hand one message on; false once nobody listens.
+fn pass(tx: &mpsc::Sender<Bytes>, channel: &str, payload: Bytes) -> bool {
+    if payload.len() > MAX_MESSAGE {
+        tracing::warn!(
+            channel,
+            bytes = payload.len(),
+            "ingress message over {MAX_MESSAGE} bytes dropped"
+        );
+        return true;
+    }
+    match tx.try_send(payload) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
+            true
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    }
+}
+
+async fn redis_loop(client: redis::Client, channel: String, tx: mpsc::Sender<Bytes>) {
+    let mut attempt = 0u32;
+    loop {
+        let err = async {
+            let mut pubsub = tokio::time::timeout(TIMEOUT, client.get_async_pubsub())
+                .await
+                .map_err(|_| "timed out connecting".to_string())?
+                .map_err(|e| e.to_string())?;
+            pubsub
+                .subscribe(&channel)
+                .await
+                .map_err(|e| e.to_string())?;
+            attempt = 0;
+            tracing::info!(engine = "redis", channel, "ingress subscribed");
+            let mut stream = pubsub.on_message();
+            loop {
+                tokio::select! {
+                    m = stream.next() => match m {
+                        Some(m) => {
+                            if !pass(&tx, &channel, Bytes::copy_from_slice(m.get_payload_bytes())) {
+                                return Ok(());
+                            }
+                        }
+                        None => return Err("connection closed".to_string()),
+                    },
+                    _ = tx.closed() => return Ok(()),
+                }
+            }
+        }
+        .await;
+        match err {
+            Ok(()) => return,
+            Err(e) => {
+                if attempt == 0 {
+                    tracing::warn!(engine = "redis", channel, error = %e, "ingress lost its connection; retrying");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(crate::backoff(attempt)) => {}
+            _ = tx.closed() => return,
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+async fn nats_loop(addr: async_nats::ServerAddr, channel: String, tx: mpsc::Sender<Bytes>) {
+    let mut options = async_nats::ConnectOptions::new()
+        .name("herald-ingress")
+        .retry_on_initial_connect()
+        .max_reconnects(None::<usize>)
+        .connection_timeout(TIMEOUT)
+        .reconnect_delay_callback(|n| crate::backoff(n as u32));
+    match (addr.username(), addr.password()) {
+        (Some(u), Some(p)) => options = options.user_and_password(u.into(), p.into()),
+        (Some(token), None) => options = options.token(token.into()),
+        _ => {}
+    }
+    let client = match options.connect(addr).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(engine = "nats", channel, error = %e, "cannot start the ingress client");
+            return;
+        }
+    };
+    // The client resubscribes by itself after a reconnect.
+    let mut sub = match client.subscribe(channel.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(engine = "nats", channel, error = %e, "ingress cannot subscribe");
+            return;
+        }
+    };
+    tracing::info!(engine = "nats", channel, "ingress subscribed");
+    loop {
+        tokio::select! {
+            m = sub.next() => match m {
+                Some(m) => {
+                    if !pass(&tx, &channel, m.payload) {
+                        return;
+                    }
+                }
+                None => return,
+            },
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+/// Messages of a Redis stream through a consumer group (AnyCable's
+/// `redisx` adapter): the group is created at the stream's end if missing
+/// (`XGROUP CREATE … $ MKSTREAM`), every node reads with `XREADGROUP` as
+/// its own consumer, so each entry goes to one node; the entry's `payload`
+/// field is passed on, then the entry is acknowledged and deleted. Entries
+/// a consumer took and never acknowledged (its node died) are claimed by
+/// another after `block` idle time (`XAUTOCLAIM`). The caller publishes
+/// what arrives to the whole cluster.
+pub fn consume_stream(
+    url: &str,
+    stream: &str,
+    group: &str,
+) -> Result<mpsc::Receiver<Bytes>, String> {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err("broker.url: a Redis stream needs a redis:// broker".into());
+    }
+    let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+    let (tx, rx) = mpsc::channel(QUEUE);
+    tokio::spawn(stream_loop(client, stream.to_owned(), group.to_owned(), tx));
+    Ok(rx)
+}
+
+/// How long one `XREADGROUP` waits for entries (AnyCable's default), and
+/// how long an entry stays unacknowledged before another consumer takes it.
+const BLOCK_MS: u64 = 2000;
+/// Entries read at once.
+const READ_COUNT: usize = 100;
+
+async fn stream_loop(
+    client: redis::Client,
+    stream: String,
+    group: String,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let consumer = format!("herald-{:016x}", rand::random::<u64>());
+    let mut attempt = 0u32;
+    loop {
+        let err = async {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(TIMEOUT))
+                .set_response_timeout(Some(TIMEOUT + Duration::from_millis(BLOCK_MS)));
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|e| e.to_string())?;
+            let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&stream)
+                .arg(&group)
+                .arg("$")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = created {
+                if e.code() != Some("BUSYGROUP") {
+                    return Err(e.to_string());
+                }
+            }
+            attempt = 0;
+            tracing::info!(
+                engine = "redis",
+                stream,
+                group,
+                consumer,
+                "stream ingress reading"
+            );
+            loop {
+                if tx.is_closed() {
+                    return Ok(());
+                }
+                // Entries another consumer left unacknowledged for too long.
+                let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+                    .arg(&stream)
+                    .arg(&group)
+                    .arg(&consumer)
+                    .arg(BLOCK_MS)
+                    .arg("0-0")
+                    .arg("COUNT")
+                    .arg(READ_COUNT)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut entries = match &claimed {
+                    redis::Value::Array(parts) => parts.get(1).map(entries_of).unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                let read: redis::Value = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(&group)
+                    .arg(&consumer)
+                    .arg("COUNT")
+                    .arg(READ_COUNT)
+                    .arg("BLOCK")
+                    .arg(BLOCK_MS)
+                    .arg("STREAMS")
+                    .arg(&stream)
+                    .arg(">")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                entries.extend(read_entries(&read));
+                for (id, payload) in entries {
+                    match payload {
+                        Some(p) => {
+                            if !pass(&tx, &stream, p) {
+                                return Ok(());
+                            }
+                        }
+                        None => tracing::debug!(
+                            stream,
+                            id,
+                            "stream entry without a payload field; dropped"
+                        ),
+                    }
+                    let _: redis::RedisResult<()> = redis::pipe()
+                        .cmd("XACK")
+                        .arg(&stream)
+                        .arg(&group)
+                        .arg(&id)
+                        .ignore()
+                        .cmd("XDEL")
+                        .arg(&stream)
+                        .arg(&id)
+                        .ignore()
+                        .query_async(&mut conn)
+                        .await;
+                }
+            }
+        }
+        .await;
+        match err {
+            Ok(()) => return,
+            Err(e) => {
+                if attempt == 0 {
+                    tracing::warn!(engine = "redis", stream, error = %e, "stream ingress lost its connection; retrying");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(crate::backoff(attempt)) => {}
+            _ = tx.closed() => return,
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+fn text(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// `[[id, [field, value, ...]], ...]` → (id, the `payload` field).
+fn entries_of(v: &redis::Value) -> Vec<(String, Option<Bytes>)> {
+    let redis::Value::Array(list) = v else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|e| {
+            let redis::Value::Array(pair) = e else {
+                return None;
+            };
+            let id = text(pair.first()?)?;
+            let payload = match pair.get(1) {
+                Some(redis::Value::Array(fields)) => fields
+                    .chunks(2)
+                    .find(|kv| kv.len() == 2 && text(&kv[0]).as_deref() == Some("payload"))
+                    .and_then(|kv| match &kv[1] {
+                        redis::Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+                        other => text(other).map(Bytes::from),
+                    }),
+                _ => None,
+            };
+            Some((id, payload))
+        })
+        .collect()
+}
+
+/// An `XREADGROUP` answer: nil (nothing within the block time), or
+/// `[[stream, entries]]` (RESP2) / `{stream: entries}` (RESP3).
+fn read_entries(v: &redis::Value) -> Vec<(String, Option<Bytes>)> {
+    match v {
+        redis::Value::Array(streams) => streams
+            .iter()
+            .flat_map(|s| match s {
+                redis::Value::Array(pair) if pair.len() == 2 => entries_of(&pair[1]),
+                _ => Vec::new(),
+            })
+            .collect(),
+        redis::Value::Map(pairs) => pairs.iter().flat_map(|(_, e)| entries_of(e)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+// Whether the ingress is subscribed yet is not observable from outside:
+// the tests publish until a message arrives.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{BrokerServer, Kind};
+
+    async fn roundtrip(kind: Kind) {
+        let server = BrokerServer::start(kind);
+        let mut rx = subscribe(&server.url(), "__ingress_test__").unwrap();
+        let url = server.url();
+        // Publish with the server's own tools' protocol until one arrives
+        // (the subscription is made in the background).
+        let publisher = async {
+            match kind {
+                Kind::Redis => {
+                    let client = redis::Client::open(url.as_str()).unwrap();
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    loop {
+                        let _: i64 = redis::cmd("PUBLISH")
+                            .arg("__ingress_test__")
+                            .arg("hello")
+                            .query_async(&mut c)
+                            .await
+                            .unwrap();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                Kind::Nats => {
+                    let c = async_nats::connect(url.as_str()).await.unwrap();
+                    loop {
+                        c.publish("__ingress_test__", Bytes::from_static(b"hello"))
+                            .await
+                            .unwrap();
+                        c.flush().await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        };
+        let got = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::select! {
+                m = rx.recv() => m,
+                _ = publisher => None,
+            }
+        })
+        .await
+        .expect("a message within 10 s");
+        assert_eq!(got.as_deref(), Some(&b"hello"[..]));
+    }
+
+    #[tokio::test]
+    async fn redis_messages_arrive() {
+        roundtrip(Kind::Redis).await;
+    }
+
+    #[tokio::test]
+    async fn nats_messages_arrive() {
+        roundtrip(Kind::Nats).await;
+    }
+
+    /// An entry a consumer read and never acknowledged (its node died) is
+    /// claimed and passed on once it has been idle for the block time;
+    /// passed entries are acknowledged and deleted.
+    #[tokio::test]
+    async fn stream_entries_left_by_a_dead_consumer_are_claimed() {
+        let server = BrokerServer::start(Kind::Redis);
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg("s")
+            .arg("bx")
+            .arg("$")
+            .arg("MKSTREAM")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: String = redis::cmd("XADD")
+            .arg("s")
+            .arg("*")
+            .arg("payload")
+            .arg("orphan")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        // The dead consumer takes it and never acknowledges it.
+        let taken: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("bx")
+            .arg("dead")
+            .arg("STREAMS")
+            .arg("s")
+            .arg(">")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(read_entries(&taken).len(), 1);
+        let mut rx = consume_stream(&server.url(), "s", "bx").unwrap();
+        let _: String = redis::cmd("XADD")
+            .arg("s")
+            .arg("*")
+            .arg("other")
+            .arg("no payload field")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("claimed within 10 s");
+        assert_eq!(got.as_deref(), Some(&b"orphan"[..]));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let len: u64 = redis::cmd("XLEN")
+                .arg("s")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            if len == 0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{len} entries left");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(consume_stream("nats://127.0.0.1:1", "s", "bx").is_err());
+    }
+
+    #[test]
+    fn other_urls_are_refused() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _g = rt.enter();
+        assert!(subscribe("local", "x").is_err());
+    }
+}

@@ -1,0 +1,368 @@
+//! AnyCable's `redis` and `nats` broadcast adapters: two real `herald
+//! serve` nodes on a real `redis-server` / `nats-server`, an app
+//! publishing `{"stream","data"}` to `__anycable__` with the real Redis /
+//! NATS client, and an Action Cable client on each node: every message
+//! reaches each client exactly once, in order, batches included. Plus the
+//! configuration checks (the adapter must match the broker).
+
+mod common;
+
+use common::{Server, Ws, TIMEOUT};
+use futures_util::{SinkExt, StreamExt};
+use herald_broker::testing::{BrokerServer, Kind};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+const CHANNEL: &str = "__anycable__";
+
+/// The app: publishes raw messages to the broadcast channel.
+enum App {
+    Redis(redis::aio::MultiplexedConnection),
+    Nats(async_nats::Client),
+}
+
+impl App {
+    async fn connect(broker: &BrokerServer) -> App {
+        match broker.kind {
+            Kind::Redis => {
+                let client = redis::Client::open(broker.url()).unwrap();
+                App::Redis(client.get_multiplexed_async_connection().await.unwrap())
+            }
+            Kind::Nats => App::Nats(async_nats::connect(broker.url()).await.unwrap()),
+        }
+    }
+
+    async fn publish(&mut self, channel: &str, body: &str) {
+        match self {
+            App::Redis(c) => {
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg(channel)
+                    .arg(body)
+                    .query_async(c)
+                    .await
+                    .unwrap();
+            }
+            App::Nats(c) => {
+                c.publish(channel.to_owned(), body.to_owned().into())
+                    .await
+                    .unwrap();
+                c.flush().await.unwrap();
+            }
+        }
+    }
+
+    /// `XADD stream * payload body` (AnyCable's `redisx` format).
+    async fn xadd(&mut self, stream: &str, body: &str) {
+        let App::Redis(c) = self else {
+            panic!("streams are Redis's")
+        };
+        let _: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(body)
+            .query_async(c)
+            .await
+            .unwrap();
+    }
+}
+
+async fn cable(server: &Server) -> Ws {
+    let mut req = format!("ws://127.0.0.1:{}/cable", server.port)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        "actioncable-v1-json".parse().unwrap(),
+    );
+    let (mut ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    assert_eq!(frame(&mut ws).await["type"], "welcome");
+    let id = json!({ "channel": "$pubsub", "stream_name": "room" }).to_string();
+    let cmd = json!({ "command": "subscribe", "identifier": id }).to_string();
+    ws.send(Message::text(cmd)).await.unwrap();
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    ws
+}
+
+/// The next frame that is not a ping.
+async fn frame(ws: &mut Ws) -> Value {
+    loop {
+        match common::next(ws).await {
+            common::Next::Frame(f) if f["type"] == "ping" => continue,
+            common::Next::Frame(f) => return f,
+            common::Next::Close(code) => panic!("closed ({code:?})"),
+        }
+    }
+}
+
+/// A frame within `wait`, or none.
+async fn frame_within(ws: &mut Ws, wait: Duration) -> Option<Value> {
+    let until = Instant::now() + wait;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["type"] != "ping" {
+                    return Some(v);
+                }
+            }
+            Ok(Some(Ok(_))) => continue,
+            Ok(other) => panic!("connection ended: {other:?}"),
+            Err(_) => return None,
+        }
+    }
+}
+
+fn message(stream: &str, data: Value) -> Value {
+    json!({ "stream": stream, "data": data.to_string() })
+}
+
+async fn nodes(broker: &BrokerServer, adapter: &str) -> Vec<Server> {
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"t-{}\"\n[rpc]\npublic_streams = true\nbroadcast_adapter = \"{adapter}\"\n",
+        broker.url(),
+        std::process::id()
+    );
+    vec![
+        Server::start_with(&top, "").await,
+        Server::start_with(&top, "").await,
+    ]
+}
+
+/// Each node subscribes to the channel in the background: publish probes
+/// until every client has seen one, then drain what is still on its way.
+async fn until_subscribed(app: &mut App, clients: &mut [Ws]) {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut seen = vec![false; clients.len()];
+    let mut k = 0;
+    while seen.iter().any(|s| !s) {
+        assert!(Instant::now() < deadline, "the ingress never delivered");
+        k += 1;
+        let body = message("room", json!({ "probe": k })).to_string();
+        app.publish(CHANNEL, &body).await;
+        for (c, s) in clients.iter_mut().zip(seen.iter_mut()) {
+            if let Some(f) = frame_within(c, Duration::from_millis(100)).await {
+                assert!(f["message"]["probe"].is_number(), "{f}");
+                *s = true;
+            }
+        }
+    }
+    let end = message("room", json!({ "probe": "end" })).to_string();
+    app.publish(CHANNEL, &end).await;
+    for c in clients.iter_mut() {
+        while frame(c).await["message"]["probe"] != "end" {}
+    }
+}
+
+async fn every_message_once_on_every_node(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let servers = nodes(&broker, &format!("http,{}", kind.name())).await;
+    let mut clients = vec![cable(&servers[0]).await, cable(&servers[1]).await];
+    let mut app = App::connect(&broker).await;
+    until_subscribed(&mut app, &mut clients).await;
+
+    // Ten single messages, a batch of three (one to another stream), and
+    // one through /_broadcast on node 0 (through the cluster broker).
+    for n in 0..10 {
+        let body = message("room", json!({ "n": n })).to_string();
+        app.publish(CHANNEL, &body).await;
+    }
+    let batch = json!([
+        message("room", json!({ "n": 10 })),
+        message("elsewhere", json!({ "n": -1 })),
+        message("room", json!({ "n": 11 })),
+    ]);
+    app.publish(CHANNEL, &batch.to_string()).await;
+    // Not broadcasts: counted and ignored, nothing else happens.
+    app.publish(CHANNEL, "not json").await;
+    app.publish(CHANNEL, r#"{"command":"disconnect","payload":{}}"#)
+        .await;
+    app.publish(CHANNEL, &message("", json!(1)).to_string())
+        .await;
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while got.len() < 12 {
+            let f = frame(c).await;
+            got.push(f["message"]["n"].as_i64().unwrap_or_else(|| panic!("{f}")));
+        }
+        assert_eq!(got, (0..12).collect::<Vec<_>>(), "client on node {i}");
+    }
+    let last = json!({ "stream": "room", "data": json!({ "n": 12 }).to_string() });
+    let resp = reqwest::Client::new()
+        .post(servers[0].url("/_broadcast"))
+        .body(last.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(frame(c).await["message"]["n"], 12, "client on node {i}");
+        // Nothing more: no copy of anything from the other node.
+        assert_eq!(
+            frame_within(c, Duration::from_millis(300)).await,
+            None,
+            "client on node {i}"
+        );
+    }
+    for s in &servers {
+        let deadline = Instant::now() + TIMEOUT;
+        while s.metric("herald_broadcast_errors_total").await < 3 {
+            assert!(Instant::now() < deadline, "errors not counted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn redis() {
+                super::$name(Kind::Redis).await
+            }
+            #[tokio::test]
+            async fn nats() {
+                super::$name(Kind::Nats).await
+            }
+        }
+    };
+}
+
+both!(every_message_once_on_every_node);
+
+/// AnyCable's `redisx`: the app adds entries to the `__anycable__` stream;
+/// each entry is read by one node (consumer group `bx`), which publishes it
+/// to the cluster, so the client on each node gets every message once, in
+/// order; acknowledged entries are deleted from the stream.
+#[tokio::test]
+async fn redis_stream_entries_reach_every_node_once() {
+    let broker = BrokerServer::start(Kind::Redis);
+    let servers = nodes(&broker, "redisx").await;
+    let mut clients = [cable(&servers[0]).await, cable(&servers[1]).await];
+    let mut app = App::connect(&broker).await;
+    // The group is created at the stream's end when a node starts reading:
+    // add probes until both clients have one.
+    let deadline = Instant::now() + TIMEOUT;
+    let mut seen = [false, false];
+    let mut k = 0;
+    while !(seen[0] && seen[1]) {
+        assert!(Instant::now() < deadline, "the stream was never read");
+        k += 1;
+        let body = message("room", json!({ "probe": k })).to_string();
+        app.xadd(CHANNEL, &body).await;
+        for (c, s) in clients.iter_mut().zip(seen.iter_mut()) {
+            while let Some(f) = frame_within(c, Duration::from_millis(100)).await {
+                assert!(f["message"]["probe"].is_number(), "{f}");
+                *s = true;
+            }
+        }
+    }
+    let end = message("room", json!({ "probe": "end" })).to_string();
+    app.xadd(CHANNEL, &end).await;
+    for c in clients.iter_mut() {
+        while frame(c).await["message"]["probe"] != "end" {}
+    }
+    for n in 0..10 {
+        let body = message("room", json!({ "n": n })).to_string();
+        app.xadd(CHANNEL, &body).await;
+    }
+    let batch = json!([
+        message("room", json!({ "n": 10 })),
+        message("room", json!({ "n": 11 }))
+    ]);
+    app.xadd(CHANNEL, &batch.to_string()).await;
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while got.len() < 12 {
+            let f = frame(c).await;
+            got.push(f["message"]["n"].as_i64().unwrap_or_else(|| panic!("{f}")));
+        }
+        // One node reads an entry, the next may be read by the other: the
+        // two nodes' publications may interleave, but none is repeated.
+        got.sort();
+        assert_eq!(got, (0..12).collect::<Vec<_>>(), "client on node {i}");
+        assert_eq!(
+            frame_within(c, Duration::from_millis(300)).await,
+            None,
+            "client on node {i}"
+        );
+    }
+    // Read entries are acknowledged and deleted.
+    let App::Redis(c) = &mut app else {
+        unreachable!()
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(CHANNEL)
+            .query_async(c)
+            .await
+            .unwrap();
+        if len == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{len} entries left in the stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The adapter reads the broker's server: it must be the matching kind.
+#[test]
+fn the_adapter_must_match_the_broker() {
+    for (broker, adapter) in [
+        ("local", "redis"),
+        ("nats://127.0.0.1:4222", "redis"),
+        ("redis://127.0.0.1:6379", "nats"),
+        ("nats://127.0.0.1:4222", "redisx"),
+    ] {
+        let dir = std::env::temp_dir().join(format!(
+            "herald-adapter-{}-{adapter}-{}",
+            std::process::id(),
+            broker.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("herald.toml");
+        std::fs::write(
+            &config,
+            format!("[broker]\nurl = \"{broker}\"\n[rpc]\nbroadcast_adapter = \"{adapter}\"\n"),
+        )
+        .unwrap();
+        let (_hold, port) = common::occupied_port();
+        let out = common::output_within(
+            common::herald_command()
+                .args(["serve", "--port", &port.to_string(), "--config"])
+                .arg(&config)
+                .env_remove("HERALD_CONFIG"),
+            TIMEOUT,
+        );
+        assert_eq!(out.status.code(), Some(2), "{broker} {adapter}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("rpc.broadcast_adapter"), "{err}");
+    }
+    let (_hold, port) = common::occupied_port();
+    let out = common::output_within(
+        common::herald_command()
+            .args([
+                "serve",
+                "--port",
+                &port.to_string(),
+                "--broadcast-adapter",
+                "kafka",
+            ])
+            .env_remove("HERALD_CONFIG"),
+        TIMEOUT,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rpc.broadcast_adapter"), "{err}");
+}
