@@ -189,8 +189,7 @@ async fn subscriber(
     designated: bool,
     slow: bool,
     gate: Arc<tokio::sync::Semaphore>,
-    mut stop: watch::Receiver<bool>,
-    mut resume: watch::Receiver<bool>,
+    (mut stop, mut resume): (watch::Receiver<bool>, watch::Receiver<bool>),
 ) {
     let t = &p.target;
     let c = i % p.channels;
@@ -366,8 +365,7 @@ async fn phase(
             d,
             d && slow,
             gate.clone(),
-            stop_rx.clone(),
-            resume_rx.clone(),
+            (stop_rx.clone(), resume_rx.clone()),
         ));
     }
     let limit = Instant::now() + p.timeout * 4;
