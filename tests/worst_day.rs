@@ -9,6 +9,7 @@ mod common;
 
 use common::{Server, APP_ID, APP_KEY, APP_SECRET};
 use herald_bench::report::Report;
+use herald_bench::slow::{self, SlowParams};
 use herald_bench::soak::{self, SoakParams};
 use herald_bench::storm::{self, StormParams};
 use herald_bench::Target;
@@ -130,4 +131,37 @@ async fn after_a_storm_every_client_is_back_and_after_they_leave_nothing_is_left
         figure(&r, "fds_baseline"),
         "{summary}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_subscribers_are_closed_with_4100_while_the_others_get_everything() {
+    // The smallest queue Herald accepts, so the slow ones overflow soon.
+    let s = Server::start_with("", "outbound_bytes = 65536").await;
+    let mut p = SlowParams::new(target(&s));
+    p.clients = 60;
+    p.slow_share = 0.1;
+    p.channels = 3;
+    p.rate = 150.0;
+    p.payload = 8192;
+    p.duration = Duration::from_secs(5);
+    p.drain = Duration::from_secs(1);
+    p.queue_bytes = 65536;
+    p.progress = false;
+    p.server_pid = Some(s.pid() as u32);
+    let r = slow::run(&p).await.unwrap();
+    let summary = r.summary();
+    for phase in ["clean", "slow"] {
+        let m = |name: &str| format!("{name}{{phase:{phase}}}");
+        assert_eq!(r.fraction(&m("subscribed")), Some(1.0), "{summary}");
+        assert!(r.count(&m("fast_deliveries_expected")) > 1000, "{summary}");
+        assert_eq!(r.count(&m("fast_deliveries_lost")), 0, "{summary}");
+        assert_eq!(r.count(&m("fast_deliveries_duplicated")), 0, "{summary}");
+        assert_eq!(r.count(&m("fast_deliveries_unexpected")), 0, "{summary}");
+        assert_eq!(r.count(&m("http_publish_errors")), 0, "{summary}");
+        assert_eq!(r.count(&m("connection_errors")), 0, "{summary}");
+    }
+    assert_eq!(r.count("slow_clients"), 6, "{summary}");
+    assert_eq!(r.fraction("slow_closed_4100"), Some(1.0), "{summary}");
+    assert_eq!(figure(&r, "server_slow_clients_closed"), 6.0, "{summary}");
+    assert!(r.figure("fast_p99_ratio").is_some(), "{summary}");
 }

@@ -56,6 +56,41 @@ enum BenchScenario {
     /// then drop for good while new clients connect (default --clients
     /// 15000).
     Storm(StormArgs),
+    /// Slow consumers: a share of subscribers stop reading; the others'
+    /// latency against a clean run, 4100 closes, server memory (default
+    /// --clients 2000, --duration 30s per phase).
+    Slow(SlowArgs),
+}
+
+#[derive(Args)]
+struct SlowArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Share of the subscribers that stop reading (0: the clean run only).
+    #[arg(long, default_value_t = 0.05)]
+    slow_share: f64,
+    /// Public channels the subscribers are spread over.
+    #[arg(long, default_value_t = 10)]
+    channels: usize,
+    /// HTTP publishes per second, all channels together.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// Bytes of each publish's data.
+    #[arg(long, default_value_t = 4096)]
+    payload: usize,
+    /// Receive buffer of the slow subscribers' sockets (0: the system's).
+    #[arg(long, default_value_t = 0)]
+    slow_recv_buffer: usize,
+    /// The per-connection queue bound expected of the server, for
+    /// slow_queue_bound (Herald's default outbound_bytes).
+    #[arg(long, default_value_t = 1024 * 1024)]
+    queue_bytes: u64,
+    /// The server's Prometheus metrics (default: /metrics on --url's port).
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    #[arg(long, value_enum, default_value = "pusher")]
+    protocol: ProtocolArg,
 }
 
 #[derive(Args)]
@@ -306,6 +341,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         BenchScenario::Idle(a) => a.common.clone(),
         BenchScenario::Soak(a) => a.common.clone(),
         BenchScenario::Storm(a) => a.common.clone(),
+        BenchScenario::Slow(a) => a.common.clone(),
     };
     if matches!(args.scenario, BenchScenario::Storm(_)) && common.duration.is_some() {
         eprintln!(
@@ -475,6 +511,23 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.progress = progress;
                 p.server_pid = common.server_pid;
                 super::storm::run(&p).await
+            }
+            BenchScenario::Slow(a) => {
+                pusher_only("slow", a.protocol)?;
+                let mut p = super::slow::SlowParams::new(target);
+                p.clients = common.clients.unwrap_or(p.clients);
+                p.duration = common.duration.unwrap_or(p.duration);
+                p.slow_share = a.slow_share;
+                p.channels = a.channels;
+                p.rate = a.rate;
+                p.payload = a.payload;
+                p.slow_recv_buffer = a.slow_recv_buffer;
+                p.queue_bytes = a.queue_bytes;
+                p.metrics_url = a.metrics_url;
+                p.timeout = common.timeout;
+                p.progress = progress;
+                p.server_pid = common.server_pid;
+                super::slow::run(&p).await
             }
         }
     });

@@ -51,6 +51,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod report;
 pub mod rpc;
+pub mod slow;
 pub mod soak;
 pub mod storm;
 pub mod worst;
