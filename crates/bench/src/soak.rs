@@ -524,23 +524,16 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
     report.seconds = load_seconds;
 
     // After the load: descriptors and gauge back to the baseline?
-    let fds_after = match (p.server_pid, base.fds) {
-        (Some(pid), Some(want)) => {
-            worst::settle(want, p.settle, || async move { worst::open_fds(pid) }).await
-        }
-        _ => None,
-    };
-    let gauge_after = match gauge_base {
-        Some(want) => {
-            let m = &metrics;
-            worst::settle(want as u64, p.settle, || async move {
-                m.get("herald_connections").await.map(|g| g as u64)
-            })
-            .await
-            .map(|g| g as f64)
-        }
-        None => None,
-    };
+    let back = worst::report_return(
+        &mut report,
+        p.server_pid,
+        &base,
+        gauge_base,
+        &metrics,
+        p.settle,
+        "after_load",
+    )
+    .await;
 
     let mut d = Deliveries::default();
     for l in &s.ledgers {
@@ -609,33 +602,11 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
             ));
         }
     }
-    report.value("fds_baseline", base.fds.map(|v| v as f64), "");
-    report.value("fds_after_load", fds_after.map(|v| v as f64), "");
-    let fds_back = match (base.fds, fds_after) {
-        (Some(a), Some(b)) => Some(a == b),
-        _ => None,
-    };
-    report.value("fds_back_to_baseline", fds_back.map(|b| b as u8 as f64), "");
-    report.value("connections_gauge_baseline", gauge_base, "");
-    report.value("connections_gauge_after_load", gauge_after, "");
-    if fds_back == Some(false) {
-        report.notes.push(format!(
-            "the server had {} descriptors before the load and {} {:?} after it ended",
-            base.fds.unwrap_or(0),
-            fds_after.unwrap_or(0),
-            p.settle
-        ));
-    }
-    if gauge_base.is_some() && gauge_after != gauge_base {
-        report.notes.push(format!(
-            "herald_connections was {gauge_base:?} before the load and {gauge_after:?} after it"
-        ));
-    }
     let flat = !grows
-        && fds_back != Some(false)
+        && back.fds != Some(false)
+        && back.gauge != Some(false)
         && d.lost() == 0
-        && d.duplicated == 0
-        && (gauge_base.is_none() || gauge_after == gauge_base);
+        && d.duplicated == 0;
     report.value("flat", Some(flat as u8 as f64), "");
     report.samples = samples
         .iter()

@@ -462,51 +462,17 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     report.timeline = monitor.finish().await;
 
     // Everyone has left: descriptors and gauge back to the baseline?
-    let fds_after = match (p.server_pid, base.fds) {
-        (Some(pid), Some(want)) => {
-            worst::settle(want, p.settle, || async move { worst::open_fds(pid) }).await
-        }
-        _ => None,
-    };
-    let gauge_after = match gauge_base {
-        Some(want) => {
-            let m = &metrics;
-            worst::settle(want as u64, p.settle, || async move {
-                m.get("herald_connections").await.map(|g| g as u64)
-            })
-            .await
-            .map(|g| g as f64)
-        }
-        None => None,
-    };
+    worst::report_return(
+        &mut report,
+        p.server_pid,
+        &base,
+        gauge_base,
+        &metrics,
+        p.settle,
+        "after_all_left",
+    )
+    .await;
     report.seconds = started.elapsed().as_secs_f64();
-    report.value("fds_baseline", base.fds.map(|v| v as f64), "");
-    report.value("fds_after_all_left", fds_after.map(|v| v as f64), "");
-    let fds_back = match (base.fds, fds_after) {
-        (Some(a), Some(b)) => Some(a == b),
-        _ => None,
-    };
-    report.value("fds_back_to_baseline", fds_back.map(|b| b as u8 as f64), "");
-    report.value("connections_gauge_baseline", gauge_base, "");
-    report.value("connections_gauge_after_all_left", gauge_after, "");
-    let gauge_back = gauge_base.map(|b| gauge_after == Some(b));
-    report.value(
-        "gauge_back_to_baseline",
-        gauge_back.map(|b| b as u8 as f64),
-        "",
-    );
-    if fds_back == Some(false) {
-        report.notes.push(format!(
-            "the server had {:?} descriptors before the first client and {:?} {:?} after the last left",
-            base.fds, fds_after, p.settle
-        ));
-    }
-    if gauge_back == Some(false) {
-        report.notes.push(format!(
-            "herald_connections was {gauge_base:?} before the first client and {gauge_after:?} \
-             after the last left"
-        ));
-    }
     report.errors(&s.live);
     cpu.finish(&mut report);
     super::server_memory(&mut report, p.server_pid);

@@ -5,7 +5,7 @@
 //! and the least-squares slope that says whether a series grows.
 
 use super::client::{data_value, scan, ClientError, Conn};
-use super::{memory, Target};
+use super::{memory, Report, Target};
 use herald_signing as signing;
 use serde_json::Value;
 use std::time::Duration;
@@ -388,6 +388,62 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Whether the server gave back what the load took: waits (up to
+/// `settle`) for its descriptors and `herald_connections` gauge to return
+/// to their values before the load, and reports both as
+/// `fds_{when}` / `connections_gauge_{when}` beside the baselines, with
+/// `fds_back_to_baseline`, `gauge_back_to_baseline` and a note for each
+/// that did not come back. `None` where the figure is unknown (no
+/// `--server-pid`, a server without the gauge).
+pub struct Returned {
+    pub fds: Option<bool>,
+    pub gauge: Option<bool>,
+}
+
+pub async fn report_return(
+    report: &mut Report,
+    pid: Option<u32>,
+    base: &Probe,
+    gauge_base: Option<f64>,
+    metrics: &Metrics,
+    settle_for: Duration,
+    when: &str,
+) -> Returned {
+    let fds_after = match (pid, base.fds) {
+        (Some(pid), Some(want)) => settle(want, settle_for, || async move { open_fds(pid) }).await,
+        _ => None,
+    };
+    let gauge_after = match gauge_base {
+        Some(want) => settle(want as u64, settle_for, || async move {
+            metrics.get("herald_connections").await.map(|g| g as u64)
+        })
+        .await
+        .map(|g| g as f64),
+        None => None,
+    };
+    let fds = base.fds.zip(fds_after).map(|(a, b)| a == b);
+    let gauge = gauge_base.map(|b| gauge_after == Some(b));
+    report.value("fds_baseline", base.fds.map(|v| v as f64), "");
+    report.value(&format!("fds_{when}"), fds_after.map(|v| v as f64), "");
+    report.value("fds_back_to_baseline", fds.map(|b| b as u8 as f64), "");
+    report.value("connections_gauge_baseline", gauge_base, "");
+    report.value(&format!("connections_gauge_{when}"), gauge_after, "");
+    report.value("gauge_back_to_baseline", gauge.map(|b| b as u8 as f64), "");
+    if fds == Some(false) {
+        report.notes.push(format!(
+            "the server had {:?} descriptors before the load and {:?} ({when}, after waiting \
+             {settle_for:?})",
+            base.fds, fds_after
+        ));
+    }
+    if gauge == Some(false) {
+        report.notes.push(format!(
+            "herald_connections was {gauge_base:?} before the load and {gauge_after:?} ({when})"
+        ));
+    }
+    Returned { fds, gauge }
 }
 
 #[cfg(test)]
