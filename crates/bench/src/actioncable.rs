@@ -13,16 +13,11 @@
 //! subscriber, its sender included; a receiver ignores its own messages
 //! (the ledger never expects them).
 
-use super::client::{
-    bench_fields, next_text, string_field, tcp_connect, ws_config, ws_error, ClientError, Conn,
-    Scan,
-};
+use super::client::{bench_fields, next_text, string_field, ws_open, ClientError, Conn, Scan};
 use super::Target;
 use serde_json::Value;
 use std::net::IpAddr;
 use std::time::Duration;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// The Action Cable mount path (Herald's and AnyCable's default).
@@ -140,28 +135,7 @@ pub async fn open(
     source: Option<IpAddr>,
     timeout: Duration,
 ) -> Result<Conn, ClientError> {
-    let open = async {
-        let stream = tcp_connect(target, source)
-            .await
-            .map_err(|e| ClientError::Connect(e.to_string()))?;
-        let mut req = url(target)
-            .into_client_request()
-            .map_err(|e| ClientError::Handshake(e.to_string()))?;
-        req.headers_mut().insert(
-            "sec-websocket-protocol",
-            HeaderValue::from_static(SUBPROTOCOL),
-        );
-        let (ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(ws_config()))
-            .await
-            .map_err(|e| match ws_error(e) {
-                ClientError::Io(m) => ClientError::Handshake(m),
-                other => other,
-            })?;
-        Ok::<_, ClientError>(ws)
-    };
-    let ws = tokio::time::timeout(timeout, open)
-        .await
-        .map_err(|_| ClientError::Timeout("connecting"))??;
+    let ws = ws_open(target, source, url(target), Some(SUBPROTOCOL), timeout).await?;
     let mut conn = Conn {
         ws,
         socket_id: String::new(),

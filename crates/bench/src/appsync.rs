@@ -10,16 +10,13 @@
 //! so a data message names its channel the way a Pusher frame does.
 
 use super::client::{
-    bench_fields, next_text, string_field, tcp_connect, ws_config, ws_error, ClientError, Conn,
-    Scan,
+    bench_fields, http_error, next_text, string_field, ws_open, ClientError, Conn, Scan,
 };
 use super::Target;
 use base64::Engine;
 use serde_json::{json, Value};
 use std::net::IpAddr;
 use std::time::Duration;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 /// Which protocol the fan-out's clients speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,28 +73,7 @@ pub async fn open(
             )
         }
     };
-    let open = async {
-        let stream = tcp_connect(target, source)
-            .await
-            .map_err(|e| ClientError::Connect(e.to_string()))?;
-        let mut req = url
-            .into_client_request()
-            .map_err(|e| ClientError::Handshake(e.to_string()))?;
-        req.headers_mut().insert(
-            "sec-websocket-protocol",
-            HeaderValue::from_str(&protocols).map_err(|e| ClientError::Handshake(e.to_string()))?,
-        );
-        let (ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(ws_config()))
-            .await
-            .map_err(|e| match ws_error(e) {
-                ClientError::Io(m) => ClientError::Handshake(m),
-                other => other,
-            })?;
-        Ok::<_, ClientError>(ws)
-    };
-    let ws = tokio::time::timeout(timeout, open)
-        .await
-        .map_err(|_| ClientError::Timeout("connecting"))??;
+    let ws = ws_open(target, source, url, Some(&protocols), timeout).await?;
     let mut conn = Conn {
         ws,
         socket_id: String::new(),
@@ -253,18 +229,7 @@ impl Publisher {
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| {
-                if e.is_connect() {
-                    ClientError::Connect(e.to_string())
-                } else if e.is_timeout() {
-                    ClientError::Timeout("waiting for the publish endpoint")
-                } else {
-                    ClientError::Http {
-                        status: None,
-                        message: e.to_string(),
-                    }
-                }
-            })?;
+            .map_err(|e| http_error(e, "waiting for the publish endpoint"))?;
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();
         let failed = match self.protocol {

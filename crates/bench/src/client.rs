@@ -13,6 +13,8 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 use tokio::net::{TcpSocket, TcpStream};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
 use tokio_tungstenite::WebSocketStream;
@@ -347,6 +349,57 @@ pub(crate) fn ws_config() -> WebSocketConfig {
         .max_frame_size(Some(1024 * 1024))
 }
 
+/// Open a TCP connection and upgrade it to a WebSocket at `url`, asking
+/// for `subprotocol` when given, all within `timeout`.
+pub(crate) async fn ws_open(
+    target: &Target,
+    source: Option<IpAddr>,
+    url: String,
+    subprotocol: Option<&str>,
+    timeout: Duration,
+) -> Result<WebSocketStream<TcpStream>, ClientError> {
+    let open = async {
+        let stream = tcp_connect(target, source)
+            .await
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let mut req = url
+            .into_client_request()
+            .map_err(|e| ClientError::Handshake(e.to_string()))?;
+        if let Some(p) = subprotocol {
+            req.headers_mut().insert(
+                "sec-websocket-protocol",
+                HeaderValue::from_str(p).map_err(|e| ClientError::Handshake(e.to_string()))?,
+            );
+        }
+        let (ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(ws_config()))
+            .await
+            .map_err(|e| match ws_error(e) {
+                // Anything else going wrong in the upgrade means the peer
+                // is not a WebSocket server at this path.
+                ClientError::Io(m) => ClientError::Handshake(m),
+                other => other,
+            })?;
+        Ok::<_, ClientError>(ws)
+    };
+    tokio::time::timeout(timeout, open)
+        .await
+        .map_err(|_| ClientError::Timeout("connecting"))?
+}
+
+/// An HTTP request that got no answer: `waiting` names what for.
+pub(crate) fn http_error(e: reqwest::Error, waiting: &'static str) -> ClientError {
+    if e.is_connect() {
+        ClientError::Connect(e.to_string())
+    } else if e.is_timeout() {
+        ClientError::Timeout(waiting)
+    } else {
+        ClientError::Http {
+            status: None,
+            message: e.to_string(),
+        }
+    }
+}
+
 /// Open a TCP connection from `source` (port chosen at connect time, so
 /// each source address has its own ~28k ports) to the target.
 pub(crate) async fn tcp_connect(
@@ -392,27 +445,7 @@ impl Conn {
         source: Option<IpAddr>,
         timeout: Duration,
     ) -> Result<Conn, ClientError> {
-        let open = async {
-            let stream = tcp_connect(target, source)
-                .await
-                .map_err(|e| ClientError::Connect(e.to_string()))?;
-            let (ws, _) = tokio_tungstenite::client_async_with_config(
-                target.ws_url(),
-                stream,
-                Some(ws_config()),
-            )
-            .await
-            .map_err(|e| match ws_error(e) {
-                // Anything else going wrong in the upgrade means the peer
-                // is not a WebSocket server at this path.
-                ClientError::Io(m) => ClientError::Handshake(m),
-                other => other,
-            })?;
-            Ok::<_, ClientError>(ws)
-        };
-        let mut ws = tokio::time::timeout(timeout, open)
-            .await
-            .map_err(|_| ClientError::Timeout("connecting"))??;
+        let mut ws = ws_open(target, source, target.ws_url(), None, timeout).await?;
         let first = tokio::time::timeout(timeout, next_text(&mut ws))
             .await
             .map_err(|_| ClientError::Timeout("waiting for pusher:connection_established"))?
@@ -587,18 +620,7 @@ impl HttpPublisher {
             .body(body)
             .send()
             .await
-            .map_err(|e| {
-                if e.is_connect() {
-                    ClientError::Connect(e.to_string())
-                } else if e.is_timeout() {
-                    ClientError::Timeout("waiting for the HTTP API")
-                } else {
-                    ClientError::Http {
-                        status: None,
-                        message: e.to_string(),
-                    }
-                }
-            })?;
+            .map_err(|e| http_error(e, "waiting for the HTTP API"))?;
         let status = resp.status().as_u16();
         if (200..300).contains(&status) {
             return Ok(());
