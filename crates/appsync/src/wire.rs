@@ -130,20 +130,41 @@ fn personalize(shared: &Frame, tag: &str) -> Frame {
     }
 }
 
-/// The Events API (`aws-appsync-event-ws`).
-pub struct EventsWire;
-pub static EVENTS_WIRE: EventsWire = EventsWire;
+/// One of the two AppSync wires: they differ only in their name, how the
+/// shared body closes after the payload, and the acknowledgement of a
+/// subscription.
+pub struct AppsyncWire {
+    name: &'static str,
+    /// What follows the payload literal to close the data message.
+    close: &'static str,
+    /// The `type` of the acknowledgement of a subscription.
+    ack: &'static str,
+}
 
-impl Wire for EventsWire {
+/// The Events API (`aws-appsync-event-ws`).
+pub static EVENTS_WIRE: AppsyncWire = AppsyncWire {
+    name: "appsync-events",
+    close: "}",
+    ack: "subscribe_success",
+};
+
+/// The generic pub/sub GraphQL API (`graphql-ws`).
+pub static GRAPHQL_WIRE: AppsyncWire = AppsyncWire {
+    name: "appsync-graphql",
+    close: "}}}}",
+    ack: "start_ack",
+};
+
+impl Wire for AppsyncWire {
     fn name(&self) -> &'static str {
-        "appsync-events"
+        self.name
     }
 
     fn publication(&self, p: &Publication, _tag: &str) -> Frame {
         let lit = payload_literal(p);
-        let mut body = String::with_capacity(lit.len() + 1);
+        let mut body = String::with_capacity(lit.len() + self.close.len());
         body.push_str(&lit);
-        body.push('}');
+        body.push_str(self.close);
         Frame::text(&body)
     }
 
@@ -158,42 +179,7 @@ impl Wire for EventsWire {
     fn event(&self, e: &Event<'_>, tag: &str) -> Option<Frame> {
         match e {
             Event::Subscribed { .. } => tag_id(tag)
-                .map(|id| Frame::text(&format!(r#"{{"type":"subscribe_success","id":{id}}}"#))),
-            _ => None,
-        }
-    }
-}
-
-/// The generic pub/sub GraphQL API (`graphql-ws`).
-pub struct GraphqlWire;
-pub static GRAPHQL_WIRE: GraphqlWire = GraphqlWire;
-
-impl Wire for GraphqlWire {
-    fn name(&self) -> &'static str {
-        "appsync-graphql"
-    }
-
-    fn publication(&self, p: &Publication, _tag: &str) -> Frame {
-        let lit = payload_literal(p);
-        let mut body = String::with_capacity(lit.len() + 4);
-        body.push_str(&lit);
-        body.push_str("}}}}");
-        Frame::text(&body)
-    }
-
-    fn per_subscriber(&self) -> bool {
-        true
-    }
-
-    fn personalize(&self, shared: &Frame, tag: &str) -> Frame {
-        personalize(shared, tag)
-    }
-
-    fn event(&self, e: &Event<'_>, tag: &str) -> Option<Frame> {
-        match e {
-            Event::Subscribed { .. } => {
-                tag_id(tag).map(|id| Frame::text(&format!(r#"{{"type":"start_ack","id":{id}}}"#)))
-            }
+                .map(|id| Frame::text(&format!(r#"{{"type":"{}","id":{id}}}"#, self.ack))),
             _ => None,
         }
     }
