@@ -7,7 +7,7 @@
 
 use crate::auth::{self, Action};
 use crate::channel::{self, ChannelPath};
-use crate::session::{check_id, uuid, Base};
+use crate::session::{check_id, parse_message, uuid, Base};
 use crate::wire;
 use herald_core::fanout::Publication;
 use herald_core::frame::Frame;
@@ -154,35 +154,10 @@ impl Handler for EventsSession {
     }
 
     async fn on_text(&mut self, text: String) -> Next {
-        let m: Message = match serde_json::from_str::<Value>(&text) {
-            Ok(v @ Value::Object(_)) => match serde_json::from_value(v) {
-                Ok(m) => m,
-                Err(e) => {
-                    self.error(
-                        "error",
-                        None,
-                        "BadRequestException",
-                        &format!("Invalid message: {e}"),
-                    );
-                    return Next::Continue;
-                }
-            },
-            Ok(_) => {
-                self.error(
-                    "error",
-                    None,
-                    "BadRequestException",
-                    "A message must be a JSON object",
-                );
-                return Next::Continue;
-            }
-            Err(e) => {
-                self.error(
-                    "error",
-                    None,
-                    "BadRequestException",
-                    &format!("Invalid JSON: {e}"),
-                );
+        let m: Message = match parse_message(&text) {
+            Ok(m) => m,
+            Err(why) => {
+                self.error("error", None, "BadRequestException", &why);
                 return Next::Continue;
             }
         };

@@ -8,7 +8,7 @@
 
 use crate::auth;
 use crate::graphql::{self, Operation, Request};
-use crate::session::{check_id, Base};
+use crate::session::{check_id, parse_message, Base};
 use crate::wire;
 use herald_core::frame::Frame;
 use herald_core::metrics;
@@ -145,28 +145,10 @@ impl Handler for GraphqlSession {
     }
 
     async fn on_text(&mut self, text: String) -> Next {
-        let m: Message = match serde_json::from_str::<Value>(&text) {
-            Ok(v @ Value::Object(_)) => match serde_json::from_value(v) {
-                Ok(m) => m,
-                Err(e) => {
-                    self.error(
-                        None,
-                        "BadRequestException",
-                        &format!("Invalid message: {e}"),
-                    );
-                    return Next::Continue;
-                }
-            },
-            Ok(_) => {
-                self.error(
-                    None,
-                    "BadRequestException",
-                    "A message must be a JSON object",
-                );
-                return Next::Continue;
-            }
-            Err(e) => {
-                self.error(None, "BadRequestException", &format!("Invalid JSON: {e}"));
+        let m: Message = match parse_message(&text) {
+            Ok(m) => m,
+            Err(why) => {
+                self.error(None, "BadRequestException", &why);
                 return Next::Continue;
             }
         };

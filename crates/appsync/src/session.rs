@@ -362,3 +362,15 @@ pub fn uuid() -> String {
         &h[20..32]
     )
 }
+
+/// A client message decoded as `M`, or what is wrong with it (the text of
+/// the `BadRequestException` both protocols answer with).
+pub(crate) fn parse_message<M: serde::de::DeserializeOwned>(text: &str) -> Result<M, String> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v @ serde_json::Value::Object(_)) => {
+            serde_json::from_value(v).map_err(|e| format!("Invalid message: {e}"))
+        }
+        Ok(_) => Err("A message must be a JSON object".into()),
+        Err(e) => Err(format!("Invalid JSON: {e}")),
+    }
+}
