@@ -401,14 +401,17 @@ fn growth(report: &mut Report, name: &str, unit: &'static str, points: &[(f64, f
     );
     if let Some(f) = fit {
         if f.significant() {
+            let how = if f.slope > 0.0 { "grows" } else { "shrinks" };
             report.notes.push(format!(
-                "{name} grows by {:.0} {unit}/h ± {:.0} after the warm-up: more than two standard \
+                "{name} {how} by {:.0} {unit}/h ± {:.0} after the warm-up: more than two standard \
                  errors from flat",
-                f.slope, f.stderr
+                f.slope.abs(),
+                f.stderr
             ));
         }
     }
-    significant.unwrap_or(false)
+    // Only growth is a leak: a process that gives memory back is flat.
+    fit.is_some_and(|f| f.significant() && f.slope > 0.0)
 }
 
 pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
