@@ -5,6 +5,7 @@
 //! reaches each client exactly once, in order, batches included. Plus the
 //! configuration checks (the adapter must match the broker).
 
+#[macro_use]
 mod common;
 
 use common::{Server, Ws, TIMEOUT};
@@ -217,22 +218,6 @@ async fn every_message_once_on_every_node(kind: Kind) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-}
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-            #[tokio::test]
-            async fn redis() {
-                super::$name(Kind::Redis).await
-            }
-            #[tokio::test]
-            async fn nats() {
-                super::$name(Kind::Nats).await
-            }
-        }
-    };
 }
 
 both!(every_message_once_on_every_node);

@@ -7,6 +7,7 @@
 //! outage. Every test runs on both brokers. (conformance/tests/cluster
 //! drives the same cluster with pusher-js and the `pusher` SDK.)
 
+#[macro_use]
 mod common;
 
 use common::{Client, Server, TIMEOUT};
@@ -104,22 +105,6 @@ async fn sign_in(c: &mut Client, id: &str) {
 async fn member_event(c: &mut Client, event: &str) -> Value {
     let f = c.expect(event, Some("presence-room")).await;
     common::data(&f)
-}
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-            #[tokio::test]
-            async fn redis() {
-                super::$name(Kind::Redis).await
-            }
-            #[tokio::test]
-            async fn nats() {
-                super::$name(Kind::Nats).await
-            }
-        }
-    };
 }
 
 both!(sigkilled_node_leaves_within_the_ttl);

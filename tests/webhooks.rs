@@ -2,6 +2,7 @@
 //! the Pusher signature, batching, the delayed leave and its cancellation,
 //! retries after a 500, the bounded queue, and delivery on shutdown.
 
+#[macro_use]
 mod common;
 
 use axum::body::Bytes;
@@ -498,22 +499,6 @@ fn counts(rx: &Receiver, channel: &str) -> Vec<u64> {
         .filter(|e| e["name"] == "subscription_count" && e["channel"] == channel)
         .map(|e| e["subscription_count"].as_u64().unwrap())
         .collect()
-}
-
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-            #[tokio::test]
-            async fn redis() {
-                super::$name(Kind::Redis).await
-            }
-            #[tokio::test]
-            async fn nats() {
-                super::$name(Kind::Nats).await
-            }
-        }
-    };
 }
 
 both!(a_cluster_sends_each_webhook_once);

@@ -5,6 +5,25 @@
 
 #![allow(dead_code)]
 
+/// One test body run twice, on Redis and on NATS (`Kind` in scope):
+/// `both!(name)` beside `async fn name(kind: Kind)`.
+#[allow(unused_macros)]
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn redis() {
+                super::$name(Kind::Redis).await
+            }
+            #[tokio::test]
+            async fn nats() {
+                super::$name(Kind::Nats).await
+            }
+        }
+    };
+}
+
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use std::path::PathBuf;
