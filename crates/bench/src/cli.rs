@@ -158,6 +158,10 @@ struct SoakArgs {
     /// One HTTP API query (channels, channel info, users) this often.
     #[arg(long, default_value = "1s", value_parser = super::parse_duration)]
     api_interval: std::time::Duration,
+    /// A leaving subscriber reads this much longer once every publish
+    /// stamped before it left has been answered.
+    #[arg(long, default_value = "2s", value_parser = super::parse_duration)]
+    grace: std::time::Duration,
     /// The server's Prometheus metrics (default: /metrics on --url's port).
     #[arg(long)]
     metrics_url: Option<String>,
@@ -489,6 +493,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.presence_channels = a.presence_channels;
                 p.presence_stay = a.presence_stay;
                 p.api_interval = a.api_interval;
+                p.grace = a.grace;
                 p.metrics_url = a.metrics_url;
                 p.timeout = common.timeout;
                 p.progress = progress;

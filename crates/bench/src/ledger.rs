@@ -236,6 +236,14 @@ impl Ledger {
     }
 
     pub fn tally(&self) -> Deliveries {
+        self.tally_with(|_, _, _| {})
+    }
+
+    /// [`Ledger::tally`], calling `lost(window, stamp, id)` for every
+    /// expected send the window's receiver did not get: where in the
+    /// windows losses fall tells a server's drop from a receiver that
+    /// stopped reading too early.
+    pub fn tally_with(&self, mut lost: impl FnMut(&Window, u64, MsgId)) -> Deliveries {
         let mut sends = self.sends.lock().unwrap().clone();
         sends.sort_unstable_by_key(|s| s.0);
         let stamps: Vec<u64> = sends.iter().map(|s| s.0).collect();
@@ -252,10 +260,14 @@ impl Ledger {
             let mine = own.get(&w.receiver).unwrap_or(&no_sends);
             let lo = stamps.partition_point(|&t| t < w.join);
             let hi = stamps.partition_point(|&t| t <= w.leave).max(lo);
-            for (_, id) in &sends[lo..hi] {
+            for &(stamp, id) in &sends[lo..hi] {
                 if id.sender != w.receiver {
                     d.expected += 1;
-                    d.received += got.contains(id.seq) as u64;
+                    if got.contains(id.seq) {
+                        d.received += 1;
+                    } else {
+                        lost(w, stamp, id);
+                    }
                 }
             }
             d.duplicated += w.seen.duplicates;
@@ -265,6 +277,48 @@ impl Ledger {
                 + got.intersection_len(mine);
         }
         d
+    }
+}
+
+/// The stamps of sends still in flight (made but not yet answered by the
+/// server). A receiver about to stop reading asks [`Outstanding::answered_through`]
+/// so that it keeps reading until every send stamped before it left has
+/// reached the server: on a saturated machine an HTTP publish can take
+/// seconds to be accepted, longer than any fixed grace period.
+#[derive(Default)]
+pub struct Outstanding {
+    stamps: Mutex<std::collections::BTreeMap<u64, u32>>,
+}
+
+impl Outstanding {
+    /// Stamp a send about to be made, with `now`'s value taken under the
+    /// lock, so a receiver asking after time t sees every send stamped at
+    /// or before t either here or already answered.
+    pub fn begin(&self, now: impl FnOnce() -> u64) -> u64 {
+        let mut m = self.stamps.lock().unwrap();
+        let t = now();
+        *m.entry(t).or_default() += 1;
+        t
+    }
+
+    /// The send stamped `stamp` was answered (accepted or refused).
+    pub fn end(&self, stamp: u64) {
+        let mut m = self.stamps.lock().unwrap();
+        if let Some(n) = m.get_mut(&stamp) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&stamp);
+            }
+        }
+    }
+
+    /// Whether every send stamped at or before `t` has been answered.
+    pub fn answered_through(&self, t: u64) -> bool {
+        self.stamps
+            .lock()
+            .unwrap()
+            .first_key_value()
+            .is_none_or(|(&first, _)| first > t)
     }
 }
 
@@ -381,6 +435,34 @@ mod tests {
         assert_eq!(d.lost(), 2);
         assert_eq!(d.duplicated, 2);
         assert_eq!(d.unexpected, 2);
+    }
+
+    #[test]
+    fn outstanding_sends_hold_back_only_receivers_that_left_after_them() {
+        let o = Outstanding::default();
+        let a = o.begin(|| 10);
+        let b = o.begin(|| 20);
+        assert!(o.answered_through(9));
+        assert!(!o.answered_through(10));
+        o.end(a);
+        assert!(o.answered_through(19));
+        assert!(!o.answered_through(25));
+        o.end(b);
+        assert!(o.answered_through(u64::MAX));
+    }
+
+    #[test]
+    fn tally_names_each_lost_send() {
+        let l = Ledger::default();
+        for t in [10, 20, 30] {
+            let m = l.next_id(99);
+            l.send(t, m);
+        }
+        l.window(w(1, 5, 35, &[(99, 0), (99, 2)]));
+        let mut lost = Vec::new();
+        let d = l.tally_with(|win, stamp, id| lost.push((win.receiver, stamp, id.seq)));
+        assert_eq!(d.lost(), 1);
+        assert_eq!(lost, vec![(1, 20, 1)]);
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //!   subscribers. Every publish carries a per-channel sequence number, and
 //!   each channel has its own [`Ledger`], so a delivery the server lost or
 //!   duplicated is counted exactly (a subscriber is owed every publish
-//!   stamped while it was subscribed);
+//!   stamped while it was subscribed; when it leaves it reads on until
+//!   every publish stamped before then has been answered by the server,
+//!   and `--grace` more, so a slow HTTP round trip is not counted as a
+//!   loss; losses are reported by where they fall in the windows);
 //! - connection churn: each subscriber lives `--lifetime` (±50 %, so the
 //!   churn is steady) and then reconnects and subscribes again;
 //! - presence: `--presence` members join and leave `--presence-channels`
@@ -25,7 +28,7 @@
 //! `/metrics`) must come back to what they were before the load.
 
 use super::client::{bench_data, scan, Conn, HttpPublisher};
-use super::ledger::{Deliveries, Ledger, MsgId, Receipt, Seen, Window};
+use super::ledger::{Deliveries, Ledger, MsgId, Outstanding, Receipt, Seen, Window};
 use super::metrics::{Latency, Live, Monitor};
 use super::worst::{self, Api, Metrics, Probe};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
@@ -59,7 +62,8 @@ pub struct SoakParams {
     /// A presence member's mean stay.
     pub presence_stay: Duration,
     pub api_interval: Duration,
-    /// How long a leaving subscriber keeps reading what was sent before.
+    /// How long a leaving subscriber keeps reading after every publish
+    /// stamped before it left has been answered by the server.
     pub grace: Duration,
     /// Longest wait for descriptors and gauge to come back after the load.
     pub settle: Duration,
@@ -116,6 +120,9 @@ struct Shared {
     api_duration: Latency,
     publish_duration: Latency,
     ledgers: Vec<Ledger>,
+    /// Publishes in flight: a leaving subscriber drains until those
+    /// stamped before it left are answered.
+    outstanding: Outstanding,
     next_conn: AtomicU64,
     sessions: AtomicU64,
     presence_joins: AtomicU64,
@@ -198,12 +205,31 @@ async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>)
         }
         let leave = now_us();
         if !gone {
-            let _ = tokio::time::timeout(p.grace, async {
-                while let Ok(text) = conn.recv().await {
-                    on_frame(&text, &mut seen);
+            // The subscriber is owed every publish stamped up to `leave`,
+            // and an HTTP publish may take seconds to reach the server on a
+            // busy machine: read on until each of those is answered, then
+            // `grace` more for their deliveries (bounded by --timeout).
+            let drain = async {
+                let mut poll = tokio::time::interval(Duration::from_millis(20));
+                loop {
+                    tokio::select! {
+                        r = conn.recv() => match r {
+                            Ok(text) => on_frame(&text, &mut seen),
+                            Err(_) => return,
+                        },
+                        _ = poll.tick() => if s.outstanding.answered_through(leave) {
+                            break;
+                        },
+                    }
                 }
-            })
-            .await;
+                let _ = tokio::time::timeout(p.grace, async {
+                    while let Ok(text) = conn.recv().await {
+                        on_frame(&text, &mut seen);
+                    }
+                })
+                .await;
+            };
+            let _ = tokio::time::timeout(p.timeout + p.grace, drain).await;
             conn.close().await;
         }
         s.live.connections.fetch_sub(1, Relaxed);
@@ -349,7 +375,7 @@ async fn publishers(s: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         let (s2, publisher) = (s.clone(), publisher.clone());
         inflight.spawn(async move {
             let _permit = permit;
-            let stamp = now_us();
+            let stamp = s2.outstanding.begin(now_us);
             let msg: MsgId = s2.ledgers[c].next_id(PUBLISHER_ID + c as u64);
             let data = bench_data(stamp, msg);
             let t0 = Instant::now();
@@ -367,9 +393,55 @@ async fn publishers(s: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                     s2.live.error("publish", e.explain(&s2.p.target));
                 }
             }
+            s2.outstanding.end(stamp);
         });
     }
     while inflight.join_next().await.is_some() {}
+}
+
+/// Where in the subscribers' windows lost deliveries fall: at a window's
+/// edges (a publish racing a join or a leave) or inside, where a server
+/// has no excuse.
+#[derive(Default)]
+struct LossPlaces {
+    /// Within a second after the join.
+    after_join: u64,
+    /// Within a second before the leave.
+    before_leave: u64,
+    inside: u64,
+    /// A few examples: (receiver, ms after join, ms before leave).
+    examples: Vec<(u64, f64, f64)>,
+}
+
+impl LossPlaces {
+    const EDGE_US: u64 = 1_000_000;
+
+    fn add(&mut self, w: &Window, stamp: u64) {
+        let (after, before) = (stamp - w.join, w.leave - stamp);
+        if after < Self::EDGE_US {
+            self.after_join += 1;
+        } else if before < Self::EDGE_US {
+            self.before_leave += 1;
+        } else {
+            self.inside += 1;
+        }
+        if self.examples.len() < 10 {
+            self.examples
+                .push((w.receiver, after as f64 / 1e3, before as f64 / 1e3));
+        }
+    }
+
+    fn report(&self, report: &mut Report) {
+        report.counter("lost_within_1s_after_join", self.after_join);
+        report.counter("lost_within_1s_before_leave", self.before_leave);
+        report.counter("lost_inside_windows", self.inside);
+        for (r, after, before) in &self.examples {
+            report.notes.push(format!(
+                "lost at subscriber {r}: {after:.1} ms after it joined, {before:.1} ms before it \
+                 left"
+            ));
+        }
+    }
 }
 
 /// One sample: seconds since the load started, the server, its gauge.
@@ -461,6 +533,7 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
         api_duration: Latency::default(),
         publish_duration: Latency::default(),
         ledgers: (0..p.channels).map(|_| Ledger::default()).collect(),
+        outstanding: Outstanding::default(),
         next_conn: AtomicU64::new(0),
         sessions: AtomicU64::new(0),
         presence_joins: AtomicU64::new(0),
@@ -539,9 +612,11 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
     .await;
 
     let mut d = Deliveries::default();
+    let mut places = LossPlaces::default();
     for l in &s.ledgers {
-        d.add(l.tally());
+        d.add(l.tally_with(|w, stamp, _| places.add(w, stamp)));
     }
+    places.report(&mut report);
     report.counter("ws_sessions", s.sessions.load(Relaxed));
     report.counter(
         "http_publishes",
