@@ -469,7 +469,7 @@ async fn herald_calls_a_grpc_app_benchmark_channel_broadcasts() {
     .await;
     // The broadcast (through /_broadcast) and the answer to the sender, in
     // either order.
-    let mut got = vec![frame(&mut ws).await, frame(&mut ws).await];
+    let mut got = [frame(&mut ws).await, frame(&mut ws).await];
     got.sort_by_key(|f| f["message"]["action"].as_str().unwrap_or("").to_owned());
     assert_eq!(
         got[0]["message"],

@@ -701,7 +701,7 @@ async fn graphql_start_publish_stop() {
         a.expect("data").await,
         json!({ "type": "data", "id": "s1", "payload": { "data": { "subscribe": { "name": "room", "data": "{\"msg\":\"hi\"}" } } } })
     );
-    let mut got = vec![b.expect("data").await, b.expect("data").await];
+    let mut got = [b.expect("data").await, b.expect("data").await];
     got.sort_by_key(|v| v["id"].as_str().unwrap().to_owned());
     assert_eq!(
         got[0]["payload"],

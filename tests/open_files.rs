@@ -85,5 +85,5 @@ fn serve_raises_its_soft_open_file_limit() {
     }
     child.kill().unwrap();
     let _ = child.wait();
-    assert_eq!(seen, Some(hard.rlim_max as u64));
+    assert_eq!(seen, Some(hard.rlim_max));
 }

@@ -197,9 +197,8 @@ proptest! {
 
     #[test]
     fn publish_names_match_subscribe_names_outside_user_channels(s in any::<String>(), max in 1usize..300) {
-        if s.starts_with("#server-to-user-") {
+        if let Some(user) = s.strip_prefix("#server-to-user-") {
             let r = validate_publish_name(&s, max);
-            let user = &s["#server-to-user-".len()..];
             let ok = !user.is_empty()
                 && s.len() <= max
                 && !user.chars().any(|c| c.is_control() || c.is_whitespace());

@@ -122,11 +122,11 @@ pub fn raise_open_file_limit() -> Option<u64> {
                 rlim_max: lim.rlim_max,
             };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return Some(raised.rlim_cur as u64);
+                return Some(raised.rlim_cur);
             }
         }
     }
-    Some(lim.rlim_cur as u64)
+    Some(lim.rlim_cur)
 }
 
 /// Bind with a large listen backlog so a connection avalanche queues

@@ -564,12 +564,7 @@ impl Client {
     /// the WebSocket handshake can tell.
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;
-        loop {
-            match tokio::time::timeout(TIMEOUT, self.ws.next()).await {
-                Ok(Some(Ok(_))) => continue,
-                _ => break,
-            }
-        }
+        while let Ok(Some(Ok(_))) = tokio::time::timeout(TIMEOUT, self.ws.next()).await {}
     }
 }
 

@@ -88,6 +88,8 @@ fn unauthorized() -> Response {
 }
 
 /// The app of the request's `x-api-key`, and the key.
+// The error is the HTTP answer itself, as for the core's handshake.
+#[allow(clippy::result_large_err)]
 fn authorize(node: &Node, headers: &HeaderMap) -> Result<(Arc<Hub>, String), Response> {
     let key = headers
         .get("x-api-key")

@@ -472,11 +472,7 @@ async fn subscription_counts_are_cluster_totals(kind: Kind) {
         let deadline = Instant::now() + TIMEOUT;
         let mut last = String::new();
         while !last.ends_with("|count|counted|6") {
-            if let Some(f) = queued(s)
-                .into_iter()
-                .filter(|f| f.contains("|count|"))
-                .last()
-            {
+            if let Some(f) = queued(s).into_iter().rfind(|f| f.contains("|count|")) {
                 last = f;
             }
             assert!(Instant::now() < deadline, "count never reached 6: {last}");

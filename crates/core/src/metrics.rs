@@ -311,7 +311,10 @@ impl Traffic {
     }
 }
 
-static TRAFFIC: OnceLock<Mutex<HashMap<(Box<str>, &'static str), Arc<Traffic>>>> = OnceLock::new();
+/// Traffic counters by (app, protocol).
+type TrafficMap = HashMap<(Box<str>, &'static str), Arc<Traffic>>;
+
+static TRAFFIC: OnceLock<Mutex<TrafficMap>> = OnceLock::new();
 
 /// The traffic counters of (`app`, `protocol`), created on first use. A
 /// session looks its own up once, when it starts.

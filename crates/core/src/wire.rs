@@ -85,8 +85,12 @@ pub fn same(a: &dyn Wire, b: &dyn Wire) -> bool {
 /// subscriptions.
 pub struct EncodeOnce<'a> {
     event: Event<'a>,
-    frames: Vec<(&'static str, Option<std::sync::Arc<str>>, Option<Frame>)>,
+    frames: Vec<Encoded>,
 }
+
+/// One encoding: the wire's name, the tag, and the frame (`None`: the
+/// wire sends nothing for this tag).
+type Encoded = (&'static str, Option<std::sync::Arc<str>>, Option<Frame>);
 
 impl<'a> EncodeOnce<'a> {
     pub fn new(event: Event<'a>) -> Self {

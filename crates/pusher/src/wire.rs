@@ -442,6 +442,66 @@ pub fn watchlist_events(events: &[(&str, &[String])]) -> String {
     encode("pusher_internal:watchlist_events", None, &d)
 }
 
+/// The core's encoder for Pusher connections. Pusher frames do not differ
+/// per subscriber, so the tag is always empty.
+pub struct PusherWire;
+
+/// The one instance every Pusher connection points to.
+pub static WIRE: PusherWire = PusherWire;
+
+/// The wire's name: the `protocol` label of Pusher metrics.
+pub const NAME: &str = "pusher";
+
+impl herald_core::wire::Wire for PusherWire {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn publication(
+        &self,
+        p: &herald_core::fanout::Publication,
+        _tag: &str,
+    ) -> herald_core::frame::Frame {
+        herald_core::frame::Frame::text(&encode_raw(
+            &p.event,
+            Some(&p.channel),
+            &p.data,
+            p.user_id.as_deref(),
+        ))
+    }
+
+    fn event(
+        &self,
+        e: &herald_core::wire::Event<'_>,
+        _tag: &str,
+    ) -> Option<herald_core::frame::Frame> {
+        use herald_core::wire::Event;
+        let text = match e {
+            Event::Subscribed { channel, members } => {
+                let entries: Option<Vec<PresenceEntry<'_>>> = members.map(|m| {
+                    m.iter()
+                        .map(|m| PresenceEntry {
+                            user_id: m.user_id,
+                            user_info: m.info,
+                        })
+                        .collect()
+                });
+                subscription_succeeded(channel, entries.as_deref())
+            }
+            Event::MemberAdded { channel, member } => {
+                member_added(channel, member.user_id, member.info)
+            }
+            Event::MemberRemoved { channel, user_id } => member_removed(channel, user_id),
+            Event::SubscriptionCount { channel, count } => subscription_count(channel, *count),
+            Event::CacheMiss { channel } => cache_miss(channel),
+            Event::Watchlist { online, offline } => {
+                watchlist_events(&[("online", online), ("offline", offline)])
+            }
+        };
+        Some(herald_core::frame::Frame::text(&text))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,65 +600,5 @@ mod tests {
             e,
             r#"{"event":"pusher:error","data":{"code":4001,"message":"nope"}}"#
         );
-    }
-}
-
-/// The core's encoder for Pusher connections. Pusher frames do not differ
-/// per subscriber, so the tag is always empty.
-pub struct PusherWire;
-
-/// The one instance every Pusher connection points to.
-pub static WIRE: PusherWire = PusherWire;
-
-/// The wire's name: the `protocol` label of Pusher metrics.
-pub const NAME: &str = "pusher";
-
-impl herald_core::wire::Wire for PusherWire {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn publication(
-        &self,
-        p: &herald_core::fanout::Publication,
-        _tag: &str,
-    ) -> herald_core::frame::Frame {
-        herald_core::frame::Frame::text(&encode_raw(
-            &p.event,
-            Some(&p.channel),
-            &p.data,
-            p.user_id.as_deref(),
-        ))
-    }
-
-    fn event(
-        &self,
-        e: &herald_core::wire::Event<'_>,
-        _tag: &str,
-    ) -> Option<herald_core::frame::Frame> {
-        use herald_core::wire::Event;
-        let text = match e {
-            Event::Subscribed { channel, members } => {
-                let entries: Option<Vec<PresenceEntry<'_>>> = members.map(|m| {
-                    m.iter()
-                        .map(|m| PresenceEntry {
-                            user_id: m.user_id,
-                            user_info: m.info,
-                        })
-                        .collect()
-                });
-                subscription_succeeded(channel, entries.as_deref())
-            }
-            Event::MemberAdded { channel, member } => {
-                member_added(channel, member.user_id, member.info)
-            }
-            Event::MemberRemoved { channel, user_id } => member_removed(channel, user_id),
-            Event::SubscriptionCount { channel, count } => subscription_count(channel, *count),
-            Event::CacheMiss { channel } => cache_miss(channel),
-            Event::Watchlist { online, offline } => {
-                watchlist_events(&[("online", online), ("offline", offline)])
-            }
-        };
-        Some(herald_core::frame::Frame::text(&text))
     }
 }
