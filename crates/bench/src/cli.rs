@@ -106,8 +106,9 @@ struct StormArgs {
     /// Clients connecting at once in the first, orderly connect.
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
-    /// Spread reconnects over this much after pusher-js's 1 s (pusher-js
-    /// itself has no jitter: 0 brings everyone back at once).
+    /// Spread first reconnects over this much more than the protocol's
+    /// client waits (pusher-js: 1 s, no jitter of its own: 0 brings everyone
+    /// back at once; Action Cable: its monitor's jittered poll; Amplify: 5 s).
     #[arg(long, default_value = "0s", value_parser = super::parse_duration)]
     jitter: std::time::Duration,
     /// A reconnecting client gives up after this long.
@@ -122,9 +123,10 @@ struct StormArgs {
     /// The server's Prometheus metrics (default: /metrics on --url's port).
     #[arg(long)]
     metrics_url: Option<String>,
-    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    /// The protocol the clients speak (only pusher has private and presence
+    /// channels; actioncable needs `herald bench rpc-server` as the app).
     #[arg(long, value_enum, default_value = "pusher")]
-    protocol: ProtocolArg,
+    protocol: super::proto::Proto,
 }
 
 #[derive(Args)]
@@ -501,8 +503,8 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 super::soak::run(&p).await
             }
             BenchScenario::Storm(a) => {
-                pusher_only("storm", a.protocol)?;
                 let mut p = super::storm::StormParams::new(target);
+                p.protocol = a.protocol;
                 p.clients = common.clients.unwrap_or(p.clients);
                 p.channels = a.channels;
                 p.presence_size = a.presence_size;

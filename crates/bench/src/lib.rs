@@ -28,6 +28,9 @@
 //!             HTTP API queries, presence subscriptions, slopes)
 //! actioncable Action Cable clients for broadcast and connect
 //!             (`--protocol actioncable`, BenchmarkChannel over /cable)
+//! proto       the protocols soak, storm and slow speak behind one client
+//!             (Pusher, Action Cable, AppSync GraphQL and Events), their
+//!             publishers and their reference clients' reconnect timing
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
@@ -49,6 +52,7 @@ pub mod fanout;
 pub mod idle;
 pub mod ledger;
 pub mod metrics;
+pub mod proto;
 pub mod report;
 pub mod rpc;
 pub mod slow;

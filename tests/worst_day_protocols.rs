@@ -1,0 +1,87 @@
+//! The "worst day" bench scenarios (`storm`, `slow`, `soak`) over Action
+//! Cable (a real herald whose RPC app is a real `herald bench rpc-server`
+//! process) and over both AppSync APIs, at small scale, asserting counts,
+//! never speeds: every client back after a storm and the connection gauge
+//! at its baseline once everyone has left; slow subscribers closed while
+//! the others receive everything; nothing lost or duplicated in a soak.
+
+mod common;
+
+use common::{bench_target, figure, herald_with_bench_app, Server};
+use herald_bench::proto::Proto;
+use herald_bench::report::Report;
+use herald_bench::storm::{self, StormParams};
+use std::time::Duration;
+
+fn tiny_storm(s: &Server, protocol: Proto) -> StormParams {
+    StormParams {
+        protocol,
+        clients: 60,
+        channels: 5,
+        newcomer_rate: 20.0,
+        window: Duration::from_secs(2),
+        give_up: Duration::from_secs(40),
+        settle: Duration::from_secs(10),
+        progress: false,
+        server_pid: Some(s.pid() as u32),
+        ..StormParams::new(bench_target(s))
+    }
+}
+
+fn assert_storm(r: &Report, protocol: Proto) {
+    let summary = r.summary();
+    assert!(summary.contains(protocol.name()), "{summary}");
+    assert_eq!(r.fraction("connected_before_storm"), Some(1.0), "{summary}");
+    assert_eq!(r.fraction("back_and_subscribed"), Some(1.0), "{summary}");
+    assert!(r.figure("all_back_after").is_some(), "{summary}");
+    assert_eq!(r.count("reconnects_given_up"), 0, "{summary}");
+    // No presence in these protocols: skipped, and the report says so.
+    assert!(
+        r.fraction("presence_counts_matching").is_none(),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("presence member check is skipped"),
+        "{summary}"
+    );
+    assert_eq!(
+        figure(r, "connections_gauge_before_storm"),
+        60.0,
+        "{summary}"
+    );
+    assert_eq!(
+        figure(r, "connections_gauge_after_storm"),
+        60.0,
+        "{summary}"
+    );
+    assert!(r.count("newcomers_during_disconnect") > 0, "{summary}");
+    assert_eq!(r.fraction("newcomer_success"), Some(1.0), "{summary}");
+    assert_eq!(r.count("connections_lost_while_held"), 0, "{summary}");
+    assert_eq!(r.count("connection_errors"), 0, "{summary}");
+    assert_eq!(
+        figure(r, "connections_gauge_after_all_left"),
+        0.0,
+        "{summary}"
+    );
+    assert_eq!(figure(r, "gauge_back_to_baseline"), 1.0, "{summary}");
+    assert_eq!(
+        figure(r, "fds_after_all_left"),
+        figure(r, "fds_baseline"),
+        "{summary}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_over_action_cable_brings_everyone_back_and_leaves_nothing() {
+    let (s, _app) = herald_with_bench_app("", "").await;
+    let r = storm::run(&tiny_storm(&s, Proto::ActionCable))
+        .await
+        .unwrap();
+    assert_storm(&r, Proto::ActionCable);
+    // ConnectionMonitor: nobody is back before the 6 s stale threshold.
+    let summary = r.summary();
+    assert!(
+        r.latency("reconnect_time").unwrap().min >= 5_900.0,
+        "{summary}"
+    );
+}
