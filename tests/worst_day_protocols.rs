@@ -13,6 +13,9 @@ use herald_bench::report::Report;
 use herald_bench::storm::{self, StormParams};
 use std::time::Duration;
 
+/// The test app's key is also its AppSync API key.
+const API_KEY: &str = "api_keys = [\"test-key\"]";
+
 fn tiny_storm(s: &Server, protocol: Proto) -> StormParams {
     StormParams {
         protocol,
@@ -84,4 +87,16 @@ async fn storm_over_action_cable_brings_everyone_back_and_leaves_nothing() {
         r.latency("reconnect_time").unwrap().min >= 5_900.0,
         "{summary}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm_over_both_appsync_apis_brings_everyone_back_and_leaves_nothing() {
+    for protocol in [Proto::AppsyncGraphql, Proto::AppsyncEvents] {
+        let s = Server::start_with("", API_KEY).await;
+        let r = storm::run(&tiny_storm(&s, protocol)).await.unwrap();
+        assert_storm(&r, protocol);
+        // Amplify: everyone reconnects 5 s after the drop, within 0.1 s.
+        let t = r.latency("reconnect_time").unwrap();
+        assert!(t.min >= 4_900.0, "{}", r.summary());
+    }
 }
