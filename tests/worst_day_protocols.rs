@@ -10,6 +10,7 @@ mod common;
 use common::{bench_target, figure, herald_with_bench_app, Server};
 use herald_bench::proto::Proto;
 use herald_bench::report::Report;
+use herald_bench::slow::{self, SlowParams};
 use herald_bench::storm::{self, StormParams};
 use std::time::Duration;
 
@@ -98,5 +99,59 @@ async fn storm_over_both_appsync_apis_brings_everyone_back_and_leaves_nothing() 
         // Amplify: everyone reconnects 5 s after the drop, within 0.1 s.
         let t = r.latency("reconnect_time").unwrap();
         assert!(t.min >= 4_900.0, "{}", r.summary());
+    }
+}
+
+/// The smallest queue Herald accepts, so the slow ones overflow soon.
+const SMALL_QUEUE: &str = "outbound_bytes = 65536";
+
+fn tiny_slow(s: &Server, protocol: Proto) -> SlowParams {
+    let mut p = SlowParams::new(bench_target(s));
+    (p.protocol, p.progress, p.server_pid) = (protocol, false, Some(s.pid() as u32));
+    (p.clients, p.slow_share, p.channels) = (60, 0.1, 3);
+    // 150 publishes/s of 8 KiB: 1.2 MB/s to each slow subscriber.
+    (p.rate, p.payload, p.queue_bytes) = (150.0, 8192, 65536);
+    (p.duration, p.drain) = (Duration::from_secs(4), Duration::from_secs(1));
+    p
+}
+
+/// Slow subscribers closed the protocol's way (`code`), counted by the
+/// server; the fast ones got everything in both phases.
+fn assert_slow(r: &Report, protocol: Proto, code: u16) {
+    let summary = r.summary();
+    assert!(summary.contains(protocol.name()), "{summary}");
+    for phase in ["clean", "slow"] {
+        let m = |name: &str| format!("{name}{{phase:{phase}}}");
+        assert_eq!(r.fraction(&m("subscribed")), Some(1.0), "{summary}");
+        assert!(r.count(&m("fast_deliveries_expected")) > 500, "{summary}");
+        for zero in [
+            "fast_deliveries_lost",
+            "fast_deliveries_duplicated",
+            "fast_deliveries_unexpected",
+            "http_publish_errors",
+            "connection_errors",
+        ] {
+            assert_eq!(r.count(&m(zero)), 0, "{zero}: {summary}");
+        }
+    }
+    assert_eq!(r.count("slow_clients"), 6, "{summary}");
+    let closed = format!("slow_closed_{code}");
+    assert_eq!(r.fraction(&closed), Some(1.0), "{summary}");
+    assert_eq!(figure(r, "server_slow_clients_closed"), 6.0, "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_action_cable_subscribers_are_told_too_slow_while_the_others_get_everything() {
+    let (s, _app) = herald_with_bench_app("", SMALL_QUEUE).await;
+    let r = slow::run(&tiny_slow(&s, Proto::ActionCable)).await.unwrap();
+    assert_slow(&r, Proto::ActionCable, 1013);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_appsync_subscribers_are_closed_while_the_others_get_everything() {
+    let s = Server::start_with("", &format!("{API_KEY}\n{SMALL_QUEUE}")).await;
+    for protocol in [Proto::AppsyncGraphql, Proto::AppsyncEvents] {
+        let r = slow::run(&tiny_slow(&s, protocol)).await.unwrap();
+        assert_slow(&r, protocol, 1008);
     }
 }

@@ -88,9 +88,35 @@ struct SlowArgs {
     /// The server's Prometheus metrics (default: /metrics on --url's port).
     #[arg(long)]
     metrics_url: Option<String>,
-    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    /// The protocol subscribers and publishers speak (actioncable needs
+    /// `herald bench rpc-server` as the server's app).
     #[arg(long, value_enum, default_value = "pusher")]
-    protocol: ProtocolArg,
+    protocol: super::proto::Proto,
+    #[command(flatten)]
+    broadcast: BroadcastTo,
+}
+
+/// Where Action Cable publishes go (`--protocol actioncable`).
+#[derive(Args)]
+struct BroadcastTo {
+    /// The AnyCable HTTP broadcast API (default: /_broadcast on --url's
+    /// port, as Herald serves it; AnyCable: its --http_broadcast_port,
+    /// http://127.0.0.1:8090/_broadcast by default).
+    #[arg(long)]
+    broadcast_url: Option<String>,
+    /// Sent as `Authorization: Bearer <key>` (Herald: rpc.broadcast_key;
+    /// AnyCable: --broadcast_key, or the key it derives from --secret).
+    #[arg(long)]
+    broadcast_key: Option<String>,
+}
+
+impl BroadcastTo {
+    fn get(self) -> super::proto::Broadcast {
+        super::proto::Broadcast {
+            url: self.broadcast_url,
+            key: self.broadcast_key,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -520,8 +546,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 super::storm::run(&p).await
             }
             BenchScenario::Slow(a) => {
-                pusher_only("slow", a.protocol)?;
                 let mut p = super::slow::SlowParams::new(target);
+                p.protocol = a.protocol;
+                p.broadcast = a.broadcast.get();
                 p.clients = common.clients.unwrap_or(p.clients);
                 p.duration = common.duration.unwrap_or(p.duration);
                 p.slow_share = a.slow_share;

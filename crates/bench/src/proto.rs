@@ -174,7 +174,7 @@ impl Proto {
     /// Whether an error is the close of a slow subscriber.
     pub fn is_slow_close(self, e: &ClientError) -> bool {
         matches!(e, ClientError::Closed(why)
-            if why.contains(&format!("code {} ", self.slow_close_code())))
+            if why.contains(&format!("code {}", self.slow_close_code())))
     }
 
     /// Check, with one client, that the target speaks the protocol with
