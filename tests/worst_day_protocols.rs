@@ -11,6 +11,7 @@ use common::{bench_target, figure, herald_with_bench_app, Server};
 use herald_bench::proto::Proto;
 use herald_bench::report::Report;
 use herald_bench::slow::{self, SlowParams};
+use herald_bench::soak::{self, SoakParams};
 use herald_bench::storm::{self, StormParams};
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ fn tiny_storm(s: &Server, protocol: Proto) -> StormParams {
         clients: 60,
         channels: 5,
         newcomer_rate: 20.0,
-        window: Duration::from_secs(2),
+        window: Duration::from_secs(1),
         give_up: Duration::from_secs(40),
         settle: Duration::from_secs(10),
         progress: false,
@@ -153,5 +154,60 @@ async fn slow_appsync_subscribers_are_closed_while_the_others_get_everything() {
     for protocol in [Proto::AppsyncGraphql, Proto::AppsyncEvents] {
         let r = slow::run(&tiny_slow(&s, protocol)).await.unwrap();
         assert_slow(&r, protocol, 1008);
+    }
+}
+
+/// 6 s of broadcast and churn: 40 subscribers living ~3 s each on 4
+/// channels, 20 publishes/s.
+fn tiny_soak(s: &Server, protocol: Proto) -> SoakParams {
+    let mut p = SoakParams::new(bench_target(s));
+    (p.protocol, p.progress, p.server_pid) = (protocol, false, Some(s.pid() as u32));
+    (p.subscribers, p.channels, p.rate) = (40, 4, 20.0);
+    (p.duration, p.lifetime) = (Duration::from_secs(6), Duration::from_secs(3));
+    (p.warmup, p.sample_interval) = (Some(Duration::from_secs(2)), Duration::from_secs(1));
+    p.grace = Duration::from_millis(500);
+    p
+}
+
+/// Nothing lost or duplicated, sessions churned, presence and API queries
+/// skipped (and said so), the server's descriptors and gauge back after.
+fn assert_soak(r: &Report, protocol: Proto) {
+    let summary = r.summary();
+    assert!(summary.contains(protocol.name()), "{summary}");
+    assert!(r.count("deliveries_expected") > 500, "{summary}");
+    for zero in [
+        "deliveries_lost",
+        "deliveries_duplicated",
+        "deliveries_unexpected",
+        "http_publish_errors",
+        "connection_errors",
+        "server_errors",
+        "presence_joins",
+        "api_queries",
+    ] {
+        assert_eq!(r.count(zero), 0, "{zero}: {summary}");
+    }
+    assert!(r.count("ws_sessions") > 60, "{summary}");
+    assert!(
+        summary.contains("presence members and API queries are skipped"),
+        "{summary}"
+    );
+    assert_eq!(figure(r, "fds_back_to_baseline"), 1.0, "{summary}");
+    assert_eq!(figure(r, "connections_gauge_after_load"), 0.0, "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_over_action_cable_loses_and_duplicates_nothing() {
+    let (s, _app) = herald_with_bench_app("", "").await;
+    let r = soak::run(&tiny_soak(&s, Proto::ActionCable)).await.unwrap();
+    assert_soak(&r, Proto::ActionCable);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_over_both_appsync_apis_loses_and_duplicates_nothing() {
+    let s = Server::start_with("", API_KEY).await;
+    for protocol in [Proto::AppsyncGraphql, Proto::AppsyncEvents] {
+        let r = soak::run(&tiny_soak(&s, protocol)).await.unwrap();
+        assert_soak(&r, protocol);
     }
 }

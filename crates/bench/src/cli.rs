@@ -52,9 +52,9 @@ enum BenchScenario {
     /// duplicated deliveries (default --clients 500, --duration 10m).
     Soak(SoakArgs),
     /// Reconnect storm and mass disconnect: N clients on public, private
-    /// and presence channels drop at once and come back like pusher-js;
-    /// then drop for good while new clients connect (default --clients
-    /// 15000).
+    /// and presence channels drop at once and come back like pusher-js
+    /// (or the protocol's own client: --protocol); then drop for good while
+    /// new clients connect (default --clients 15000).
     Storm(StormArgs),
     /// Slow consumers: a share of subscribers stop reading; the others'
     /// latency against a clean run, 4100 closes, server memory (default
@@ -193,20 +193,13 @@ struct SoakArgs {
     /// The server's Prometheus metrics (default: /metrics on --url's port).
     #[arg(long)]
     metrics_url: Option<String>,
-    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    /// The protocol subscribers and publishers speak (presence and API
+    /// queries only over pusher; actioncable needs `herald bench
+    /// rpc-server` as the server's app).
     #[arg(long, value_enum, default_value = "pusher")]
-    protocol: ProtocolArg,
-}
-
-/// The worst-day scenarios speak the Pusher protocol only so far.
-fn pusher_only(scenario: &str, protocol: ProtocolArg) -> Result<(), super::BenchError> {
-    match protocol {
-        ProtocolArg::Pusher => Ok(()),
-        _ => super::err(format!(
-            "{scenario} speaks only --protocol pusher so far (Pusher WebSocket clients and the \
-             Pusher HTTP API)"
-        )),
-    }
+    protocol: super::proto::Proto,
+    #[command(flatten)]
+    broadcast: BroadcastTo,
 }
 
 #[derive(Args, Clone)]
@@ -508,8 +501,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 idle::run(&p).await
             }
             BenchScenario::Soak(a) => {
-                pusher_only("soak", a.protocol)?;
                 let mut p = super::soak::SoakParams::new(target);
+                p.protocol = a.protocol;
+                p.broadcast = a.broadcast.get();
                 p.subscribers = common.clients.unwrap_or(p.subscribers);
                 p.duration = common.duration.unwrap_or(p.duration);
                 p.warmup = a.warmup;

@@ -23,7 +23,7 @@
 //! storm       mass disconnect and reconnect; new clients meanwhile; the
 //!             server's gauge and descriptors back to baseline
 //! slow        a share of subscribers stop reading; the others' latency
-//!             against a clean run, 4100 closes, server memory
+//!             against a clean run, slow-client closes, server memory
 //! worst       what soak, storm and slow share (process probes, /metrics,
 //!             HTTP API queries, presence subscriptions, slopes)
 //! actioncable Action Cable clients for broadcast and connect

@@ -138,6 +138,23 @@ impl Proto {
         }
     }
 
+    /// Whether a frame (`event` as [`Proto::scan`] read it) is the server
+    /// reporting an error: `pusher:error`, an Action Cable `disconnect`,
+    /// an AppSync `error`, `subscribe_error` or `connection_error`.
+    pub fn is_error(self, text: &str, event: &str) -> bool {
+        match self {
+            Proto::Pusher => event == "pusher:error",
+            Proto::ActionCable => event == actioncable::DISCONNECT_EVENT,
+            _ => {
+                event.is_empty()
+                    && matches!(
+                        client::string_field(text, "type"),
+                        Some("error" | "subscribe_error" | "connection_error")
+                    )
+            }
+        }
+    }
+
     pub fn explain(self, e: &ClientError, target: &Target) -> String {
         match self {
             Proto::ActionCable => actioncable::explain(e, target),
