@@ -144,8 +144,14 @@ fn assert_slow(r: &Report, protocol: Proto, code: u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_action_cable_subscribers_are_told_too_slow_while_the_others_get_everything() {
     let (s, _app) = herald_with_bench_app("", SMALL_QUEUE).await;
-    let r = slow::run(&tiny_slow(&s, Proto::ActionCable)).await.unwrap();
+    let mut p = tiny_slow(&s, Proto::ActionCable);
+    let r = slow::run(&p).await.unwrap();
     assert_slow(&r, Proto::ActionCable, 1013);
+    // A --broadcast-url where nothing listens: one clear error up front.
+    let nowhere = format!("http://127.0.0.1:{}/_broadcast", common::free_port());
+    p.broadcast.url = Some(nowhere);
+    let e = slow::run(&p).await.unwrap_err().to_string();
+    assert!(e.contains("check --broadcast-url"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,8 +100,8 @@ struct SlowArgs {
 #[derive(Args)]
 struct BroadcastTo {
     /// The AnyCable HTTP broadcast API (default: /_broadcast on --url's
-    /// port, as Herald serves it; AnyCable: its --http_broadcast_port,
-    /// http://127.0.0.1:8090/_broadcast by default).
+    /// port, as Herald serves it; AnyCable: port 8090 when it has neither
+    /// a broadcast key nor a secret, else its main port).
     #[arg(long)]
     broadcast_url: Option<String>,
     /// Sent as `Authorization: Bearer <key>` (Herald: rpc.broadcast_key;

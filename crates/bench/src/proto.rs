@@ -12,9 +12,10 @@
 //!   `BenchmarkChannel` with `{"id": name}` in its identifier, which
 //!   streams `all<name>`; publishes through the AnyCable HTTP broadcast
 //!   API, `POST /_broadcast` `{"stream":"all<name>","data":..}` (on
-//!   Herald's own port; AnyCable serves it on `--http_broadcast_port`,
-//!   8090 by default, and wants `Authorization: Bearer <broadcast key>`
-//!   when it has one, `--broadcast_key` or derived from `--secret`).
+//!   Herald's own port; AnyCable 1.6 on port 8090 when it has neither a
+//!   broadcast key nor a secret, else on its main port, wanting
+//!   `Authorization: Bearer <broadcast key>`, its `--broadcast_key` or
+//!   the key it derives from `--secret`).
 //! - **AppSync GraphQL / Events**: a subscription whose id is `name`
 //!   (see [`super::appsync`]); publishes through `POST /graphql` (the
 //!   `publish` mutation) or `POST /event`.
@@ -346,6 +347,17 @@ impl Publisher {
 
     pub fn explain(&self, e: &ClientError, target: &Target) -> String {
         match (self, e) {
+            (
+                Publisher::ActionCable { url, .. },
+                ClientError::Connect(m)
+                | ClientError::Http {
+                    status: None,
+                    message: m,
+                },
+            ) => format!("cannot reach the broadcast endpoint {url} ({m}): check --broadcast-url"),
+            (Publisher::ActionCable { url, .. }, ClientError::Timeout(_)) => {
+                format!("the broadcast endpoint {url} did not answer: check --broadcast-url")
+            }
             (Publisher::ActionCable { .. }, ClientError::Http { status, message }) => format!(
                 "the broadcast endpoint refused a publish: {message}{}",
                 match status {
