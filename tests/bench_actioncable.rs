@@ -5,80 +5,16 @@
 
 mod common;
 
-use common::Server;
+use common::{bench_target, herald_with_bench_app, Server};
 use herald_bench::actioncable::WsProtocol;
 use herald_bench::broadcast::{self, BroadcastParams, Via};
 use herald_bench::connect::{self, ConnectParams};
-use herald_bench::Target;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
-
-/// `herald bench rpc-server`, killed on drop.
-struct RpcServer(Child);
-
-impl Drop for RpcServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Herald with gRPC RPC to a `herald bench rpc-server` that broadcasts
-/// through Herald's `/_broadcast`; returns once a client is welcomed and
-/// confirmed through the app.
-async fn herald_with_bench_app() -> (Server, RpcServer) {
-    let rpc_port = common::free_port();
-    let server = Server::start_with(
-        &format!("[rpc]\nhost = \"127.0.0.1:{rpc_port}\"\ntimeout_ms = 5000"),
-        "",
-    )
-    .await;
-    let app = common::herald_command()
-        .args([
-            "bench",
-            "rpc-server",
-            "--port",
-            &rpc_port.to_string(),
-            "--threads",
-            "1",
-            "--broadcast-url",
-            &server.url("/_broadcast"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn herald bench rpc-server");
-    let app = RpcServer(app);
-    let deadline = Instant::now() + common::TIMEOUT;
-    while tokio::net::TcpStream::connect(("127.0.0.1", rpc_port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "herald bench rpc-server did not listen"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    (server, app)
-}
-
-fn target(server: &Server) -> Target {
-    Target::new(
-        &format!("ws://127.0.0.1:{}", server.port),
-        common::APP_ID,
-        common::APP_KEY,
-        common::APP_SECRET,
-        false,
-    )
-    .unwrap()
-}
+use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcast_over_action_cable_delivers_everything() {
-    let (server, _app) = herald_with_bench_app().await;
-    let mut p = BroadcastParams::new(target(&server));
+    let (server, _app) = herald_with_bench_app("", "").await;
+    let mut p = BroadcastParams::new(bench_target(&server));
     p.protocol = WsProtocol::ActionCable;
     p.peak = 8;
     p.duration = Duration::from_secs(3);
@@ -114,8 +50,8 @@ async fn broadcast_over_action_cable_delivers_everything() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_over_action_cable_connects_everyone() {
-    let (server, _app) = herald_with_bench_app().await;
-    let mut p = ConnectParams::new(target(&server));
+    let (server, _app) = herald_with_bench_app("", "").await;
+    let mut p = ConnectParams::new(bench_target(&server));
     p.protocol = WsProtocol::ActionCable;
     p.clients = 30;
     p.hold = true;
@@ -135,7 +71,7 @@ async fn connect_over_action_cable_connects_everyone() {
 async fn action_cable_preflight_names_the_missing_app() {
     // Herald without RPC welcomes everyone but has no BenchmarkChannel.
     let server = Server::start().await;
-    let mut p = ConnectParams::new(target(&server));
+    let mut p = ConnectParams::new(bench_target(&server));
     p.protocol = WsProtocol::ActionCable;
     p.clients = 3;
     p.progress = false;

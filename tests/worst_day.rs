@@ -7,34 +7,16 @@
 
 mod common;
 
-use common::{Server, APP_ID, APP_KEY, APP_SECRET};
-use herald_bench::report::Report;
+use common::{bench_target, figure, Server};
 use herald_bench::slow::{self, SlowParams};
 use herald_bench::soak::{self, SoakParams};
 use herald_bench::storm::{self, StormParams};
-use herald_bench::Target;
 use std::time::Duration;
-
-fn target(s: &Server) -> Target {
-    Target::new(
-        &format!("ws://127.0.0.1:{}", s.port),
-        APP_ID,
-        APP_KEY,
-        APP_SECRET,
-        false,
-    )
-    .unwrap()
-}
-
-fn figure(r: &Report, name: &str) -> f64 {
-    r.figure(name)
-        .unwrap_or_else(|| panic!("no {name} in the report:\n{}", r.summary()))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_loses_and_duplicates_nothing_and_leaves_no_descriptor_behind() {
     let s = Server::start().await;
-    let mut p = SoakParams::new(target(&s));
+    let mut p = SoakParams::new(bench_target(&s));
     p.duration = Duration::from_secs(8);
     p.warmup = Some(Duration::from_secs(2));
     p.sample_interval = Duration::from_secs(1);
@@ -82,7 +64,7 @@ async fn soak_loses_and_duplicates_nothing_and_leaves_no_descriptor_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_storm_every_client_is_back_and_after_they_leave_nothing_is_left() {
     let s = Server::start().await;
-    let mut p = StormParams::new(target(&s));
+    let mut p = StormParams::new(bench_target(&s));
     p.clients = 300;
     p.channels = 10;
     p.presence_size = 20;
@@ -137,7 +119,7 @@ async fn after_a_storm_every_client_is_back_and_after_they_leave_nothing_is_left
 async fn slow_subscribers_are_closed_with_4100_while_the_others_get_everything() {
     // The smallest queue Herald accepts, so the slow ones overflow soon.
     let s = Server::start_with("", "outbound_bytes = 65536").await;
-    let mut p = SlowParams::new(target(&s));
+    let mut p = SlowParams::new(bench_target(&s));
     p.clients = 60;
     p.slow_share = 0.1;
     p.channels = 3;

@@ -740,3 +740,72 @@ pub fn metric_in(
     }
     found
 }
+
+/// `herald bench rpc-server`, killed on drop.
+pub struct RpcServer(Child);
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Herald (`top` and `app` as for [`Server::start_with`]) with gRPC RPC
+/// to a `herald bench rpc-server` that broadcasts through Herald's
+/// `/_broadcast`; returns once the app listens.
+pub async fn herald_with_bench_app(top: &str, app: &str) -> (Server, RpcServer) {
+    let rpc_port = free_port();
+    let server = Server::start_with(
+        &format!("{top}\n[rpc]\nhost = \"127.0.0.1:{rpc_port}\"\ntimeout_ms = 5000"),
+        app,
+    )
+    .await;
+    let app = herald_command()
+        .args([
+            "bench",
+            "rpc-server",
+            "--port",
+            &rpc_port.to_string(),
+            "--threads",
+            "1",
+            "--broadcast-url",
+            &server.url("/_broadcast"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn herald bench rpc-server");
+    let app = RpcServer(app);
+    let deadline = Instant::now() + TIMEOUT;
+    while tokio::net::TcpStream::connect(("127.0.0.1", rpc_port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "herald bench rpc-server did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (server, app)
+}
+
+/// A `herald bench` target: this server with the test app's credentials.
+pub fn bench_target(s: &Server) -> herald_bench::Target {
+    herald_bench::Target::new(
+        &format!("ws://127.0.0.1:{}", s.port),
+        APP_ID,
+        APP_KEY,
+        APP_SECRET,
+        false,
+    )
+    .unwrap()
+}
+
+/// A figure a bench report must have.
+pub fn figure(r: &herald_bench::report::Report, name: &str) -> f64 {
+    r.figure(name)
+        .unwrap_or_else(|| panic!("no {name} in the report:\n{}", r.summary()))
+}

@@ -14,6 +14,7 @@
 //! (the ledger never expects them).
 
 use super::client::{bench_fields, next_text, string_field, ws_open, ClientError, Conn, Scan};
+use super::proto::Proto;
 use super::Target;
 use serde_json::Value;
 use std::net::IpAddr;
@@ -56,16 +57,12 @@ impl WsProtocol {
         }
     }
 
-    /// Connect and wait for the server's greeting.
-    pub async fn open(
-        self,
-        target: &Target,
-        source: Option<IpAddr>,
-        timeout: Duration,
-    ) -> Result<Conn, ClientError> {
+    /// The same protocol among the worst-day scenarios' ones, whose
+    /// `open` connects and waits for the server's greeting.
+    pub fn proto(self) -> Proto {
         match self {
-            WsProtocol::Pusher => Conn::open(target, source, timeout).await,
-            WsProtocol::ActionCable => open(target, source, timeout).await,
+            WsProtocol::Pusher => Proto::Pusher,
+            WsProtocol::ActionCable => Proto::ActionCable,
         }
     }
 
@@ -88,10 +85,7 @@ impl WsProtocol {
     /// The next text frame (Pusher: answering pings on the way; Action
     /// Cable's pings need no answer and are returned like any frame).
     pub async fn recv(self, conn: &mut Conn) -> Result<Utf8Bytes, ClientError> {
-        match self {
-            WsProtocol::Pusher => conn.recv().await,
-            WsProtocol::ActionCable => next_text(&mut conn.ws).await,
-        }
+        self.proto().recv(conn).await
     }
 
     pub fn scan(self, text: &str) -> Scan<'_> {
@@ -116,10 +110,7 @@ impl WsProtocol {
     }
 
     pub fn explain(self, e: &ClientError, target: &Target) -> String {
-        match self {
-            WsProtocol::Pusher => e.explain(target),
-            WsProtocol::ActionCable => explain(e, target),
-        }
+        self.proto().explain(e, target)
     }
 }
 
@@ -169,15 +160,37 @@ pub async fn open(
 
 /// Subscribe to `BenchmarkChannel` and wait for `confirm_subscription`.
 pub async fn subscribe(conn: &mut Conn, timeout: Duration) -> Result<(), ClientError> {
-    conn.send(format!(
-        r#"{{"command":"subscribe","identifier":{IDENTIFIER_JSON}}}"#
-    ))
-    .await?;
+    subscribe_identifiers(conn, &[IDENTIFIER.to_string()], timeout).await
+}
+
+/// The identifier of `BenchmarkChannel` with `id` param `name`: its
+/// subscription streams `all<name>` (see [`stream_of`]).
+pub fn identifier_for(name: &str) -> String {
+    serde_json::json!({"channel": "BenchmarkChannel", "id": name}).to_string()
+}
+
+/// The stream `herald bench rpc-server` subscribes `identifier_for(name)`
+/// to, where a broadcast to bench channel `name` goes.
+pub fn stream_of(name: &str) -> String {
+    format!("all{name}")
+}
+
+/// Subscribe to every identifier and wait until each is confirmed.
+pub async fn subscribe_identifiers(
+    conn: &mut Conn,
+    identifiers: &[String],
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    for identifier in identifiers {
+        let command = serde_json::json!({"command": "subscribe", "identifier": identifier});
+        conn.send(command.to_string()).await?;
+    }
+    let mut pending = identifiers.len();
     let wait = async {
-        loop {
+        while pending > 0 {
             let text = next_text(&mut conn.ws).await?;
             match type_of(&text) {
-                Some("confirm_subscription") => return Ok(()),
+                Some("confirm_subscription") => pending -= 1,
                 Some("reject_subscription") => {
                     return Err(ClientError::Subscription {
                         status: None,
@@ -188,10 +201,34 @@ pub async fn subscribe(conn: &mut Conn, timeout: Duration) -> Result<(), ClientE
                 _ => continue,
             }
         }
+        Ok(())
     };
     tokio::time::timeout(timeout, wait)
         .await
         .map_err(|_| ClientError::Timeout("waiting for confirm_subscription"))?
+}
+
+/// A stream message (`{"identifier":..,"message":..}`, no `type`) as
+/// `event`, its channel the identifier's `id` param (the bench channel's
+/// name); any other frame as [`scan`] reads it.
+pub fn scan_stream<'a>(text: &'a str, event: &'static str) -> Scan<'a> {
+    if text.starts_with(r#"{"type":"#) || !text.contains(r#""message":"#) || type_of(text).is_some()
+    {
+        return scan(text);
+    }
+    // The identifier is a JSON string, so its quotes are escaped.
+    const ID: &str = r#"\"id\":\""#;
+    let channel = text.find(ID).and_then(|i| {
+        let rest = &text[i + ID.len()..];
+        rest.find('\\').map(|end| &rest[..end])
+    });
+    let (stamp, id) = bench_fields(text);
+    Scan {
+        event,
+        channel,
+        stamp,
+        id,
+    }
 }
 
 /// The `message` command performing `BenchmarkChannel`'s `broadcast`

@@ -202,11 +202,7 @@ impl Publisher {
             _ => "/event",
         };
         Publisher {
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .pool_max_idle_per_host(64)
-                .build()
-                .expect("an HTTP client with default settings builds"),
+            client: super::client::publish_client(),
             url: format!("{}{path}", target.http_base()),
             key: target.key.clone(),
             protocol,

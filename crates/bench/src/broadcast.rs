@@ -134,6 +134,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let t0 = Instant::now();
     let proto = p.protocol;
     let mut conn = match proto
+        .proto()
         .open(target, target.source_for(id as usize), p.timeout)
         .await
     {

@@ -52,9 +52,9 @@ enum BenchScenario {
     /// duplicated deliveries (default --clients 500, --duration 10m).
     Soak(SoakArgs),
     /// Reconnect storm and mass disconnect: N clients on public, private
-    /// and presence channels drop at once and come back like pusher-js;
-    /// then drop for good while new clients connect (default --clients
-    /// 15000).
+    /// and presence channels drop at once and come back like pusher-js
+    /// (or the protocol's own client: --protocol); then drop for good while
+    /// new clients connect (default --clients 15000).
     Storm(StormArgs),
     /// Slow consumers: a share of subscribers stop reading; the others'
     /// latency against a clean run, 4100 closes, server memory (default
@@ -88,9 +88,35 @@ struct SlowArgs {
     /// The server's Prometheus metrics (default: /metrics on --url's port).
     #[arg(long)]
     metrics_url: Option<String>,
-    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    /// The protocol subscribers and publishers speak (actioncable needs
+    /// `herald bench rpc-server` as the server's app).
     #[arg(long, value_enum, default_value = "pusher")]
-    protocol: ProtocolArg,
+    protocol: super::proto::Proto,
+    #[command(flatten)]
+    broadcast: BroadcastTo,
+}
+
+/// Where Action Cable publishes go (`--protocol actioncable`).
+#[derive(Args)]
+struct BroadcastTo {
+    /// The AnyCable HTTP broadcast API (default: /_broadcast on --url's
+    /// port, as Herald serves it; AnyCable: port 8090 when it has neither
+    /// a broadcast key nor a secret, else its main port).
+    #[arg(long)]
+    broadcast_url: Option<String>,
+    /// Sent as `Authorization: Bearer <key>` (Herald: rpc.broadcast_key;
+    /// AnyCable: --broadcast_key, or the key it derives from --secret).
+    #[arg(long)]
+    broadcast_key: Option<String>,
+}
+
+impl BroadcastTo {
+    fn get(self) -> super::proto::Broadcast {
+        super::proto::Broadcast {
+            url: self.broadcast_url,
+            key: self.broadcast_key,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -106,8 +132,9 @@ struct StormArgs {
     /// Clients connecting at once in the first, orderly connect.
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
-    /// Spread reconnects over this much after pusher-js's 1 s (pusher-js
-    /// itself has no jitter: 0 brings everyone back at once).
+    /// Spread first reconnects over this much more than the protocol's
+    /// client waits (pusher-js: 1 s, no jitter of its own: 0 brings everyone
+    /// back at once; Action Cable: its monitor's jittered poll; Amplify: 5 s).
     #[arg(long, default_value = "0s", value_parser = super::parse_duration)]
     jitter: std::time::Duration,
     /// A reconnecting client gives up after this long.
@@ -122,9 +149,10 @@ struct StormArgs {
     /// The server's Prometheus metrics (default: /metrics on --url's port).
     #[arg(long)]
     metrics_url: Option<String>,
-    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    /// The protocol the clients speak (only pusher has private and presence
+    /// channels; actioncable needs `herald bench rpc-server` as the app).
     #[arg(long, value_enum, default_value = "pusher")]
-    protocol: ProtocolArg,
+    protocol: super::proto::Proto,
 }
 
 #[derive(Args)]
@@ -165,20 +193,13 @@ struct SoakArgs {
     /// The server's Prometheus metrics (default: /metrics on --url's port).
     #[arg(long)]
     metrics_url: Option<String>,
-    /// The protocol spoken; the worst-day scenarios speak Pusher so far.
+    /// The protocol subscribers and publishers speak (presence and API
+    /// queries only over pusher; actioncable needs `herald bench
+    /// rpc-server` as the server's app).
     #[arg(long, value_enum, default_value = "pusher")]
-    protocol: ProtocolArg,
-}
-
-/// The worst-day scenarios speak the Pusher protocol only so far.
-fn pusher_only(scenario: &str, protocol: ProtocolArg) -> Result<(), super::BenchError> {
-    match protocol {
-        ProtocolArg::Pusher => Ok(()),
-        _ => super::err(format!(
-            "{scenario} speaks only --protocol pusher so far (Pusher WebSocket clients and the \
-             Pusher HTTP API)"
-        )),
-    }
+    protocol: super::proto::Proto,
+    #[command(flatten)]
+    broadcast: BroadcastTo,
 }
 
 #[derive(Args, Clone)]
@@ -480,8 +501,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 idle::run(&p).await
             }
             BenchScenario::Soak(a) => {
-                pusher_only("soak", a.protocol)?;
                 let mut p = super::soak::SoakParams::new(target);
+                p.protocol = a.protocol;
+                p.broadcast = a.broadcast.get();
                 p.subscribers = common.clients.unwrap_or(p.subscribers);
                 p.duration = common.duration.unwrap_or(p.duration);
                 p.warmup = a.warmup;
@@ -501,8 +523,8 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 super::soak::run(&p).await
             }
             BenchScenario::Storm(a) => {
-                pusher_only("storm", a.protocol)?;
                 let mut p = super::storm::StormParams::new(target);
+                p.protocol = a.protocol;
                 p.clients = common.clients.unwrap_or(p.clients);
                 p.channels = a.channels;
                 p.presence_size = a.presence_size;
@@ -518,8 +540,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 super::storm::run(&p).await
             }
             BenchScenario::Slow(a) => {
-                pusher_only("slow", a.protocol)?;
                 let mut p = super::slow::SlowParams::new(target);
+                p.protocol = a.protocol;
+                p.broadcast = a.broadcast.get();
                 p.clients = common.clients.unwrap_or(p.clients);
                 p.duration = common.duration.unwrap_or(p.duration);
                 p.slow_share = a.slow_share;

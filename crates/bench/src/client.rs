@@ -576,14 +576,20 @@ pub struct HttpPublisher {
     secret: String,
 }
 
+/// The HTTP client publishers use: 10 s per request, up to 64 idle
+/// connections kept.
+pub(crate) fn publish_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("an HTTP client with default settings builds")
+}
+
 impl HttpPublisher {
     pub fn new(target: &Target) -> HttpPublisher {
         HttpPublisher {
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .pool_max_idle_per_host(64)
-                .build()
-                .expect("an HTTP client with default settings builds"),
+            client: publish_client(),
             base: target.http_base(),
             path: format!("/apps/{}/events", target.app_id),
             key: target.key.clone(),

@@ -81,7 +81,11 @@ async fn avalanche(p: &ConnectParams) -> Step {
         tasks.spawn(async move {
             let (connecting, subscribe, setup, connected, subscribed) = &*shared;
             let t0 = Instant::now();
-            let conn = match proto.open(&target, target.source_for(i), timeout).await {
+            let conn = match proto
+                .proto()
+                .open(&target, target.source_for(i), timeout)
+                .await
+            {
                 Ok(mut conn) => {
                     connecting.record_duration(i, t0.elapsed());
                     connected.fetch_add(1, Relaxed);

@@ -23,11 +23,14 @@
 //! storm       mass disconnect and reconnect; new clients meanwhile; the
 //!             server's gauge and descriptors back to baseline
 //! slow        a share of subscribers stop reading; the others' latency
-//!             against a clean run, 4100 closes, server memory
+//!             against a clean run, slow-client closes, server memory
 //! worst       what soak, storm and slow share (process probes, /metrics,
 //!             HTTP API queries, presence subscriptions, slopes)
 //! actioncable Action Cable clients for broadcast and connect
 //!             (`--protocol actioncable`, BenchmarkChannel over /cable)
+//! proto       the protocols soak, storm and slow speak behind one client
+//!             (Pusher, Action Cable, AppSync GraphQL and Events), their
+//!             publishers and their reference clients' reconnect timing
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
@@ -49,6 +52,7 @@ pub mod fanout;
 pub mod idle;
 pub mod ledger;
 pub mod metrics;
+pub mod proto;
 pub mod report;
 pub mod rpc;
 pub mod slow;

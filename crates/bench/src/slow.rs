@@ -37,10 +37,24 @@
 //! less. `slow_queue_bound` in the report is slow clients × `--queue-bytes`
 //! (Herald's default `outbound_bytes`), for comparison with the memory
 //! figures.
+//!
+//! `--protocol actioncable`, `appsync-graphql` and `appsync-events` run
+//! the same two phases over those protocols ([`Proto`]): a bench channel
+//! `slow-N` is a `BenchmarkChannel` subscription with `{"id":"slow-N"}`
+//! (Action Cable; publishes through the HTTP broadcast API,
+//! `--broadcast-url`) or a subscription to `slow-N` (AppSync; publishes
+//! through `POST /graphql` or `POST /event`). The slow share is closed the
+//! way Herald closes a slow client in each protocol: Action Cable sends
+//! `{"type":"disconnect","reason":"too_slow","reconnect":true}` and closes
+//! with 1013, AppSync closes with 1008 ("Client too slow"); the report
+//! counts those as `slow_closed_1013` / `slow_closed_1008` (the frame or
+//! the close code), besides the server's
+//! `herald_slow_clients_closed_total`.
 
-use super::client::{bench_data, scan, Conn, HttpPublisher};
+use super::client::{bench_data, Conn};
 use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
+use super::proto::{Broadcast, Proto, Publisher};
 use super::worst::Metrics;
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::os::fd::AsRawFd;
@@ -54,6 +68,10 @@ pub const EVENT: &str = "bench-slow";
 #[derive(Debug, Clone)]
 pub struct SlowParams {
     pub target: Target,
+    /// The protocol subscribers and publishers speak.
+    pub protocol: Proto,
+    /// Where Action Cable publishes go.
+    pub broadcast: Broadcast,
     pub clients: usize,
     /// Share of the subscribers that stop reading (0: clean phase only).
     pub slow_share: f64,
@@ -86,6 +104,8 @@ impl SlowParams {
     pub fn new(target: Target) -> SlowParams {
         SlowParams {
             target,
+            protocol: Proto::Pusher,
+            broadcast: Broadcast::default(),
             clients: 2000,
             slow_share: 0.05,
             channels: 10,
@@ -133,7 +153,9 @@ pub fn padded_data(stamp: u64, id: MsgId, payload: usize) -> String {
 /// What a slow subscriber saw once it read again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlowEnd {
-    /// `pusher:error` 4100, or a close frame with 4100.
+    /// Closed for being slow: `pusher:error` 4100 or a close frame with
+    /// 4100 (the other protocols: [`Proto::is_slow_notice`], or a close
+    /// with [`Proto::slow_close_code`]).
     Closed4100,
     /// Closed otherwise (another code, or a reset).
     ClosedOther,
@@ -191,7 +213,7 @@ async fn subscriber(
     gate: Arc<tokio::sync::Semaphore>,
     (mut stop, mut resume): (watch::Receiver<bool>, watch::Receiver<bool>),
 ) {
-    let t = &p.target;
+    let (t, proto) = (&p.target, p.protocol);
     let c = i % p.channels;
     let names: Vec<String> = if designated {
         (0..p.channels).map(channel_name).collect()
@@ -201,21 +223,21 @@ async fn subscriber(
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let conn = {
         let _permit = gate.acquire().await;
-        match Conn::open(t, t.source_for(i), p.timeout).await {
+        match proto.open(t, t.source_for(i), p.timeout).await {
             Ok(mut conn) => {
                 if slow {
                     set_recv_buffer(&conn, p.slow_recv_buffer);
                 }
-                match conn.subscribe(t, &names, p.timeout).await {
+                match proto.subscribe(&mut conn, t, &names, "", p.timeout).await {
                     Ok(()) => Some(conn),
                     Err(e) => {
-                        ph.live.error(e.kind(), e.explain(t));
+                        ph.live.error(e.kind(), proto.explain(&e, t));
                         None
                     }
                 }
             }
             Err(e) => {
-                ph.live.error(e.kind(), e.explain(t));
+                ph.live.error(e.kind(), proto.explain(&e, t));
                 None
             }
         }
@@ -240,16 +262,13 @@ async fn subscriber(
         let other = &ph.slow_other;
         let end = tokio::time::timeout(p.drain + Duration::from_secs(10), async {
             loop {
-                match conn.recv().await {
+                match proto.recv(&mut conn).await {
                     Ok(text) => {
-                        let f = scan(&text);
-                        if f.event == "pusher:error" && text.contains("4100") {
+                        if proto.is_slow_notice(&text) {
                             return SlowEnd::Closed4100;
                         }
                     }
-                    Err(super::client::ClientError::Closed(why)) if why.contains("code 4100") => {
-                        return SlowEnd::Closed4100
-                    }
+                    Err(e) if proto.is_slow_close(&e) => return SlowEnd::Closed4100,
                     Err(e) => {
                         let mut why = other.lock().unwrap();
                         if why.is_none() {
@@ -273,9 +292,9 @@ async fn subscriber(
     loop {
         tokio::select! {
             biased;
-            r = conn.recv() => match r {
+            r = proto.recv(&mut conn) => match r {
                 Ok(text) => {
-                    let f = scan(&text);
+                    let f = proto.scan(&text, EVENT);
                     if f.event == EVENT {
                         ph.live.received.fetch_add(1, Relaxed);
                         match (f.id, f.stamp) {
@@ -300,10 +319,10 @@ async fn subscriber(
                         ph.designated_errors.fetch_add(1, Relaxed);
                         let mut first = ph.designated_error.lock().unwrap();
                         if first.is_none() {
-                            *first = Some(e.explain(t));
+                            *first = Some(proto.explain(&e, t));
                         }
                     } else {
-                        ph.live.error(e.kind(), e.explain(t));
+                        ph.live.error(e.kind(), proto.explain(&e, t));
                     }
                     break;
                 }
@@ -376,7 +395,7 @@ async fn phase(
     }
 
     // Publish for the duration, sampling the server's memory meanwhile.
-    let publisher = HttpPublisher::new(&p.target);
+    let publisher = Publisher::new(p.protocol, &p.target, &p.broadcast);
     let started = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / p.rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -397,7 +416,7 @@ async fn phase(
                 inflight.spawn(async move {
                     let _permit = permit;
                     let data = padded_data(now_us(), id, payload);
-                    match publisher.publish(&channel_name(c), EVENT, &data, None).await {
+                    match publisher.publish(&channel_name(c), EVENT, &data).await {
                         Ok(()) => {
                             ph2.accepted[c].lock().unwrap().insert(id.seq);
                             ph2.live.sent.fetch_add(1, Relaxed);
@@ -504,8 +523,13 @@ fn report_phase(
     if ph.slow > 0 {
         let ends = ph.ends.lock().unwrap();
         let n = |e: SlowEnd| ends.iter().filter(|x| **x == e).count() as u64;
+        let code = p.protocol.slow_close_code();
         r.counter("slow_clients", ph.slow as u64);
-        r.rate("slow_closed_4100", n(SlowEnd::Closed4100), ph.slow as u64);
+        r.rate(
+            &format!("slow_closed_{code}"),
+            n(SlowEnd::Closed4100),
+            ph.slow as u64,
+        );
         r.counter("slow_reset", n(SlowEnd::ClosedOther));
         r.counter("slow_still_open", n(SlowEnd::Open));
         r.value("server_slow_clients_closed", closed, "");
@@ -517,7 +541,7 @@ fn report_phase(
         );
         if let Some(why) = ph.slow_other.lock().unwrap().as_ref() {
             r.notes.push(format!(
-                "{} slow subscribers were closed without a 4100 (reset, or another code), the \
+                "{} slow subscribers were closed without a {code} (reset, or another code), the \
                  first: {why}",
                 n(SlowEnd::ClosedOther)
             ));
@@ -551,6 +575,9 @@ pub async fn run(p: &SlowParams) -> Result<Report, BenchError> {
     let slow = p.slow_count();
     let mut report = Report::new("slow");
     report.param("url", &p.target.url);
+    if p.protocol != Proto::Pusher {
+        report.param("protocol", p.protocol.name());
+    }
     report.param("clients", p.clients);
     report.param(
         "slow share",
@@ -563,7 +590,13 @@ pub async fn run(p: &SlowParams) -> Result<Report, BenchError> {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    preflight(&p.target, None, true).await?;
+    match p.protocol {
+        Proto::Pusher => preflight(&p.target, None, true).await?,
+        other => {
+            let publisher = Publisher::new(other, &p.target, &p.broadcast);
+            other.preflight(&p.target, Some(&publisher)).await?
+        }
+    }
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     let cpu = CpuMeter::start(p.server_pid);
     let started = Instant::now();

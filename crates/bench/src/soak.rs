@@ -26,10 +26,21 @@
 //! standard errors). After the load stops and every client has gone, the
 //! server's descriptors (and its `herald_connections` gauge, when it has
 //! `/metrics`) must come back to what they were before the load.
+//!
+//! `--protocol actioncable`, `appsync-graphql` and `appsync-events` run
+//! the broadcast and the churn over those protocols ([`Proto`]), with the
+//! same ledger: a channel `soak-N` is a `BenchmarkChannel` subscription
+//! with `{"id":"soak-N"}` (Action Cable; publishes through the HTTP
+//! broadcast API, `--broadcast-url`) or a subscription to `soak-N`
+//! (AppSync; publishes through `POST /graphql` or `POST /event`). Neither
+//! protocol has presence channels or an HTTP API that lists channels, so
+//! the presence members and the API queries are skipped, and the report
+//! says so.
 
-use super::client::{bench_data, scan, Conn, HttpPublisher};
+use super::client::{bench_data, Conn};
 use super::ledger::{Deliveries, Ledger, MsgId, Outstanding, Receipt, Seen, Window};
 use super::metrics::{Latency, Live, Monitor};
+use super::proto::{Broadcast, Proto, Publisher};
 use super::worst::{self, Api, Metrics, Probe};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use serde_json::json;
@@ -45,6 +56,11 @@ const PUBLISHER_ID: u64 = 1 << 40;
 #[derive(Debug, Clone)]
 pub struct SoakParams {
     pub target: Target,
+    /// The protocol subscribers and publishers speak (presence and API
+    /// queries only over Pusher).
+    pub protocol: Proto,
+    /// Where Action Cable publishes go.
+    pub broadcast: Broadcast,
     pub duration: Duration,
     /// `None`: 10 % of the duration, at most 5 minutes.
     pub warmup: Option<Duration>,
@@ -78,6 +94,8 @@ impl SoakParams {
     pub fn new(target: Target) -> SoakParams {
         SoakParams {
             target,
+            protocol: Proto::Pusher,
+            broadcast: Broadcast::default(),
             duration: Duration::from_secs(600),
             warmup: None,
             sample_interval: Duration::from_secs(10),
@@ -137,6 +155,7 @@ struct Shared {
 /// the load stops.
 async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>) {
     let p = &s.p;
+    let proto = p.protocol;
     let c = idx % p.channels;
     let channel = channel_name(c);
     let mut rng = Rng::new(idx as u64 + 17);
@@ -144,17 +163,22 @@ async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>)
     let mut first = true;
     while !*stop.borrow() {
         let id = s.next_conn.fetch_add(1, Relaxed);
-        let mut conn =
-            match Conn::open(&p.target, p.target.source_for(id as usize), p.timeout).await {
-                Ok(c) => c,
-                Err(e) => {
-                    s.live.error(e.kind(), e.explain(&p.target));
-                    pause(&mut stop, Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-        if let Err(e) = conn.subscribe(&p.target, &[&channel], p.timeout).await {
-            s.live.error(e.kind(), e.explain(&p.target));
+        let mut conn = match proto
+            .open(&p.target, p.target.source_for(id as usize), p.timeout)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                s.live.error(e.kind(), proto.explain(&e, &p.target));
+                pause(&mut stop, Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let subscribed = proto
+            .subscribe(&mut conn, &p.target, &[&channel], "", p.timeout)
+            .await;
+        if let Err(e) = subscribed {
+            s.live.error(e.kind(), proto.explain(&e, &p.target));
             conn.close().await;
             pause(&mut stop, Duration::from_secs(1)).await;
             continue;
@@ -172,7 +196,7 @@ async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>)
         tokio::pin!(end);
         let mut seen = Seen::default();
         let on_frame = |text: &str, seen: &mut Seen| {
-            let f = scan(text);
+            let f = proto.scan(text, EVENT);
             if f.event == EVENT {
                 s.live.received.fetch_add(1, Relaxed);
                 match (f.id, f.stamp) {
@@ -183,7 +207,7 @@ async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>)
                     }
                     _ => seen.garbled(),
                 }
-            } else if f.event == "pusher:error" {
+            } else if proto.is_error(text, f.event) {
                 s.server_errors.fetch_add(1, Relaxed);
             }
         };
@@ -191,10 +215,10 @@ async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>)
         loop {
             tokio::select! {
                 biased;
-                r = conn.recv() => match r {
+                r = proto.recv(&mut conn) => match r {
                     Ok(text) => on_frame(&text, &mut seen),
                     Err(e) => {
-                        s.live.error(e.kind(), e.explain(&p.target));
+                        s.live.error(e.kind(), proto.explain(&e, &p.target));
                         gone = true;
                         break;
                     }
@@ -213,7 +237,7 @@ async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>)
                 let mut poll = tokio::time::interval(Duration::from_millis(20));
                 loop {
                     tokio::select! {
-                        r = conn.recv() => match r {
+                        r = proto.recv(&mut conn) => match r {
                             Ok(text) => on_frame(&text, &mut seen),
                             Err(_) => return,
                         },
@@ -223,7 +247,7 @@ async fn subscriber(s: Arc<Shared>, idx: usize, mut stop: watch::Receiver<bool>)
                     }
                 }
                 let _ = tokio::time::timeout(p.grace, async {
-                    while let Ok(text) = conn.recv().await {
+                    while let Ok(text) = proto.recv(&mut conn).await {
                         on_frame(&text, &mut seen);
                     }
                 })
@@ -353,7 +377,7 @@ async fn api_queries(s: Arc<Shared>, api: Api, mut stop: watch::Receiver<bool>) 
 /// publish in flight has been answered.
 async fn publishers(s: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let p = &s.p;
-    let publisher = HttpPublisher::new(&p.target);
+    let publisher = Publisher::new(p.protocol, &p.target, &p.broadcast);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / p.rate));
     // Late ticks are made up at once, so the asked rate is kept on
     // average (`Delay` let it drift down by every late wake-up).
@@ -379,10 +403,7 @@ async fn publishers(s: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             let msg: MsgId = s2.ledgers[c].next_id(PUBLISHER_ID + c as u64);
             let data = bench_data(stamp, msg);
             let t0 = Instant::now();
-            match publisher
-                .publish(&channel_name(c), EVENT, &data, None)
-                .await
-            {
+            match publisher.publish(&channel_name(c), EVENT, &data).await {
                 Ok(()) => {
                     s2.publish_duration.record_duration(c, t0.elapsed());
                     s2.ledgers[c].send(stamp, msg);
@@ -390,7 +411,8 @@ async fn publishers(s: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 }
                 Err(e) => {
                     s2.publish_errors.fetch_add(1, Relaxed);
-                    s2.live.error("publish", e.explain(&s2.p.target));
+                    s2.live
+                        .error("publish", publisher.explain(&e, &s2.p.target));
                 }
             }
             s2.outstanding.end(stamp);
@@ -494,8 +516,12 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
         return super::err("soak needs a non-zero --sample-interval and --api-interval");
     }
     let warmup = p.warmup();
+    let proto = p.protocol;
     let mut report = Report::new("soak");
     report.param("url", &p.target.url);
+    if proto != Proto::Pusher {
+        report.param("protocol", proto.name());
+    }
     report.param("duration", format!("{:?}", p.duration));
     report.param("warmup", format!("{warmup:?}"));
     report.param("sample interval", format!("{:?}", p.sample_interval));
@@ -503,16 +529,30 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
     report.param("channels", p.channels);
     report.param("rate", format!("{}/s", p.rate));
     report.param("lifetime", format!("{:?}", p.lifetime));
-    report.param(
-        "presence",
-        format!("{} members on {} channels", p.presence, p.presence_channels),
-    );
-    report.param("api interval", format!("{:?}", p.api_interval));
+    if proto.has_presence() {
+        report.param(
+            "presence",
+            format!("{} members on {} channels", p.presence, p.presence_channels),
+        );
+        report.param("api interval", format!("{:?}", p.api_interval));
+    } else {
+        report.notes.push(format!(
+            "{} has no presence channels and no HTTP API to query: presence members and API \
+             queries are skipped; broadcast and churn run",
+            proto.name()
+        ));
+    }
     if let Some(w) = raise_nofile(p.subscribers as u64 + p.presence as u64 + 128) {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    preflight(&p.target, None, true).await?;
+    match proto {
+        Proto::Pusher => preflight(&p.target, None, true).await?,
+        other => {
+            let publisher = Publisher::new(other, &p.target, &p.broadcast);
+            other.preflight(&p.target, Some(&publisher)).await?
+        }
+    }
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     // The baseline: the server before any load (the preflight's sockets
     // closed a moment ago; give the server a second to see it).
@@ -551,11 +591,13 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
     for i in 0..p.subscribers {
         clients.spawn(subscriber(s.clone(), i, load_rx.clone()));
     }
-    for i in 0..p.presence {
-        clients.spawn(presence_member(s.clone(), i, load_rx.clone()));
-    }
     let api = Api::new(&p.target);
-    clients.spawn(api_queries(s.clone(), api.clone(), load_rx.clone()));
+    if proto.has_presence() {
+        for i in 0..p.presence {
+            clients.spawn(presence_member(s.clone(), i, load_rx.clone()));
+        }
+        clients.spawn(api_queries(s.clone(), api.clone(), load_rx.clone()));
+    }
     let publishing = tokio::spawn(publishers(s.clone(), pub_rx));
 
     // Sample until the duration is over.

@@ -22,9 +22,25 @@
 //! Finally everyone has left: the server's open descriptors and its
 //! `herald_connections` gauge must be back to their values before the
 //! first client connected, exactly.
+//!
+//! `--protocol actioncable`, `appsync-graphql` and `appsync-events` run
+//! the same storm over those protocols ([`Proto`]): the clients subscribe
+//! to plain bench channels only (`storm-{i mod channels}`: a
+//! `BenchmarkChannel` subscription with that `id` over Action Cable, a
+//! subscription to that channel over AppSync), since neither protocol
+//! has private or presence channels; the presence check is skipped and
+//! the report says so. The reconnects follow each protocol's reference
+//! client ([`Reconnect`]): @rails/actioncable's `ConnectionMonitor`
+//! reopens at its first poll tick once the connection is stale (no
+//! message for 6 s) and the close is 6 s old, so clients come back 6 to
+//! 18 s after the drop, spread by their poll timers; Amplify reconnects
+//! 5 s after the drop, all together, with a jittered exponential retry
+//! (0.2 s, 0.4 s, ... under 5 s, then every minute). `--jitter` adds a
+//! uniform spread to the first attempt for every protocol.
 
 use super::client::{ClientError, Conn};
 use super::metrics::{Latency, Live, Monitor};
+use super::proto::{Proto, Reconnect};
 use super::worst::{self, Api, Metrics};
 use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use std::collections::BTreeMap;
@@ -36,6 +52,9 @@ use tokio::sync::watch;
 #[derive(Debug, Clone)]
 pub struct StormParams {
     pub target: Target,
+    /// The protocol the clients speak (only Pusher has private and
+    /// presence channels).
+    pub protocol: Proto,
     pub clients: usize,
     /// Public and private channels the clients are spread over.
     pub channels: usize,
@@ -65,6 +84,7 @@ impl StormParams {
     pub fn new(target: Target) -> StormParams {
         StormParams {
             target,
+            protocol: Proto::Pusher,
             clients: 15_000,
             channels: 100,
             presence_size: 50,
@@ -82,8 +102,12 @@ impl StormParams {
     }
 }
 
-/// The channel client `i` subscribes to, and its presence user id.
+/// The channel client `i` subscribes to: over Pusher a third each
+/// public, private and presence, over the others plain ones only.
 pub fn channel_of(p: &StormParams, i: usize) -> String {
+    if !p.protocol.has_presence() {
+        return format!("storm-{}", i % p.channels.max(1));
+    }
     let k = i / 3;
     match i % 3 {
         0 => format!("storm-{}", k % p.channels.max(1)),
@@ -130,19 +154,29 @@ async fn open_and_subscribe(
     timeout: Duration,
 ) -> Result<Conn, ClientError> {
     let t = &s.p.target;
+    let proto = s.p.protocol;
     let id = s.next_conn.fetch_add(1, Relaxed);
-    let mut conn = Conn::open(t, t.source_for(id), timeout).await?;
-    worst::subscribe(&mut conn, t, &[channel], user, timeout).await?;
+    let mut conn = proto.open(t, t.source_for(id), timeout).await?;
+    proto
+        .subscribe(&mut conn, t, &[channel], user, timeout)
+        .await?;
     Ok(conn)
 }
 
 /// Hold a connection (answering pings) until the phase changes; false if
-/// the server closed it meanwhile.
-async fn hold(conn: &mut Conn, phase: &mut watch::Receiver<Phase>) -> bool {
+/// the server closed it meanwhile. Every frame is recorded with `reconnect`
+/// (Action Cable's monitor counts staleness from the last one).
+async fn hold(
+    s: &Shared,
+    conn: &mut Conn,
+    phase: &mut watch::Receiver<Phase>,
+    reconnect: &mut Reconnect,
+) -> bool {
     loop {
         tokio::select! {
-            r = conn.recv() => if r.is_err() {
-                return false;
+            r = s.p.protocol.recv(conn) => match r {
+                Ok(_) => reconnect.message(Instant::now()),
+                Err(_) => return false,
             },
             _ = phase.changed() => return true,
         }
@@ -166,6 +200,7 @@ async fn member(
     let p = &s.p;
     let channel = channel_of(p, i);
     let user = format!("storm-user-{i}");
+    let mut reconnect = Reconnect::new(p.protocol, Instant::now(), Rng::new(i as u64 + 1_000_003));
     let first = {
         let _permit = gate.acquire().await;
         open_and_subscribe(&s, &channel, &user, p.timeout).await
@@ -173,16 +208,17 @@ async fn member(
     let mut conn = match first {
         Ok(c) => c,
         Err(e) => {
-            s.live.error(e.kind(), e.explain(&p.target));
+            s.live.error(e.kind(), p.protocol.explain(&e, &p.target));
             s.first_failed.fetch_add(1, Relaxed);
             return;
         }
     };
+    reconnect.connected(Instant::now());
     s.live.connections.fetch_add(1, Relaxed);
     presence_delta(&s, &channel, 1);
     s.ready.fetch_add(1, Relaxed);
     // Hold until the storm.
-    if !hold(&mut conn, &mut phase).await {
+    if !hold(&s, &mut conn, &mut phase, &mut reconnect).await {
         s.lost_while_held.fetch_add(1, Relaxed);
     }
     // The drop: the socket is closed without a WebSocket close, as when a
@@ -195,35 +231,30 @@ async fn member(
     }
     let started = s.storm_started.lock().unwrap().unwrap_or_else(Instant::now);
     let mut rng = Rng::new(i as u64 + 7);
-    let delay =
-        worst::pusher_js_retry_delay(None).unwrap_or_default() + p.jitter.mul_f64(rng.next_f64());
-    tokio::time::sleep(delay).await;
-    let mut attempt = 0u32;
+    let first = reconnect.dropped(Instant::now()) + p.jitter.mul_f64(rng.next_f64());
+    tokio::time::sleep_until(first.into()).await;
     let mut conn = loop {
         s.reconnect_attempts.fetch_add(1, Relaxed);
-        match open_and_subscribe(&s, &channel, &user, worst::attempt_timeout(attempt)).await {
+        let limit = reconnect.attempt_timeout(p.timeout);
+        match open_and_subscribe(&s, &channel, &user, limit).await {
             Ok(c) => break c,
             Err(e) => {
-                s.live.error(e.kind(), e.explain(&p.target));
-                let code = match &e {
-                    ClientError::Rejected { code, .. } => *code,
-                    _ => None,
-                };
-                let retry = worst::pusher_js_retry_delay(code);
-                if retry.is_none() || started.elapsed() >= p.give_up {
+                s.live.error(e.kind(), p.protocol.explain(&e, &p.target));
+                let next = reconnect.failed(Instant::now(), &e);
+                let Some(next) = next.filter(|_| started.elapsed() < p.give_up) else {
                     s.gave_up.fetch_add(1, Relaxed);
                     return;
-                }
-                attempt += 1;
-                tokio::time::sleep(retry.unwrap_or_default().max(Duration::from_secs(1))).await;
+                };
+                tokio::time::sleep_until(next.into()).await;
             }
         }
     };
+    reconnect.connected(Instant::now());
     s.back_after.record_duration(i, started.elapsed());
     s.live.connections.fetch_add(1, Relaxed);
     presence_delta(&s, &channel, 1);
     s.back.fetch_add(1, Relaxed);
-    if !hold(&mut conn, &mut phase).await {
+    if !hold(&s, &mut conn, &mut phase, &mut reconnect).await {
         s.lost_while_held.fetch_add(1, Relaxed);
     }
     drop(conn);
@@ -244,22 +275,25 @@ async fn newcomers(s: Arc<Shared>, length: Duration, disconnect_at: Arc<Mutex<Op
         let during = disconnect_at.lock().unwrap().is_some();
         let s = s.clone();
         tasks.spawn(async move {
-            let t = &s.p.target;
+            let (t, proto) = (&s.p.target, s.p.protocol);
             let id = s.next_conn.fetch_add(1, Relaxed);
             if during {
                 s.newcomers.fetch_add(1, Relaxed);
             }
             let t0 = Instant::now();
-            let mut conn = match Conn::open(t, t.source_for(id), s.p.timeout).await {
+            let mut conn = match proto.open(t, t.source_for(id), s.p.timeout).await {
                 Ok(c) => c,
                 Err(e) => {
-                    s.live.error(e.kind(), e.explain(t));
+                    s.live.error(e.kind(), proto.explain(&e, t));
                     return;
                 }
             };
             let connected = t0.elapsed();
-            if let Err(e) = conn.subscribe(t, &["storm-newcomers"], s.p.timeout).await {
-                s.live.error(e.kind(), e.explain(t));
+            let subscribed = proto
+                .subscribe(&mut conn, t, &["storm-newcomers"], "", s.p.timeout)
+                .await;
+            if let Err(e) = subscribed {
+                s.live.error(e.kind(), proto.explain(&e, t));
                 return;
             }
             if during {
@@ -293,20 +327,41 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
              positive --newcomer-rate",
         );
     }
+    let proto = p.protocol;
     let mut report = Report::new("storm");
     report.param("url", &p.target.url);
+    if proto != Proto::Pusher {
+        report.param("protocol", proto.name());
+    }
     report.param("clients", p.clients);
     report.param(
         "channels",
-        format!(
-            "{} public, {} private, presence of {} members",
-            p.channels, p.channels, p.presence_size
-        ),
+        if proto.has_presence() {
+            format!(
+                "{} public, {} private, presence of {} members",
+                p.channels, p.channels, p.presence_size
+            )
+        } else {
+            format!(
+                "{} plain (no private or presence in {})",
+                p.channels,
+                proto.name()
+            )
+        },
     );
     report.param(
         "reconnect",
         format!(
-            "pusher-js: after 1 s, attempts of 15 s doubling to 60 s; jitter {:?}",
+            "{}; jitter {:?}",
+            match proto {
+                Proto::Pusher => "pusher-js: after 1 s, attempts of 15 s doubling to 60 s",
+                Proto::ActionCable =>
+                    "@rails/actioncable ConnectionMonitor: at a jittered 6 s poll tick once \
+                     stale (6 s without a message) and 6 s after the close",
+                _ =>
+                    "Amplify: after 5 s, retries 2^n x 100 ms + [0, 100) ms up to 5 s, \
+                      then every 60 s",
+            },
             p.jitter
         ),
     );
@@ -330,7 +385,10 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
             ));
         }
     }
-    preflight(&p.target, None, true).await?;
+    match proto {
+        Proto::Pusher => preflight(&p.target, None, true).await?,
+        other => other.preflight(&p.target, None).await?,
+    }
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     let api = Api::new(&p.target);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -409,6 +467,12 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     // sees them, against the members the bench has there.
     let expected: BTreeMap<String, usize> = s.presence_members.lock().unwrap().clone();
     let (mut matching, mut checked) = (0u64, 0u64);
+    if !proto.has_presence() {
+        report.notes.push(format!(
+            "{} has no presence channels: the presence member check is skipped",
+            proto.name()
+        ));
+    }
     for (channel, want) in &expected {
         checked += 1;
         match api.presence_users(channel).await {
@@ -421,11 +485,13 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
                 .push(format!("{channel}: {}", worst::api_error(&e, &p.target))),
         }
     }
-    report.rate("presence_counts_matching", matching, checked);
-    report.counter(
-        "presence_members_expected",
-        expected.values().sum::<usize>() as u64,
-    );
+    if proto.has_presence() {
+        report.rate("presence_counts_matching", matching, checked);
+        report.counter(
+            "presence_members_expected",
+            expected.values().sum::<usize>() as u64,
+        );
+    }
     let gauge_after_storm = metrics.get("herald_connections").await;
     report.value("connections_gauge_after_storm", gauge_after_storm, "");
     if let (Some(b), Some(g)) = (gauge_base, gauge_after_storm) {
