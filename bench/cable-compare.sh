@@ -1,13 +1,15 @@
 #!/bin/bash
-# One run of `herald bench broadcast --protocol actioncable` against Herald
-# or AnyCable, each with a fresh `herald bench rpc-server` as its app (gRPC
+# One run of `herald bench $SCENARIO --protocol actioncable` (SCENARIO:
+# broadcast by default; storm, slow, soak) against Herald or AnyCable, each with a fresh `herald bench rpc-server` as its app (gRPC
 # RPC; BenchmarkChannel broadcasting through the server's HTTP broadcast
 # endpoint on the server's own port). Prints the bench's summary and the
 # app's CPU; the JSON report goes to $OUT/TAG.json.
 #
-#   HERALD=target/release/herald ANYCABLE=/path/to/anycable-go \
+#   HERALD=target/release/herald ANYCABLE=/path/to/anycable-go [SCENARIO=storm] \
 #     bench/cable-compare.sh herald|anycable TAG [bench flags, e.g. --clients 500 --duration 30s]
 set -u
+ulimit -n "$(ulimit -Hn)"
+SCENARIO=${SCENARIO:-broadcast}
 which=$1; tag=$2; shift 2
 BIN=${HERALD:-target/release/herald}
 ANY=${ANYCABLE:-anycable-go}
@@ -29,7 +31,7 @@ wait_port $RPC; wait_port $PORT
 sleep 1
 A0=$(cpu $APP)
 echo "== $tag $which $(date -u +%FT%TZ) load: $(cat /proc/loadavg)"
-$BIN bench broadcast --protocol actioncable --url ws://127.0.0.1:$PORT --server-pid $SRV --no-progress --json $OUT/$tag.json "$@"
+$BIN bench $SCENARIO --protocol actioncable --url ws://127.0.0.1:$PORT --server-pid $SRV --no-progress --json $OUT/$tag.json "$@"
 A1=$(cpu $APP)
 echo "app cpu ticks: $((A1-A0)) (1/100 s)  load after: $(cat /proc/loadavg)"
 kill $SRV $APP; wait $SRV $APP 2>/dev/null
