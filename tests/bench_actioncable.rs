@@ -6,16 +6,16 @@
 mod common;
 
 use common::{bench_target, herald_with_bench_app, Server};
-use herald_bench::actioncable::WsProtocol;
 use herald_bench::broadcast::{self, BroadcastParams, Via};
 use herald_bench::connect::{self, ConnectParams};
+use herald_bench::proto::Proto;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcast_over_action_cable_delivers_everything() {
     let (server, _app) = herald_with_bench_app("", "").await;
     let mut p = BroadcastParams::new(bench_target(&server));
-    p.protocol = WsProtocol::ActionCable;
+    p.protocol = Proto::ActionCable;
     p.peak = 8;
     p.duration = Duration::from_secs(3);
     p.lifetime = Duration::from_millis(1500);
@@ -52,7 +52,7 @@ async fn broadcast_over_action_cable_delivers_everything() {
 async fn connect_over_action_cable_connects_everyone() {
     let (server, _app) = herald_with_bench_app("", "").await;
     let mut p = ConnectParams::new(bench_target(&server));
-    p.protocol = WsProtocol::ActionCable;
+    p.protocol = Proto::ActionCable;
     p.clients = 30;
     p.hold = true;
     p.progress = false;
@@ -72,7 +72,7 @@ async fn action_cable_preflight_names_the_missing_app() {
     // Herald without RPC welcomes everyone but has no BenchmarkChannel.
     let server = Server::start().await;
     let mut p = ConnectParams::new(bench_target(&server));
-    p.protocol = WsProtocol::ActionCable;
+    p.protocol = Proto::ActionCable;
     p.clients = 3;
     p.progress = false;
     let Err(e) = connect::run(&p).await else {

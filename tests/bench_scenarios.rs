@@ -273,8 +273,8 @@ async fn fanout_counts_every_channel() {
 async fn fanout_speaks_both_appsync_apis() {
     let server = start_server().await;
     for protocol in [
-        herald_bench::appsync::Protocol::AppsyncGraphql,
-        herald_bench::appsync::Protocol::AppsyncEvents,
+        herald_bench::proto::Proto::AppsyncGraphql,
+        herald_bench::proto::Proto::AppsyncEvents,
     ] {
         let mut p = tiny_fanout(server.port);
         p.protocol = protocol;
@@ -293,7 +293,7 @@ async fn fanout_speaks_both_appsync_apis() {
     }
     // A wrong API key is one clear error.
     let mut p = tiny_fanout(server.port);
-    p.protocol = herald_bench::appsync::Protocol::AppsyncEvents;
+    p.protocol = herald_bench::proto::Proto::AppsyncEvents;
     p.target = Target::new(
         &format!("ws://127.0.0.1:{}", server.port),
         "app-id",

@@ -1,25 +1,24 @@
-//! Action Cable clients for `herald bench broadcast --protocol actioncable`
-//! and `herald bench connect --protocol actioncable`: the same scenarios
+//! Action Cable clients (`--protocol actioncable`,
+//! [`Proto::ActionCable`](super::proto::Proto::ActionCable))
 //! over `/cable` (subprotocol `actioncable-v1-json`), subscribed to the
-//! `BenchmarkChannel` that `herald bench rpc-server` serves (subscribing
-//! streams `all`; the `broadcast` action broadcasts its data to the stream
-//! and transmits it back to the sender as `broadcastResult`). The server
+//! `BenchmarkChannel` that `herald bench rpc-server` serves. The server
 //! under test is Herald or any AnyCable-compatible server with the bench's
 //! RPC server as its app.
 //!
-//! [`WsProtocol`] is what the scenarios call: open, subscribe, receive,
-//! scan and the frame a sender sends, for Pusher (the [`Conn`] methods of
-//! `client`) or Action Cable (this module). A broadcast reaches every
-//! subscriber, its sender included; a receiver ignores its own messages
-//! (the ledger never expects them).
+//! `broadcast` and `connect` subscribe to the channel itself (subscribing
+//! streams `all`; the `broadcast` action broadcasts its data to the stream
+//! and transmits it back to the sender as `broadcastResult`): a broadcast
+//! reaches every subscriber, its sender included, and a receiver ignores
+//! its own messages (the ledger never expects them). `storm`, `slow` and
+//! `soak` subscribe once per bench channel, with its name as the `id`
+//! param ([`identifier_for`]), and publish to its stream ([`stream_of`])
+//! through the HTTP broadcast API (see [`super::proto`]).
 
 use super::client::{bench_fields, next_text, string_field, ws_open, ClientError, Conn, Scan};
-use super::proto::Proto;
 use super::Target;
 use serde_json::Value;
 use std::net::IpAddr;
 use std::time::Duration;
-use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// The Action Cable mount path (Herald's and AnyCable's default).
 pub const PATH: &str = "/cable";
@@ -37,82 +36,6 @@ pub const BROADCAST_EVENT: &str = "broadcast";
 pub const RESULT_EVENT: &str = "broadcastResult";
 /// The event name of a server's `disconnect` frame.
 pub const DISCONNECT_EVENT: &str = "disconnect";
-
-/// Which protocol the scenario's WebSocket clients speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum WsProtocol {
-    /// Pusher Channels v7 at /app/{key}.
-    #[default]
-    Pusher,
-    /// Action Cable at /cable, BenchmarkChannel of `herald bench rpc-server`.
-    #[value(name = "actioncable")]
-    ActionCable,
-}
-
-impl WsProtocol {
-    pub fn name(self) -> &'static str {
-        match self {
-            WsProtocol::Pusher => "pusher",
-            WsProtocol::ActionCable => "actioncable",
-        }
-    }
-
-    /// The same protocol among the worst-day scenarios' ones, whose
-    /// `open` connects and waits for the server's greeting.
-    pub fn proto(self) -> Proto {
-        match self {
-            WsProtocol::Pusher => Proto::Pusher,
-            WsProtocol::ActionCable => Proto::ActionCable,
-        }
-    }
-
-    /// Subscribe to `channel` (Pusher) or to `BenchmarkChannel` (Action
-    /// Cable, which has no channel names of its own) and wait until it is
-    /// confirmed.
-    pub async fn subscribe(
-        self,
-        conn: &mut Conn,
-        target: &Target,
-        channel: &str,
-        timeout: Duration,
-    ) -> Result<(), ClientError> {
-        match self {
-            WsProtocol::Pusher => conn.subscribe(target, &[channel], timeout).await,
-            WsProtocol::ActionCable => subscribe(conn, timeout).await,
-        }
-    }
-
-    /// The next text frame (Pusher: answering pings on the way; Action
-    /// Cable's pings need no answer and are returned like any frame).
-    pub async fn recv(self, conn: &mut Conn) -> Result<Utf8Bytes, ClientError> {
-        self.proto().recv(conn).await
-    }
-
-    pub fn scan(self, text: &str) -> Scan<'_> {
-        match self {
-            WsProtocol::Pusher => super::client::scan(text),
-            WsProtocol::ActionCable => scan(text),
-        }
-    }
-
-    /// Whether a scanned event is the server saying something went wrong.
-    pub fn is_error(self, event: &str) -> bool {
-        match self {
-            WsProtocol::Pusher => event == "pusher:error",
-            WsProtocol::ActionCable => event == DISCONNECT_EVENT,
-        }
-    }
-
-    /// Whether a sender receives its own messages (it does in Action
-    /// Cable: a broadcast goes to the whole stream).
-    pub fn echoes_to_sender(self) -> bool {
-        self == WsProtocol::ActionCable
-    }
-
-    pub fn explain(self, e: &ClientError, target: &Target) -> String {
-        self.proto().explain(e, target)
-    }
-}
 
 /// `ws://host:port/cable`.
 pub fn url(target: &Target) -> String {
@@ -210,9 +133,14 @@ pub async fn subscribe_identifiers(
 
 /// A stream message (`{"identifier":..,"message":..}`, no `type`) as
 /// `event`, its channel the identifier's `id` param (the bench channel's
-/// name); any other frame as [`scan`] reads it.
+/// name); any other frame, and a message of one of `BenchmarkChannel`'s
+/// actions (its `broadcast` and `broadcastResult`, with the channel's
+/// event names), as [`scan`] reads it.
 pub fn scan_stream<'a>(text: &'a str, event: &'static str) -> Scan<'a> {
-    if text.starts_with(r#"{"type":"#) || !text.contains(r#""message":"#) || type_of(text).is_some()
+    if text.starts_with(r#"{"type":"#)
+        || !text.contains(r#""message":"#)
+        || type_of(text).is_some()
+        || action_of(text).is_some()
     {
         return scan(text);
     }
@@ -429,6 +357,14 @@ mod tests {
         result["action"] = "broadcastResult".into();
         let frame = serde_json::json!({"identifier": IDENTIFIER, "message": result}).to_string();
         assert_eq!(scan(&frame).event, RESULT_EVENT);
+        // The actions' messages scan alike as stream messages.
+        assert_eq!(scan_stream(&frame, "e").event, RESULT_EVENT);
+        let frame = serde_json::json!({"identifier": IDENTIFIER, "message": message}).to_string();
+        let s = scan_stream(&frame, "e");
+        assert_eq!(
+            (s.event, s.channel, s.stamp, s.id),
+            (BROADCAST_EVENT, None, Some(123), Some(id))
+        );
         assert_eq!(
             scan(r#"{"type":"ping","message":1700000000}"#).event,
             "ping"

@@ -1,10 +1,12 @@
-//! AppSync clients for `herald bench fanout --protocol appsync-graphql`
-//! and `--protocol appsync-events`: subscribers speak the generic pub/sub
-//! GraphQL API (`graphql-ws` on `/graphql`, as the published AppSync
-//! broadcast benchmark does) or the Events API (`aws-appsync-event-ws` on
-//! `/event/realtime`); publishers `POST /graphql` (the `publish` mutation)
-//! or `POST /event`. The API key is `--key` (the development app's key is
-//! an API key on Herald's embedded default).
+//! AppSync clients (`--protocol appsync-graphql` and `appsync-events`, of
+//! `fanout`, `storm`, `slow` and `soak`): subscribers speak the generic
+//! pub/sub GraphQL API (`graphql-ws` on `/graphql`, as the published
+//! AppSync broadcast benchmark does) or the Events API
+//! (`aws-appsync-event-ws` on `/event/realtime`); publishers
+//! `POST /graphql` (the `publish` mutation) or `POST /event`. The API key
+//! is `--key` (the development app's key is an API key on Herald's
+//! embedded default). The `protocol` these functions take is one of the
+//! two AppSync [`Proto`]s: `AppsyncGraphql`, or else the Events API.
 //!
 //! A subscription's id is its channel's bench name (`benchmark-fanout-3`),
 //! so a data message names its channel the way a Pusher frame does.
@@ -12,29 +14,12 @@
 use super::client::{
     bench_fields, http_error, next_text, string_field, ws_open, ClientError, Conn, Scan,
 };
+use super::proto::Proto;
 use super::Target;
 use base64::Engine;
 use serde_json::{json, Value};
 use std::net::IpAddr;
 use std::time::Duration;
-
-/// Which protocol the fan-out's clients speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Pusher,
-    AppsyncGraphql,
-    AppsyncEvents,
-}
-
-impl Protocol {
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Pusher => "pusher",
-            Protocol::AppsyncGraphql => "appsync-graphql",
-            Protocol::AppsyncEvents => "appsync-events",
-        }
-    }
-}
 
 const SUBSCRIPTION: &str =
     "subscription SubscribeToData($name: String!) { subscribe(name: $name) { name data } }";
@@ -54,11 +39,11 @@ pub async fn open(
     target: &Target,
     source: Option<IpAddr>,
     timeout: Duration,
-    protocol: Protocol,
+    protocol: Proto,
 ) -> Result<Conn, ClientError> {
     let auth = auth_headers(target).to_string();
     let (url, protocols) = match protocol {
-        Protocol::AppsyncGraphql => {
+        Proto::AppsyncGraphql => {
             let header = base64::engine::general_purpose::STANDARD.encode(&auth);
             (
                 format!("ws://{}/graphql?header={header}&payload=e30=", target.host),
@@ -125,10 +110,10 @@ pub async fn subscribe(
     target: &Target,
     name: &str,
     timeout: Duration,
-    protocol: Protocol,
+    protocol: Proto,
 ) -> Result<(), ClientError> {
     let msg = match protocol {
-        Protocol::AppsyncGraphql => json!({
+        Proto::AppsyncGraphql => json!({
             "type": "start", "id": name,
             "payload": {
                 "data": json!({ "query": SUBSCRIPTION, "variables": { "name": name } }).to_string(),
@@ -192,13 +177,13 @@ pub struct Publisher {
     client: reqwest::Client,
     url: String,
     key: String,
-    protocol: Protocol,
+    protocol: Proto,
 }
 
 impl Publisher {
-    pub fn new(target: &Target, protocol: Protocol) -> Publisher {
+    pub fn new(target: &Target, protocol: Proto) -> Publisher {
         let path = match protocol {
-            Protocol::AppsyncGraphql => "/graphql",
+            Proto::AppsyncGraphql => "/graphql",
             _ => "/event",
         };
         Publisher {
@@ -212,7 +197,7 @@ impl Publisher {
     /// Publish `data` (a JSON text) to bench channel `name`.
     pub async fn publish(&self, name: &str, data: &str) -> Result<(), ClientError> {
         let body = match self.protocol {
-            Protocol::AppsyncGraphql => {
+            Proto::AppsyncGraphql => {
                 json!({ "query": MUTATION, "variables": { "name": name, "data": data } })
             }
             _ => json!({ "channel": events_path(name), "events": [data] }),
@@ -229,7 +214,7 @@ impl Publisher {
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();
         let failed = match self.protocol {
-            Protocol::AppsyncGraphql => text.contains("\"errors\""),
+            Proto::AppsyncGraphql => text.contains("\"errors\""),
             _ => !text.contains("\"failed\":[]"),
         };
         if (200..300).contains(&status) && !failed {
@@ -244,7 +229,7 @@ impl Publisher {
 
 /// Check the target speaks the protocol with these credentials: one
 /// subscriber and one publish.
-pub async fn preflight(target: &Target, protocol: Protocol) -> Result<(), ClientError> {
+pub async fn preflight(target: &Target, protocol: Proto) -> Result<(), ClientError> {
     let timeout = Duration::from_secs(10);
     let mut conn = open(target, None, timeout, protocol).await?;
     subscribe(&mut conn, target, "benchmark-preflight", timeout, protocol).await?;

@@ -7,12 +7,15 @@
 //! number and its own sequence number). Every receiver records now − send
 //! time for each id it sees first, and keeps the ids it saw; the [`Ledger`]
 //! then counts, per receiver, the distinct expected ids that arrived, so
-//! drops are counted and duplicates cannot hide them.
+//! drops are counted and duplicates cannot hide them. With `--protocol
+//! actioncable` the users speak Action Cable instead ([`PROTOCOLS`]): see
+//! [`super::actioncable`].
 
-use super::actioncable::{self, WsProtocol};
+use super::actioncable;
 use super::client::{bench_data, HttpPublisher};
 use super::ledger::{Ledger, Receipt, Seen, Window};
 use super::metrics::{Latency, Live, Monitor};
+use super::proto::Proto;
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -48,8 +51,9 @@ pub struct BroadcastParams {
     pub server_pid: Option<u32>,
     /// The protocol the users speak. With Action Cable a sender performs
     /// `BenchmarkChannel`'s `broadcast` action (the RPC app broadcasts it
-    /// to the stream); `channel` and `Via::Http` do not apply.
-    pub protocol: WsProtocol,
+    /// to the stream); `channel` and `Via::Http` do not apply. Only
+    /// [`PROTOCOLS`].
+    pub protocol: Proto,
 }
 
 impl BroadcastParams {
@@ -68,7 +72,7 @@ impl BroadcastParams {
             timeout: Duration::from_secs(30),
             progress: true,
             server_pid: None,
-            protocol: WsProtocol::Pusher,
+            protocol: Proto::Pusher,
         }
     }
 }
@@ -134,7 +138,6 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let t0 = Instant::now();
     let proto = p.protocol;
     let mut conn = match proto
-        .proto()
         .open(target, target.source_for(id as usize), p.timeout)
         .await
     {
@@ -148,7 +151,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     s.sessions.fetch_add(1, Relaxed);
     let t1 = Instant::now();
     if let Err(e) = proto
-        .subscribe(&mut conn, target, &p.channel, p.timeout)
+        .subscribe_one(&mut conn, target, &p.channel, p.timeout)
         .await
     {
         s.live.error(e.kind(), proto.explain(&e, target));
@@ -173,11 +176,11 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let mut seen = Seen::default();
     let mut gone = false;
     let on_frame = |text: &str, seen: &mut Seen| {
-        let f = proto.scan(text);
+        let f = proto.scan(text, API_EVENT);
         if f.event == CLIENT_EVENT || f.event == API_EVENT {
             // Action Cable broadcasts reach their sender too: not a
             // delivery the ledger expects, and not an echo to count.
-            if proto.echoes_to_sender() && f.id.is_some_and(|m| m.sender == id) {
+            if proto == Proto::ActionCable && f.id.is_some_and(|m| m.sender == id) {
                 return;
             }
             if let Some(t) = f.stamp {
@@ -191,7 +194,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                     None => seen.garbled(),
                 }
             }
-        } else if proto.is_error(f.event) {
+        } else if proto.is_error(text, f.event) {
             s.server_errors.fetch_add(1, Relaxed);
         }
     };
@@ -218,11 +221,12 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                     match p.via {
                         Via::Ws => {
                             let frame = match proto {
-                                WsProtocol::Pusher => format!(
+                                Proto::ActionCable => actioncable::broadcast_command(&data),
+                                // Pusher (`run` refuses the others).
+                                _ => format!(
                                     "{{\"event\":\"{CLIENT_EVENT}\",\"channel\":\"{}\",\"data\":{data}}}",
                                     p.channel
                                 ),
-                                WsProtocol::ActionCable => actioncable::broadcast_command(&data),
                             };
                             if let Err(e) = conn.send(frame).await {
                                 s.live.error(e.kind(), proto.explain(&e, target));
@@ -284,7 +288,11 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     true
 }
 
+/// The protocols `broadcast` speaks.
+pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable];
+
 pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
+    p.protocol.check("broadcast", PROTOCOLS)?;
     let mut report = Report::new("broadcast");
     report.param("url", &p.target.url);
     report.param("protocol", p.protocol.name());
@@ -294,7 +302,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
     report.param(
         "via",
         match p.via {
-            Via::Ws if p.protocol == WsProtocol::ActionCable => {
+            Via::Ws if p.protocol == Proto::ActionCable => {
                 "ws (BenchmarkChannel's broadcast action)"
             }
             Via::Ws => "ws (client events)",
@@ -306,17 +314,18 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         report.notes.push(w);
     }
     match p.protocol {
-        WsProtocol::Pusher => preflight(&p.target, Some(&p.channel), p.via == Via::Http).await?,
-        WsProtocol::ActionCable if p.via == Via::Http => {
+        Proto::ActionCable if p.via == Via::Http => {
             return Err(BenchError(
                 "--protocol actioncable sends through BenchmarkChannel's broadcast action (the \
                  RPC app broadcasts); --via http does not apply"
                     .into(),
             ))
         }
-        WsProtocol::ActionCable => actioncable::preflight(&p.target, true)
+        Proto::ActionCable => actioncable::preflight(&p.target, true)
             .await
             .map_err(BenchError)?,
+        // Pusher (the others were refused above).
+        _ => preflight(&p.target, Some(&p.channel), p.via == Via::Http).await?,
     }
     let cpu = CpuMeter::start(p.server_pid);
     let s = Arc::new(Shared {

@@ -2,6 +2,8 @@
 //! the glue from flags to a scenario's params struct and its report files.
 //! Kept out of `main.rs` so the binary's entry point stays a dispatcher.
 
+use super::proto::Proto;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -90,8 +92,8 @@ struct SlowArgs {
     metrics_url: Option<String>,
     /// The protocol subscribers and publishers speak (actioncable needs
     /// `herald bench rpc-server` as the server's app).
-    #[arg(long, value_enum, default_value = "pusher")]
-    protocol: super::proto::Proto,
+    #[arg(long, default_value = "pusher", value_parser = protocol(WORST_DAY))]
+    protocol: Proto,
     #[command(flatten)]
     broadcast: BroadcastTo,
 }
@@ -151,8 +153,8 @@ struct StormArgs {
     metrics_url: Option<String>,
     /// The protocol the clients speak (only pusher has private and presence
     /// channels; actioncable needs `herald bench rpc-server` as the app).
-    #[arg(long, value_enum, default_value = "pusher")]
-    protocol: super::proto::Proto,
+    #[arg(long, default_value = "pusher", value_parser = protocol(WORST_DAY))]
+    protocol: Proto,
 }
 
 #[derive(Args)]
@@ -196,11 +198,69 @@ struct SoakArgs {
     /// The protocol subscribers and publishers speak (presence and API
     /// queries only over pusher; actioncable needs `herald bench
     /// rpc-server` as the server's app).
-    #[arg(long, value_enum, default_value = "pusher")]
-    protocol: super::proto::Proto,
+    #[arg(long, default_value = "pusher", value_parser = protocol(WORST_DAY))]
+    protocol: Proto,
     #[command(flatten)]
     broadcast: BroadcastTo,
 }
+
+/// The `--protocol` parser of a scenario: clap offers, documents and
+/// accepts only the protocols of `values` (the scenario's `PROTOCOLS`),
+/// each with its help there (what the protocol means in that scenario);
+/// a test below checks the two lists agree.
+fn protocol(values: &'static [(Proto, &'static str)]) -> impl TypedValueParser<Value = Proto> {
+    PossibleValuesParser::new(
+        values
+            .iter()
+            .map(|&(proto, help)| PossibleValue::new(proto.name()).help(help)),
+    )
+    .try_map(|name| Proto::from_name(&name).ok_or("not a protocol"))
+}
+
+const APPSYNC_GRAPHQL: (Proto, &str) = (
+    Proto::AppsyncGraphql,
+    "AppSync generic pub/sub GraphQL: graphql-ws subscribers on /graphql, publish mutations \
+     on POST /graphql (--key is the API key)",
+);
+const APPSYNC_EVENTS: (Proto, &str) = (
+    Proto::AppsyncEvents,
+    "AppSync Events: aws-appsync-event-ws subscribers on /event/realtime, POST /event \
+     publishers (--key is the API key)",
+);
+
+/// `broadcast` and `connect` (their `PROTOCOLS`).
+const WS_CLIENTS: &[(Proto, &str)] = &[
+    (Proto::Pusher, "Pusher Channels v7 at /app/{key}"),
+    (
+        Proto::ActionCable,
+        "Action Cable at /cable, BenchmarkChannel of `herald bench rpc-server`",
+    ),
+];
+
+/// `fanout` (its `PROTOCOLS`).
+const FANOUT: &[(Proto, &str)] = &[
+    (
+        Proto::Pusher,
+        "Pusher WebSocket subscribers, Pusher HTTP API publishers",
+    ),
+    APPSYNC_GRAPHQL,
+    APPSYNC_EVENTS,
+];
+
+/// `storm`, `slow` and `soak`: every protocol.
+const WORST_DAY: &[(Proto, &str)] = &[
+    (
+        Proto::Pusher,
+        "Pusher WebSocket clients at /app/{key}, Pusher HTTP API publishes",
+    ),
+    (
+        Proto::ActionCable,
+        "Action Cable at /cable, subscribed to `herald bench rpc-server`'s BenchmarkChannel (one \
+         `id` per bench channel); publishes through the HTTP broadcast API (--broadcast-url)",
+    ),
+    APPSYNC_GRAPHQL,
+    APPSYNC_EVENTS,
+];
 
 #[derive(Args, Clone)]
 struct BenchCommon {
@@ -276,8 +336,8 @@ struct BroadcastArgs {
     /// The protocol users speak: pusher, or actioncable (/cable with
     /// `herald bench rpc-server`'s BenchmarkChannel as the server's app;
     /// senders perform its broadcast action).
-    #[arg(long, value_enum, default_value = "pusher")]
-    protocol: super::actioncable::WsProtocol,
+    #[arg(long, default_value = "pusher", value_parser = protocol(WS_CLIENTS))]
+    protocol: Proto,
 }
 
 #[derive(Args)]
@@ -295,20 +355,8 @@ struct ConnectArgs {
     hold: bool,
     /// The protocol clients speak: pusher, or actioncable (/cable,
     /// subscribing to `herald bench rpc-server`'s BenchmarkChannel).
-    #[arg(long, value_enum, default_value = "pusher")]
-    protocol: super::actioncable::WsProtocol,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum ProtocolArg {
-    /// Pusher WebSocket subscribers, Pusher HTTP API publishers.
-    Pusher,
-    /// AppSync generic pub/sub GraphQL: graphql-ws subscribers on /graphql,
-    /// publish mutations on POST /graphql (--key is the API key).
-    AppsyncGraphql,
-    /// AppSync Events: aws-appsync-event-ws subscribers on /event/realtime,
-    /// POST /event publishers (--key is the API key).
-    AppsyncEvents,
+    #[arg(long, default_value = "pusher", value_parser = protocol(WS_CLIENTS))]
+    protocol: Proto,
 }
 
 #[derive(Args)]
@@ -332,8 +380,8 @@ struct FanoutArgs {
     #[arg(long, value_delimiter = ',')]
     subscriber_url: Vec<String>,
     /// The protocol subscribers and publishers speak.
-    #[arg(long, value_enum, default_value = "pusher")]
-    protocol: ProtocolArg,
+    #[arg(long, default_value = "pusher", value_parser = protocol(FANOUT))]
+    protocol: Proto,
 }
 
 #[derive(Args)]
@@ -466,11 +514,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.publishers = a.publishers;
                 p.rate = a.rate;
                 p.drain = a.drain;
-                p.protocol = match a.protocol {
-                    ProtocolArg::Pusher => super::appsync::Protocol::Pusher,
-                    ProtocolArg::AppsyncGraphql => super::appsync::Protocol::AppsyncGraphql,
-                    ProtocolArg::AppsyncEvents => super::appsync::Protocol::AppsyncEvents,
-                };
+                p.protocol = a.protocol;
                 p.timeout = common.timeout;
                 p.progress = progress;
                 p.server_pid = common.server_pid;
@@ -582,4 +626,66 @@ pub fn run(args: BenchArgs) -> ExitCode {
         }
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    /// The `--protocol` of `herald bench <argv>`.
+    fn protocol_of(argv: &[&str]) -> Result<Proto, clap::Error> {
+        let bench = Bench::try_parse_from(std::iter::once("bench").chain(argv.iter().copied()))?;
+        Ok(match bench.args.scenario {
+            Scenario::Pusher(BenchScenario::Broadcast(a)) => a.protocol,
+            Scenario::Pusher(BenchScenario::Connect(a)) => a.protocol,
+            Scenario::Pusher(BenchScenario::Fanout(a)) => a.protocol,
+            Scenario::Pusher(BenchScenario::Soak(a)) => a.protocol,
+            Scenario::Pusher(BenchScenario::Storm(a)) => a.protocol,
+            Scenario::Pusher(BenchScenario::Slow(a)) => a.protocol,
+            _ => panic!("{argv:?} has no --protocol"),
+        })
+    }
+
+    /// Each scenario's `--protocol` takes exactly the protocols the
+    /// scenario speaks, by name, and defaults to pusher; the others are
+    /// clap's invalid values.
+    #[test]
+    fn each_scenario_takes_the_protocols_it_speaks() {
+        use crate::{broadcast, connect, fanout};
+        for (scenario, speaks) in [
+            ("broadcast", broadcast::PROTOCOLS),
+            ("connect", connect::PROTOCOLS),
+            ("fanout", fanout::PROTOCOLS),
+            ("storm", &Proto::ALL[..]),
+            ("slow", &Proto::ALL[..]),
+            ("soak", &Proto::ALL[..]),
+        ] {
+            assert_eq!(
+                protocol_of(&[scenario]).unwrap(),
+                Proto::Pusher,
+                "{scenario}"
+            );
+            for proto in Proto::ALL {
+                let parsed = protocol_of(&[scenario, "--protocol", proto.name()]);
+                if speaks.contains(&proto) {
+                    assert_eq!(parsed.unwrap(), proto, "{scenario}");
+                } else {
+                    let kind = parsed.err().map(|e| e.kind());
+                    assert_eq!(kind, Some(ErrorKind::InvalidValue), "{scenario} {proto:?}");
+                }
+            }
+            let kind = protocol_of(&[scenario, "--protocol", "stomp"])
+                .err()
+                .map(|e| e.kind());
+            assert_eq!(kind, Some(ErrorKind::InvalidValue), "{scenario}");
+        }
+    }
 }

@@ -4,10 +4,12 @@
 //! `--sweep` repeats it for growing N and reports where success first drops
 //! below 100 % and 99 %. The monitor's per-second timeline (connections,
 //! confirmed subscriptions, errors) goes into the report, so `--json` and
-//! `--html` show how the avalanche unfolded.
+//! `--html` show how the avalanche unfolded. The clients speak Pusher or,
+//! with `--protocol actioncable`, Action Cable ([`PROTOCOLS`]).
 
-use super::actioncable::{self, WsProtocol};
+use super::actioncable;
 use super::metrics::{Latency, Live, Monitor, Tick};
+use super::proto::Proto;
 use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -25,8 +27,8 @@ pub struct ConnectParams {
     pub progress: bool,
     pub server_pid: Option<u32>,
     /// The protocol the clients speak (Action Cable subscribes to
-    /// `BenchmarkChannel`; `channel` does not apply).
-    pub protocol: WsProtocol,
+    /// `BenchmarkChannel`; `channel` does not apply). Only [`PROTOCOLS`].
+    pub protocol: Proto,
 }
 
 impl ConnectParams {
@@ -39,7 +41,7 @@ impl ConnectParams {
             hold: false,
             progress: true,
             server_pid: None,
-            protocol: WsProtocol::Pusher,
+            protocol: Proto::Pusher,
         }
     }
 }
@@ -81,17 +83,16 @@ async fn avalanche(p: &ConnectParams) -> Step {
         tasks.spawn(async move {
             let (connecting, subscribe, setup, connected, subscribed) = &*shared;
             let t0 = Instant::now();
-            let conn = match proto
-                .proto()
-                .open(&target, target.source_for(i), timeout)
-                .await
-            {
+            let conn = match proto.open(&target, target.source_for(i), timeout).await {
                 Ok(mut conn) => {
                     connecting.record_duration(i, t0.elapsed());
                     connected.fetch_add(1, Relaxed);
                     live.connections.fetch_add(1, Relaxed);
                     let t1 = Instant::now();
-                    match proto.subscribe(&mut conn, &target, &channel, timeout).await {
+                    match proto
+                        .subscribe_one(&mut conn, &target, &channel, timeout)
+                        .await
+                    {
                         Ok(()) => {
                             subscribe.record_duration(i, t1.elapsed());
                             setup.record_duration(i, t0.elapsed());
@@ -141,12 +142,16 @@ async fn avalanche(p: &ConnectParams) -> Step {
     }
 }
 
+/// The protocols `connect` speaks.
+pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable];
+
 async fn connect_preflight(p: &ConnectParams) -> Result<(), BenchError> {
     match p.protocol {
-        WsProtocol::Pusher => preflight(&p.target, None, false).await,
-        WsProtocol::ActionCable => actioncable::preflight(&p.target, false)
+        Proto::ActionCable => actioncable::preflight(&p.target, false)
             .await
             .map_err(BenchError),
+        // Pusher (`run` and `sweep` refuse the others).
+        _ => preflight(&p.target, None, false).await,
     }
 }
 
@@ -166,6 +171,7 @@ fn check_limits(p: &ConnectParams, most: usize, report: &mut Report) {
 
 /// One avalanche of `p.clients` connections.
 pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
+    p.protocol.check("connect", PROTOCOLS)?;
     let mut report = Report::new("connect");
     report.param("url", &p.target.url);
     report.param("clients", p.clients);
@@ -204,6 +210,7 @@ pub struct SweepParams {
 /// latencies (tagged `{n:N}`) and where success first drops. The timeline
 /// is the steps' timelines end to end, each tick tagged with its step.
 pub async fn sweep(p: &SweepParams) -> Result<Report, BenchError> {
+    p.base.protocol.check("connect", PROTOCOLS)?;
     let mut report = Report::new("connect --sweep");
     report.param("url", &p.base.target.url);
     let steps: Vec<String> = p.steps.iter().map(|n| n.to_string()).collect();

@@ -17,11 +17,16 @@
 //! hiding it (coordinated omission), `publish_lag` shows how late the
 //! publishes went out, and the achieved publish rate is reported beside the
 //! asked one, with a note when it fell short.
+//!
+//! Subscribers and publishers speak Pusher or, with `--protocol
+//! appsync-graphql` or `appsync-events`, one of the AppSync APIs
+//! ([`PROTOCOLS`]; see [`super::appsync`]).
 
-use super::appsync::{self, Protocol};
-use super::client::{bench_data, scan, ClientError, Conn, HttpPublisher};
+use super::appsync;
+use super::client::bench_data;
 use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
+use super::proto::{Broadcast, Proto, Publisher};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -53,8 +58,8 @@ pub struct FanoutParams {
     pub progress: bool,
     pub server_pid: Option<u32>,
     /// What subscribers and publishers speak: Pusher (WebSocket + HTTP
-    /// API) or one of the AppSync APIs.
-    pub protocol: Protocol,
+    /// API) or one of the AppSync APIs: only [`PROTOCOLS`].
+    pub protocol: Proto,
 }
 
 impl FanoutParams {
@@ -72,33 +77,13 @@ impl FanoutParams {
             timeout: Duration::from_secs(30),
             progress: true,
             server_pid: None,
-            protocol: Protocol::Pusher,
+            protocol: Proto::Pusher,
         }
     }
 }
 
-/// The HTTP publisher of either protocol.
-#[derive(Clone)]
-enum Publisher {
-    Pusher(HttpPublisher),
-    Appsync(appsync::Publisher),
-}
-
-impl Publisher {
-    fn new(p: &FanoutParams) -> Publisher {
-        match p.protocol {
-            Protocol::Pusher => Publisher::Pusher(HttpPublisher::new(&p.target)),
-            other => Publisher::Appsync(appsync::Publisher::new(&p.target, other)),
-        }
-    }
-
-    async fn publish(&self, channel: &str, data: &str) -> Result<(), ClientError> {
-        match self {
-            Publisher::Pusher(h) => h.publish(channel, EVENT, data, None).await,
-            Publisher::Appsync(a) => a.publish(channel, data).await,
-        }
-    }
-}
+/// The protocols `fanout` speaks.
+pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::AppsyncGraphql, Proto::AppsyncEvents];
 
 pub fn channel_name(c: usize) -> String {
     format!("benchmark-fanout-{c}")
@@ -133,6 +118,7 @@ struct Shared {
 }
 
 pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
+    p.protocol.check("fanout", PROTOCOLS)?;
     if p.channels == 0 || p.publishers == 0 || p.rate <= 0.0 {
         return super::err("fanout needs at least one channel, one publisher and a positive rate");
     }
@@ -157,7 +143,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         report.notes.push(w);
     }
     match p.protocol {
-        Protocol::Pusher => preflight(&p.target, None, true).await?,
+        Proto::Pusher => preflight(&p.target, None, true).await?,
         other => appsync::preflight(&p.target, other)
             .await
             .map_err(|e| super::BenchError(e.explain(&p.target)))?,
@@ -205,11 +191,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         subscribers.spawn(async move {
             let permit = gate.acquire().await;
             let t0 = Instant::now();
-            let opened = match protocol {
-                Protocol::Pusher => Conn::open(&target, target.source_for(i), timeout).await,
-                other => appsync::open(&target, target.source_for(i), timeout, other).await,
-            };
-            let mut conn = match opened {
+            let mut conn = match protocol.open(&target, target.source_for(i), timeout).await {
                 Ok(c) => c,
                 Err(e) => {
                     s.live.error(e.kind(), e.explain(&target));
@@ -219,11 +201,10 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
             };
             s.live.connections.fetch_add(1, Relaxed);
             let name = channel_name(c);
-            let subscribed = match protocol {
-                Protocol::Pusher => conn.subscribe(&target, &[&name], timeout).await,
-                other => appsync::subscribe(&mut conn, &target, &name, timeout, other).await,
-            };
-            if let Err(e) = subscribed {
+            if let Err(e) = protocol
+                .subscribe_one(&mut conn, &target, &name, timeout)
+                .await
+            {
                 s.live.error(e.kind(), e.explain(&target));
                 s.live.connections.fetch_sub(1, Relaxed);
                 let _ = ready.send(()).await;
@@ -242,12 +223,9 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                     // showed in the profile). Frames arrive far apart compared with
                     // reading one, so the timers are not starved.
                     biased;
-                    r = conn.recv() => match r {
+                    r = protocol.recv(&mut conn) => match r {
                         Ok(text) => {
-                            let f = match protocol {
-                                Protocol::Pusher => scan(&text),
-                                _ => appsync::scan(&text, EVENT),
-                            };
+                            let f = protocol.scan(&text, EVENT);
                             if f.event != EVENT {
                                 continue;
                             }
@@ -294,7 +272,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let subscribe_seconds = started.elapsed().as_secs_f64();
 
     // Phase 2: publishers on a fixed schedule; publish k goes to channel k % C.
-    let publisher = Publisher::new(p);
+    let publisher = Publisher::new(p.protocol, &p.target, &Broadcast::default());
     // The schedule on both clocks: `Instant` to sleep on, the bench clock
     // for the stamps receivers subtract from.
     let publish_start = Instant::now();
@@ -321,7 +299,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                     .fetch_max((offset + late).as_micros() as u64, Relaxed);
                 let data = bench_data(stamp, MsgId { sender: j, seq: k });
                 let t0 = Instant::now();
-                match publisher.publish(&channel_name(c), &data).await {
+                match publisher.publish(&channel_name(c), EVENT, &data).await {
                     Ok(()) => {
                         s.publish_duration.record_duration(j as usize, t0.elapsed());
                         s.accepted[c].fetch_add(1, Relaxed);

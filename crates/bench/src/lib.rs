@@ -26,11 +26,14 @@
 //!             against a clean run, slow-client closes, server memory
 //! worst       what soak, storm and slow share (process probes, /metrics,
 //!             HTTP API queries, presence subscriptions, slopes)
-//! actioncable Action Cable clients for broadcast and connect
-//!             (`--protocol actioncable`, BenchmarkChannel over /cable)
-//! proto       the protocols soak, storm and slow speak behind one client
-//!             (Pusher, Action Cable, AppSync GraphQL and Events), their
-//!             publishers and their reference clients' reconnect timing
+//! proto       which protocol the clients speak (`--protocol`: Pusher,
+//!             Action Cable, AppSync GraphQL or Events) behind one client,
+//!             for every scenario that has one; their publishers and their
+//!             reference clients' reconnect timing
+//! actioncable Action Cable clients (`--protocol actioncable`,
+//!             BenchmarkChannel over /cable)
+//! appsync     AppSync clients and publishers (`--protocol appsync-graphql`
+//!             and `appsync-events`)
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning

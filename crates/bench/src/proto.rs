@@ -1,8 +1,12 @@
-//! The protocols the worst-day scenarios (`storm`, `slow`, `soak`) speak,
-//! behind one client: [`Proto`] opens a connection, subscribes it to bench
-//! channels by name, receives and scans frames; [`Publisher`] publishes to
-//! a bench channel over the protocol's HTTP endpoint; [`Reconnect`] is the
-//! protocol's reference client coming back after its socket dropped.
+//! Which protocol the bench's clients speak, behind one client: [`Proto`]
+//! is the `--protocol` of every scenario that has one (`broadcast` and
+//! `connect`: Pusher or Action Cable; `fanout`: Pusher or the AppSync
+//! APIs; `storm`, `slow`, `soak`: all four). It opens a connection,
+//! subscribes it to bench channels by name, receives and scans frames;
+//! [`Publisher`] publishes to a bench channel over the protocol's HTTP
+//! endpoint; [`Reconnect`] is the protocol's reference client coming back
+//! after its socket dropped. A scenario refuses a protocol it does not
+//! speak ([`Proto::check`]).
 //!
 //! A bench channel `name` is, per protocol:
 //! - **Pusher**: the channel `name` (`private-` and `presence-` ones
@@ -15,7 +19,9 @@
 //!   Herald's own port; AnyCable 1.6 on port 8090 when it has neither a
 //!   broadcast key nor a secret, else on its main port, wanting
 //!   `Authorization: Bearer <broadcast key>`, its `--broadcast_key` or
-//!   the key it derives from `--secret`).
+//!   the key it derives from `--secret`). `broadcast` and `connect` use
+//!   one channel instead, `BenchmarkChannel` itself, whose stream `all`
+//!   its `broadcast` action broadcasts to ([`Proto::subscribe_one`]).
 //! - **AppSync GraphQL / Events**: a subscription whose id is `name`
 //!   (see [`super::appsync`]); publishes through `POST /graphql` (the
 //!   `publish` mutation) or `POST /event`.
@@ -32,16 +38,14 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
-/// Which protocol a worst-day scenario's clients and publishers speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// Which protocol a scenario's clients and publishers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Proto {
     /// Pusher WebSocket clients at /app/{key}, Pusher HTTP API publishes.
     #[default]
     Pusher,
     /// Action Cable at /cable, subscribed to `herald bench rpc-server`'s
-    /// BenchmarkChannel (one `id` per bench channel); publishes through
-    /// the HTTP broadcast API (--broadcast-url).
-    #[value(name = "actioncable")]
+    /// BenchmarkChannel; publishes through the AnyCable HTTP broadcast API.
     ActionCable,
     /// AppSync generic pub/sub GraphQL: graphql-ws subscribers on /graphql,
     /// publish mutations on POST /graphql (--key is the API key).
@@ -52,6 +56,15 @@ pub enum Proto {
 }
 
 impl Proto {
+    /// Every protocol, in the order the command line lists them.
+    pub const ALL: [Proto; 4] = [
+        Proto::Pusher,
+        Proto::ActionCable,
+        Proto::AppsyncGraphql,
+        Proto::AppsyncEvents,
+    ];
+
+    /// The protocol's `--protocol` value, also the reports' `protocol`.
     pub fn name(self) -> &'static str {
         match self {
             Proto::Pusher => "pusher",
@@ -61,12 +74,28 @@ impl Proto {
         }
     }
 
-    fn appsync(self) -> appsync::Protocol {
-        match self {
-            Proto::AppsyncGraphql => appsync::Protocol::AppsyncGraphql,
-            Proto::AppsyncEvents => appsync::Protocol::AppsyncEvents,
-            _ => appsync::Protocol::Pusher,
+    /// The protocol whose [`Proto::name`] is `name`.
+    pub fn from_name(name: &str) -> Option<Proto> {
+        Proto::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Refuse a protocol `scenario` does not speak: unless `self` is one
+    /// of `speaks`, an error naming the scenario and the protocols it
+    /// does speak.
+    pub fn check(self, scenario: &str, speaks: &[Proto]) -> Result<(), BenchError> {
+        if speaks.contains(&self) {
+            return Ok(());
         }
+        let names: Vec<&str> = speaks.iter().map(|p| p.name()).collect();
+        let list = match names.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => "no protocol".to_string(),
+        };
+        Err(BenchError(format!(
+            "{scenario} speaks --protocol {list}, not {}",
+            self.name()
+        )))
     }
 
     /// Whether the protocol has private and presence channels and an HTTP
@@ -85,7 +114,7 @@ impl Proto {
         match self {
             Proto::Pusher => Conn::open(target, source, timeout).await,
             Proto::ActionCable => actioncable::open(target, source, timeout).await,
-            other => appsync::open(target, source, timeout, other.appsync()).await,
+            other => appsync::open(target, source, timeout, other).await,
         }
     }
 
@@ -112,10 +141,30 @@ impl Proto {
             }
             other => {
                 for channel in channels {
-                    appsync::subscribe(conn, target, channel, timeout, other.appsync()).await?;
+                    appsync::subscribe(conn, target, channel, timeout, other).await?;
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Subscribe to the one channel of `broadcast`, `connect` or a
+    /// `fanout` subscriber and wait until it is confirmed: Pusher
+    /// `channel` ([`Conn::subscribe`], a private channel signed); Action
+    /// Cable `BenchmarkChannel` itself, whatever `channel` (it has no
+    /// channel names of its own: its stream `all` is where its `broadcast`
+    /// action goes); AppSync `channel`, as [`Proto::subscribe`] does.
+    pub async fn subscribe_one(
+        self,
+        conn: &mut Conn,
+        target: &Target,
+        channel: &str,
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        match self {
+            Proto::Pusher => conn.subscribe(target, &[channel], timeout).await,
+            Proto::ActionCable => actioncable::subscribe(conn, timeout).await,
+            _ => self.subscribe(conn, target, &[channel], "", timeout).await,
         }
     }
 
@@ -297,7 +346,7 @@ impl Publisher {
                     .unwrap_or_else(|| format!("{}/_broadcast", target.http_base())),
                 key: broadcast.key.clone(),
             },
-            other => Publisher::Appsync(appsync::Publisher::new(target, other.appsync())),
+            other => Publisher::Appsync(appsync::Publisher::new(target, other)),
         }
     }
 
@@ -573,6 +622,60 @@ impl Reconnect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for proto in Proto::ALL {
+            assert_eq!(Proto::from_name(proto.name()), Some(proto));
+        }
+        assert_eq!(Proto::from_name("Pusher"), None);
+        assert_eq!(Proto::default(), Proto::Pusher);
+    }
+
+    /// A scenario given a protocol it does not speak says which it speaks,
+    /// before any connection (nothing listens on the target).
+    #[tokio::test]
+    async fn scenarios_refuse_the_protocols_they_do_not_speak() {
+        use crate::{broadcast, connect, fanout};
+        let target = Target::new("ws://127.0.0.1:9", "app-id", "key", "secret", false).unwrap();
+        for proto in [Proto::AppsyncGraphql, Proto::AppsyncEvents] {
+            let mut p = broadcast::BroadcastParams::new(target.clone());
+            p.protocol = proto;
+            p.progress = false;
+            let e = broadcast::run(&p).await.unwrap_err().0;
+            let want = format!(
+                "broadcast speaks --protocol pusher or actioncable, not {}",
+                proto.name()
+            );
+            assert_eq!(e, want);
+            let mut p = connect::ConnectParams::new(target.clone());
+            p.protocol = proto;
+            p.progress = false;
+            let e = connect::run(&p).await.unwrap_err().0;
+            assert!(
+                e.starts_with("connect speaks --protocol pusher or actioncable"),
+                "{e}"
+            );
+            let sweep = connect::SweepParams {
+                base: p,
+                steps: vec![1],
+                pause: Duration::ZERO,
+            };
+            let e = connect::sweep(&sweep).await.unwrap_err().0;
+            assert!(
+                e.starts_with("connect speaks --protocol pusher or actioncable"),
+                "{e}"
+            );
+        }
+        let mut p = fanout::FanoutParams::new(target);
+        p.protocol = Proto::ActionCable;
+        p.progress = false;
+        let e = fanout::run(&p).await.unwrap_err().0;
+        assert_eq!(
+            e,
+            "fanout speaks --protocol pusher, appsync-graphql or appsync-events, not actioncable"
+        );
+    }
 
     #[test]
     fn pusher_js_comes_back_after_a_second() {

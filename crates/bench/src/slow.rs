@@ -56,7 +56,7 @@ use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
 use super::proto::{Broadcast, Proto, Publisher};
 use super::worst::Metrics;
-use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
+use super::{now_us, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -590,13 +590,8 @@ pub async fn run(p: &SlowParams) -> Result<Report, BenchError> {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    match p.protocol {
-        Proto::Pusher => preflight(&p.target, None, true).await?,
-        other => {
-            let publisher = Publisher::new(other, &p.target, &p.broadcast);
-            other.preflight(&p.target, Some(&publisher)).await?
-        }
-    }
+    let publisher = Publisher::new(p.protocol, &p.target, &p.broadcast);
+    p.protocol.preflight(&p.target, Some(&publisher)).await?;
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     let cpu = CpuMeter::start(p.server_pid);
     let started = Instant::now();

@@ -42,7 +42,7 @@ use super::ledger::{Deliveries, Ledger, MsgId, Outstanding, Receipt, Seen, Windo
 use super::metrics::{Latency, Live, Monitor};
 use super::proto::{Broadcast, Proto, Publisher};
 use super::worst::{self, Api, Metrics, Probe};
-use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
+use super::{now_us, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -546,13 +546,8 @@ pub async fn run(p: &SoakParams) -> Result<Report, BenchError> {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    match proto {
-        Proto::Pusher => preflight(&p.target, None, true).await?,
-        other => {
-            let publisher = Publisher::new(other, &p.target, &p.broadcast);
-            other.preflight(&p.target, Some(&publisher)).await?
-        }
-    }
+    let publisher = Publisher::new(proto, &p.target, &p.broadcast);
+    proto.preflight(&p.target, Some(&publisher)).await?;
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     // The baseline: the server before any load (the preflight's sockets
     // closed a moment ago; give the server a second to see it).
