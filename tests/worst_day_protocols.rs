@@ -113,6 +113,9 @@ fn tiny_slow(s: &Server, protocol: Proto) -> SlowParams {
     // 150 publishes/s of 8 KiB: 1.2 MB/s to each slow subscriber.
     (p.rate, p.payload, p.queue_bytes) = (150.0, 8192, 65536);
     (p.duration, p.drain) = (Duration::from_secs(4), Duration::from_secs(1));
+    // Publish on until the server has closed every slow one: how many
+    // bytes that takes depends on kernel buffers and the machine's load.
+    p.until_closed = Some(Duration::from_secs(60));
     p
 }
 

@@ -83,6 +83,11 @@ struct SlowArgs {
     /// Receive buffer of the slow subscribers' sockets (0: the system's).
     #[arg(long, default_value_t = 0)]
     slow_recv_buffer: usize,
+    /// Keep the slow phase publishing past --duration, up to this long,
+    /// until the server's herald_slow_clients_closed_total says every slow
+    /// subscriber was closed.
+    #[arg(long, value_parser = super::parse_duration)]
+    until_closed: Option<std::time::Duration>,
     /// The per-connection queue bound expected of the server, for
     /// slow_queue_bound (Herald's default outbound_bytes).
     #[arg(long, default_value_t = 1024 * 1024)]
@@ -594,6 +599,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.rate = a.rate;
                 p.payload = a.payload;
                 p.slow_recv_buffer = a.slow_recv_buffer;
+                p.until_closed = a.until_closed;
                 p.queue_bytes = a.queue_bytes;
                 p.metrics_url = a.metrics_url;
                 p.timeout = common.timeout;

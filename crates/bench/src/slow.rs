@@ -82,6 +82,13 @@ pub struct SlowParams {
     pub payload: usize,
     /// Publishing time of each phase.
     pub duration: Duration,
+    /// Keep the slow phase publishing past `duration`, up to this long,
+    /// until the server says every slow subscriber was closed (`None`:
+    /// stop at `duration`). How many bytes fill a slow client's path
+    /// depends on the kernels' buffer autotuning, and how fast they come
+    /// on the machine's load: a count-based end makes a test independent
+    /// of both.
+    pub until_closed: Option<Duration>,
     /// Receive buffer of the slow subscribers' sockets, in bytes (0: the
     /// system's, the default). A small one keeps what the kernel holds for
     /// them small, but a window below the segment size makes the server's
@@ -112,6 +119,7 @@ impl SlowParams {
             rate: 100.0,
             payload: 4096,
             duration: Duration::from_secs(30),
+            until_closed: None,
             slow_recv_buffer: 0,
             drain: Duration::from_secs(3),
             queue_bytes: 1024 * 1024,
@@ -404,7 +412,14 @@ async fn phase(
     let mut inflight = tokio::task::JoinSet::new();
     let mut k = 0usize;
     let mut all_closed_after = None;
-    while started.elapsed() < p.duration {
+    let publishing = |all_closed_after: Option<f64>| {
+        let t = started.elapsed();
+        t < p.duration
+            || (slow_n > 0
+                && all_closed_after.is_none()
+                && p.until_closed.is_some_and(|max| t < max))
+    };
+    while publishing(all_closed_after) {
         tokio::select! {
             _ = tick.tick() => {
                 while inflight.try_join_next().is_some() {}
@@ -586,6 +601,12 @@ pub async fn run(p: &SlowParams) -> Result<Report, BenchError> {
     report.param("channels", p.channels);
     report.param("rate", format!("{}/s of {} B", p.rate, p.payload));
     report.param("duration", format!("{:?} per phase", p.duration));
+    if let Some(max) = p.until_closed {
+        report.param(
+            "until closed",
+            format!("the slow phase publishes on until every slow one is closed, at most {max:?}"),
+        );
+    }
     if let Some(w) = raise_nofile(p.clients as u64 + 128) {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
