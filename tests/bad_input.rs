@@ -342,6 +342,51 @@ fn client_frame(flags: u8, opcode: u8, payload: &[u8], masked: bool) -> Vec<u8> 
 const PING: &[u8] = br#"{"event":"pusher:ping","data":{}}"#;
 
 #[tokio::test]
+async fn a_frame_sent_right_behind_the_upgrade_request_is_read() {
+    // A client may write its first frame before the 101 arrives; the bytes
+    // behind the request head must reach the session, in order.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start().await;
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+        .await
+        .expect("connect");
+    let mut bytes = format!(
+        "GET /app/{APP_KEY}?protocol=7&client=js&version=8.4.0 HTTP/1.1\r\n\
+         Host: 127.0.0.1:{}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        server.port
+    )
+    .into_bytes();
+    bytes.extend(client_frame(0, 0x1, PING, true));
+    tcp.write_all(&bytes).await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let end = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end;
+        }
+        let n = tokio::time::timeout(TIMEOUT, tcp.read(&mut chunk))
+            .await
+            .expect("no upgrade response")
+            .unwrap();
+        assert!(n > 0, "closed during the upgrade");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    assert!(buf.starts_with(b"HTTP/1.1 101"));
+    buf.drain(..end + 4);
+    let mut frames = ServerFrames { buf };
+    let mut events = Vec::new();
+    while !events.iter().any(|e: &String| e.contains("pusher:pong")) {
+        let (_, payload) = frames.next(&mut tcp).await.expect("a frame");
+        events.push(String::from_utf8_lossy(&payload).into_owned());
+    }
+    assert!(
+        events[0].contains("pusher:connection_established"),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_well_formed_raw_frame_is_answered() {
     // The control for the cases below: the same bytes, masked and without
     // reserved bits, get a pong, so what they change is what is refused.

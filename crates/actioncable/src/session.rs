@@ -186,7 +186,9 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
         let req = ConnectionRequest {
             env: Some(env.base()),
         };
-        match rpc.connect(&sid, req).await {
+        // Boxed: the call's future lives only while the call does, instead
+        // of sizing this connection's task for its whole life.
+        match Box::pin(rpc.connect(&sid, req)).await {
             Ok(res) => match status_of(res.status) {
                 Status::Success => {
                     identifiers = res.identifiers;

@@ -326,6 +326,20 @@ impl Handshake {
 /// An upgraded client socket.
 pub type Socket = hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>;
 
+/// Let hyper's HTTP read buffer (about 14 KiB a connection) go now rather
+/// than at the session's first read. hyper hands it to the upgraded socket
+/// for the bytes a client may have sent behind its request, and frees it
+/// only when a read finds it empty; a session that first waits on its app
+/// (an RPC `Connect`, queued behind thousands in a reconnect storm) would
+/// hold it for the whole wait. A read into a zero-length buffer drops it
+/// when empty and leaves any early bytes where they are.
+fn release_read_buffer(socket: &mut Socket) {
+    use tokio::io::AsyncRead;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut empty = tokio::io::ReadBuf::new(&mut []);
+    let _ = std::pin::Pin::new(socket).poll_read(&mut cx, &mut empty);
+}
+
 /// Answer a WebSocket upgrade request and, once the client switched
 /// protocols, run `then` with the socket and the chosen subprotocol on its
 /// own task. A request that is not a valid upgrade gets its HTTP error.
@@ -346,7 +360,9 @@ where
     let protocol = hs.protocol;
     tokio::spawn(async move {
         if let Ok(upgraded) = on.await {
-            then(hyper_util::rt::TokioIo::new(upgraded), protocol).await;
+            let mut socket = hyper_util::rt::TokioIo::new(upgraded);
+            release_read_buffer(&mut socket);
+            then(socket, protocol).await;
         }
     });
     hs.response()
