@@ -185,39 +185,7 @@ async fn expect_close_code(c: &mut Client, code: u16) {
 /// A TCP connection upgraded to a WebSocket by hand, past the server's
 /// `connection_established` frame, for frames no WebSocket library sends.
 async fn raw_socket(server: &Server) -> tokio::net::TcpStream {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tcp = tokio::time::timeout(
-        TIMEOUT,
-        tokio::net::TcpStream::connect(("127.0.0.1", server.port)),
-    )
-    .await
-    .expect("connect timed out")
-    .expect("connect");
-    let request = format!(
-        "GET /app/{APP_KEY}?protocol=7&client=js&version=8.4.0 HTTP/1.1\r\n\
-         Host: 127.0.0.1:{}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        server.port
-    );
-    tcp.write_all(request.as_bytes()).await.unwrap();
-    // The 101 response, then the first frame (connection_established).
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            assert!(head.starts_with("HTTP/1.1 101"), "upgrade refused: {head}");
-            buf.drain(..end + 4);
-            break;
-        }
-        let n = tokio::time::timeout(TIMEOUT, tcp.read(&mut chunk))
-            .await
-            .expect("no upgrade response")
-            .unwrap();
-        assert!(n > 0, "closed during the upgrade");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let mut frames = ServerFrames { buf };
+    let (mut tcp, mut frames) = raw_upgrade(server, &[]).await;
     let (opcode, payload) = frames.next(&mut tcp).await.expect("a first frame");
     assert_eq!(opcode, 0x1);
     assert!(
@@ -227,6 +195,45 @@ async fn raw_socket(server: &Server) -> tokio::net::TcpStream {
     );
     assert!(frames.buf.is_empty(), "nothing else was sent yet");
     tcp
+}
+
+/// Write a Pusher upgrade request by hand with `behind` right after it in
+/// the same write, and read up to the end of the 101 response; what the
+/// server sent after it is in the returned frames' buffer.
+async fn raw_upgrade(server: &Server, behind: &[u8]) -> (tokio::net::TcpStream, ServerFrames) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::time::timeout(
+        TIMEOUT,
+        tokio::net::TcpStream::connect(("127.0.0.1", server.port)),
+    )
+    .await
+    .expect("connect timed out")
+    .expect("connect");
+    let mut request = format!(
+        "GET /app/{APP_KEY}?protocol=7&client=js&version=8.4.0 HTTP/1.1\r\n\
+         Host: 127.0.0.1:{}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        server.port
+    )
+    .into_bytes();
+    request.extend_from_slice(behind);
+    tcp.write_all(&request).await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            assert!(head.starts_with("HTTP/1.1 101"), "upgrade refused: {head}");
+            buf.drain(..end + 4);
+            return (tcp, ServerFrames { buf });
+        }
+        let n = tokio::time::timeout(TIMEOUT, tcp.read(&mut chunk))
+            .await
+            .expect("no upgrade response")
+            .unwrap();
+        assert!(n > 0, "closed during the upgrade");
+        buf.extend_from_slice(&chunk[..n]);
+    }
 }
 
 /// Server-to-client frames (never masked) read off a raw socket.
@@ -345,36 +352,8 @@ const PING: &[u8] = br#"{"event":"pusher:ping","data":{}}"#;
 async fn a_frame_sent_right_behind_the_upgrade_request_is_read() {
     // A client may write its first frame before the 101 arrives; the bytes
     // behind the request head must reach the session, in order.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = Server::start().await;
-    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
-        .await
-        .expect("connect");
-    let mut bytes = format!(
-        "GET /app/{APP_KEY}?protocol=7&client=js&version=8.4.0 HTTP/1.1\r\n\
-         Host: 127.0.0.1:{}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        server.port
-    )
-    .into_bytes();
-    bytes.extend(client_frame(0, 0x1, PING, true));
-    tcp.write_all(&bytes).await.unwrap();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    let end = loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break end;
-        }
-        let n = tokio::time::timeout(TIMEOUT, tcp.read(&mut chunk))
-            .await
-            .expect("no upgrade response")
-            .unwrap();
-        assert!(n > 0, "closed during the upgrade");
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    assert!(buf.starts_with(b"HTTP/1.1 101"));
-    buf.drain(..end + 4);
-    let mut frames = ServerFrames { buf };
+    let (mut tcp, mut frames) = raw_upgrade(&server, &client_frame(0, 0x1, PING, true)).await;
     let mut events = Vec::new();
     while !events.iter().any(|e: &String| e.contains("pusher:pong")) {
         let (_, payload) = frames.next(&mut tcp).await.expect("a frame");

@@ -809,3 +809,41 @@ pub fn figure(r: &herald_bench::report::Report, name: &str) -> f64 {
     r.figure(name)
         .unwrap_or_else(|| panic!("no {name} in the report:\n{}", r.summary()))
 }
+
+/// What every `storm` of `clients` must show, whatever the protocol:
+/// everyone connected and back, the gauge holding them, every newcomer in,
+/// nothing lost, and after everyone left the gauge and the descriptors
+/// where they started.
+#[allow(dead_code)]
+pub fn assert_storm_came_back(r: &herald_bench::report::Report, clients: f64) {
+    let summary = r.summary();
+    assert_eq!(r.fraction("connected_before_storm"), Some(1.0), "{summary}");
+    assert_eq!(r.fraction("back_and_subscribed"), Some(1.0), "{summary}");
+    assert!(r.figure("all_back_after").is_some(), "{summary}");
+    assert_eq!(r.count("reconnects_given_up"), 0, "{summary}");
+    assert_eq!(
+        figure(r, "connections_gauge_before_storm"),
+        clients,
+        "{summary}"
+    );
+    assert_eq!(
+        figure(r, "connections_gauge_after_storm"),
+        clients,
+        "{summary}"
+    );
+    assert!(r.count("newcomers_during_disconnect") > 0, "{summary}");
+    assert_eq!(r.fraction("newcomer_success"), Some(1.0), "{summary}");
+    assert_eq!(r.count("connections_lost_while_held"), 0, "{summary}");
+    assert_eq!(r.count("connection_errors"), 0, "{summary}");
+    assert_eq!(
+        figure(r, "connections_gauge_after_all_left"),
+        0.0,
+        "{summary}"
+    );
+    assert_eq!(figure(r, "gauge_back_to_baseline"), 1.0, "{summary}");
+    assert_eq!(
+        figure(r, "fds_after_all_left"),
+        figure(r, "fds_baseline"),
+        "{summary}"
+    );
+}
