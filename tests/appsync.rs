@@ -1069,3 +1069,103 @@ async fn the_pusher_channel_list_leaves_out_other_protocols() {
     let metric = server.metric("herald_channels").await;
     assert!(metric >= 4, "herald_channels {metric}");
 }
+
+/// Every place a GraphQL document can nest, each 2,000 deep in about 4 KiB
+/// (deep enough to overflow a worker's stack before the bound existed).
+fn deeply_nested_documents() -> Vec<(&'static str, String)> {
+    let n = 2_000;
+    let list = format!("{}\"r\"{}", "[".repeat(n), "]".repeat(n));
+    let object = format!("{}\"r\"{}", "{a:".repeat(n), "}".repeat(n));
+    let selection = format!("{}a{}", "a{".repeat(n), "}".repeat(n));
+    let list_type = format!("{}String{}", "[".repeat(n), "]".repeat(n));
+    vec![
+        (
+            "argument list",
+            format!("subscription {{ subscribe(name: {list}) {{ name }} }}"),
+        ),
+        (
+            "argument object",
+            format!("subscription {{ subscribe(name: {object}) {{ name }} }}"),
+        ),
+        (
+            "directive argument",
+            format!("subscription {{ subscribe(name: \"a\") @skip(if: {list}) {{ name }} }}"),
+        ),
+        (
+            "field directive argument",
+            format!("subscription {{ subscribe(name: \"a\") {{ name @include(if: {object}) }} }}"),
+        ),
+        (
+            "variable default",
+            format!("subscription S($n: String = {list}) {{ subscribe(name: $n) {{ name }} }}"),
+        ),
+        (
+            "variable type",
+            format!("subscription S($n: {list_type}) {{ subscribe(name: \"a\") {{ name }} }}"),
+        ),
+        (
+            "selection set",
+            format!("subscription {{ subscribe(name: \"a\") {{ {selection} }} }}"),
+        ),
+        (
+            "mutation argument",
+            format!("mutation {{ publish(name: \"a\", data: {list}) {{ name }} }}"),
+        ),
+        (
+            "fragment",
+            format!("subscription {{ subscribe(name: \"a\") {{ ...F }} }} fragment F on Channel {{ {selection} }}"),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn deeply_nested_graphql_is_refused_on_both_transports() {
+    let server = Server::start_with("", APP).await;
+    let mut healthy = graphql(&server, "/graphql", API_KEY).await;
+    let q = "subscription { subscribe(name: \"healthy\") { data } }";
+    assert_eq!(
+        start(&mut healthy, "h", q, json!({})).await["type"],
+        "start_ack"
+    );
+    let mut ws = graphql(&server, "/graphql/realtime", API_KEY).await;
+    for (i, (form, query)) in deeply_nested_documents().into_iter().enumerate() {
+        assert!(query.len() < 16 * 1024, "{form} fits the size limit");
+        // Over HTTP: a 400 naming the bound, not a dropped connection.
+        let body = json!({ "query": query }).to_string();
+        let (status, reply, error_type) = post(&server, "/graphql", Some(API_KEY), &body).await;
+        assert_eq!(status, 400, "{form}: {reply}");
+        assert_eq!(error_type.as_deref(), Some("BadRequestException"), "{form}");
+        let message = reply["errors"][0]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("nests deeper than 64"), "{form}: {reply}");
+        // Over the WebSocket: an `error` for that id, and the socket lives on.
+        let reply = start(&mut ws, &format!("deep-{i}"), &query, json!({})).await;
+        assert_eq!(reply["type"], "error", "{form}: {reply}");
+        assert_eq!(reply["id"], format!("deep-{i}"), "{form}");
+        let error = &reply["payload"]["errors"][0];
+        assert_eq!(error["errorType"], "BadRequestException", "{form}: {reply}");
+        // And the process is alive and serving.
+        assert!(is_ready("127.0.0.1", server.port).await, "{form}");
+    }
+    // The same socket still subscribes; the bystander still gets events.
+    let q = "subscription { subscribe(name: \"after\") { data } }";
+    assert_eq!(
+        start(&mut ws, "after", q, json!({})).await["type"],
+        "start_ack"
+    );
+    publish_graphql(&server, "healthy", "1").await;
+    assert_eq!(
+        healthy.expect("data").await["payload"]["data"]["subscribe"]["data"],
+        "1"
+    );
+    // Nesting within the bound is not refused for its depth: a valid
+    // document with the deepest selection the schema has still works.
+    let (status, reply, _) = post(
+        &server,
+        "/graphql",
+        Some(API_KEY),
+        &json!({ "query": "mutation { a: publish(name: \"healthy\", data: \"[[[[2]]]]\") { ... on Channel { ... on Channel { data } } } }" }).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["data"]["a"]["data"], "[[[[2]]]]", "{reply}");
+}

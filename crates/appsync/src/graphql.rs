@@ -17,6 +17,7 @@
 //! missing selection, a syntax error) is a GraphQL error with a message
 //! and a location, never a crash. Every size is bounded.
 
+use crate::nesting;
 use crate::wire::ChannelField;
 use async_graphql_parser::types::{
     BaseType, DocumentOperations, ExecutableDocument, FragmentDefinition, OperationType, Selection,
@@ -126,6 +127,17 @@ pub fn parse(req: &Request) -> Result<Operation, GqlError> {
         return Err(GqlError::new(
             "BadRequestException",
             format!("The query is larger than {MAX_QUERY_BYTES} bytes"),
+            None,
+        ));
+    }
+    // Before the parser: it and every walk below recurse once per level.
+    if nesting::exceeds(query, nesting::MAX_NESTING) {
+        return Err(GqlError::new(
+            "BadRequestException",
+            format!(
+                "The query nests deeper than {} levels of brackets",
+                nesting::MAX_NESTING
+            ),
             None,
         ));
     }

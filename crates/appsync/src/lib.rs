@@ -10,6 +10,7 @@
 //!   │              publish, unsubscribe; also publishing for POST /event
 //!   └ graphql_ws   /graphql, /graphql/realtime (graphql-ws): start, stop
 //! graphql     the generic pub/sub schema: parse and check operations
+//!   └ nesting    the bracket depth bound, checked before the parser runs
 //! http        POST /graphql (publish mutation), POST /event
 //! channel     Events channel paths (/ns/a/b, /ns/a/*)
 //! auth        API keys from headers, the header query parameter and the
@@ -23,6 +24,7 @@ pub mod events;
 pub mod graphql;
 pub mod graphql_ws;
 pub mod http;
+pub mod nesting;
 pub mod session;
 pub mod wire;
 
