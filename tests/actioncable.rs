@@ -199,6 +199,10 @@ async fn malformed_and_unknown_commands_are_ignored_and_counted() {
             .to_string(),
         // Subscribing twice to one identifier: no second answer.
         json!({ "command": "subscribe", "identifier": room("busy") }).to_string(),
+        // Nesting past serde_json's bound (128), in the frame and in the
+        // identifier's own JSON.
+        format!("{}1{}", "[".repeat(20_000), "]".repeat(20_000)),
+        json!({ "command": "subscribe", "identifier": format!("{}1{}", "[".repeat(20_000), "]".repeat(20_000)) }).to_string(),
     ];
     for text in &bad {
         ws.send(Message::text(text.clone())).await.unwrap();
@@ -210,6 +214,16 @@ async fn malformed_and_unknown_commands_are_ignored_and_counted() {
     assert_eq!(frame(&mut ws).await["message"], json!({ "n": 2 }));
     let after = server.metric("herald_bad_messages_total").await;
     assert_eq!(after - before, bad.len() as u64, "each bad command counted");
+    still_served(&server, &mut other, "calm").await;
+    // The broadcast endpoint reads JSON too.
+    let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+    let resp = reqwest::Client::new()
+        .post(server.url("/_broadcast"))
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
     still_served(&server, &mut other, "calm").await;
 }
 

@@ -1119,7 +1119,7 @@ fn deeply_nested_documents() -> Vec<(&'static str, String)> {
 }
 
 #[tokio::test]
-async fn deeply_nested_graphql_is_refused_on_both_transports() {
+async fn deeply_nested_or_multiplying_graphql_is_refused_on_both_transports() {
     let server = Server::start_with("", APP).await;
     let mut healthy = graphql(&server, "/graphql", API_KEY).await;
     let q = "subscription { subscribe(name: \"healthy\") { data } }";
@@ -1146,6 +1146,36 @@ async fn deeply_nested_graphql_is_refused_on_both_transports() {
         // And the process is alive and serving.
         assert!(is_ready("127.0.0.1", server.port).await, "{form}");
     }
+    // JSON around the document (the body, `variables`, the WebSocket's
+    // `payload.data`) is bounded by serde_json at 128 levels: refused.
+    let deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+    let body = format!(r#"{{"query":"{{ __typename }}","variables":{{"v":{deep}}}}}"#);
+    let (status, reply, _) = post(&server, "/graphql", Some(API_KEY), &body).await;
+    assert_eq!(status, 400, "{reply}");
+    ws.send(json!({ "type": "start", "id": "deep-json", "payload": { "data": deep } }))
+        .await;
+    assert_eq!(ws.recv().await["type"], "error");
+    // Fragments that multiply (16 levels, each spreading the next 4 times:
+    // 4^15 paths in under 1 KiB) are refused after 1,024 selections, not
+    // walked for hours on a worker thread.
+    let mut q = String::from("mutation { publish(name: \"a\", data: \"1\") { ...F0 } }");
+    for i in 0..15 {
+        q += &format!(
+            " fragment F{i} on Channel {{ ...F{n} ...F{n} ...F{n} ...F{n} }}",
+            n = i + 1
+        );
+    }
+    q += " fragment F15 on Channel { data @skip(if: true) }";
+    let (status, reply, _) = post(
+        &server,
+        "/graphql",
+        Some(API_KEY),
+        &json!({ "query": q }).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let message = reply["errors"][0]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("more than 1024 selections"), "{reply}");
     // The same socket still subscribes; the bystander still gets events.
     let q = "subscription { subscribe(name: \"after\") { data } }";
     assert_eq!(

@@ -237,6 +237,20 @@ async fn malformed_requests_are_400() {
             "unknown info",
             json!({ "name": "e", "channel": "a", "data": "x", "info": "bogus" }).to_string(),
         ),
+        // Nesting far past serde_json's bound of 128 (a recursion limit
+        // error, never a deep recursion): the body and a field.
+        (
+            "body nested 100,000 deep",
+            format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000)),
+        ),
+        (
+            "channels nested 100,000 deep",
+            format!(
+                r#"{{"name":"e","data":"x","channels":{}"a"{}}}"#,
+                "[".repeat(100_000),
+                "]".repeat(100_000)
+            ),
+        ),
     ];
     for (what, body) in cases {
         let (status, reply) = server.api("POST", &path, &body).await;

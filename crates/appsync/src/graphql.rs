@@ -40,6 +40,11 @@ pub const MAX_DATA_BYTES: usize = 240 * 1024;
 const MAX_FRAGMENT_DEPTH: usize = 16;
 /// Most fields one selection may produce (after fragments).
 const MAX_FIELDS: usize = 64;
+/// Most selections visited in one document while expanding fragments. The
+/// other bounds keep each path short, but a fragment that spreads the next
+/// one several times multiplies the paths: 16 levels of 4 spreads of a
+/// skipped field is 4^16 visits from a few hundred bytes.
+const MAX_VISITS: usize = 1024;
 
 /// A GraphQL error: AppSync's `errorType`, a message, where.
 #[derive(Debug, Clone, PartialEq)]
@@ -161,6 +166,7 @@ pub fn parse(req: &Request) -> Result<Operation, GqlError> {
         vars: &vars,
         defs: &op.node.variable_definitions,
         fragments: &doc,
+        visits: std::cell::Cell::new(0),
     };
     if let Some(d) = op.node.directives.first() {
         return Err(GqlError::validation(
@@ -308,6 +314,8 @@ struct Cx<'a> {
     vars: &'a Map<String, Value>,
     defs: &'a [Positioned<VariableDefinition>],
     fragments: &'a ExecutableDocument,
+    /// Selections visited so far, against [`MAX_VISITS`].
+    visits: std::cell::Cell<usize>,
 }
 
 type FieldRef<'a> = &'a Positioned<async_graphql_parser::types::Field>;
@@ -354,6 +362,13 @@ impl<'a> Cx<'a> {
         spreads: &mut Vec<&'a str>,
     ) -> Result<(), GqlError> {
         for item in &set.items {
+            self.visits.set(self.visits.get() + 1);
+            if self.visits.get() > MAX_VISITS {
+                return Err(GqlError::validation(
+                    format!("The selection expands to more than {MAX_VISITS} selections through fragments"),
+                    item.pos,
+                ));
+            }
             if !self.included(item.node.directives())? {
                 continue;
             }
@@ -753,6 +768,23 @@ mod tests {
 
     fn fields(f: &[(&str, ChannelField)]) -> Vec<(String, ChannelField)> {
         f.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+
+    #[test]
+    fn fragments_that_multiply_are_bounded_by_visits() {
+        // F0 spreads F1 twice, ... F14 spreads F15 twice: 2^15 paths, each
+        // ending at a skipped field, within every other bound.
+        let mut q = String::from("subscription { subscribe(name: \"a\") { name ...F0 } }");
+        for i in 0..15 {
+            q += &format!(" fragment F{i} on Channel {{ ...F{n} ...F{n} }}", n = i + 1);
+        }
+        q += " fragment F15 on Channel { data @skip(if: true) }";
+        let e = err(&q, json!({}));
+        assert!(e.message.contains("more than 1024 selections"), "{e:?}");
+        // Two levels of the same shape are fine.
+        let q = "subscription { subscribe(name: \"a\") { name ...F0 } } \
+                 fragment F0 on Channel { ...F1 ...F1 } fragment F1 on Channel { data }";
+        assert!(matches!(ok(q, json!({})), Operation::Subscribe(_)));
     }
 
     #[test]
