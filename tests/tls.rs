@@ -231,12 +231,13 @@ async fn sighup_reloads_the_certificate_without_dropping_connections() {
             ),
         )
         .unwrap();
+        // The log tells when the failed reload below has run.
+        let log = std::fs::File::create(dir.join("herald.log")).unwrap();
         let mut child = common::herald_command()
             .args(["serve", "--config"])
             .arg(&config)
             .stdin(Stdio::null())
-            // The failed reload below logs an error on purpose.
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -310,7 +311,17 @@ async fn sighup_reloads_the_certificate_without_dropping_connections() {
     std::fs::write(&cert, "not a certificate").unwrap();
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until the reload has run (and failed), so what follows checks
+    // its outcome rather than the time before it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let failed = |log: &str| log.contains("TLS certificate reload failed");
+    while !failed(&std::fs::read_to_string(dir.join("herald.log")).unwrap_or_default()) {
+        assert!(
+            Instant::now() < deadline,
+            "the failed reload was never logged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(handshake_trusting(port, "tls-test-cert-2.pem").await);
     assert!(child.0.try_wait().unwrap().is_none(), "still running");
     drop(child);
