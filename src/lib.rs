@@ -7,8 +7,15 @@
 //!                 Knows no protocol.
 //! crates/pusher   herald-pusher: Pusher Channels v7 (wire, sessions, the
 //!                 HTTP API, signatures), on the core only.
+//! crates/actioncable  herald-actioncable: Action Cable (actioncable-v1-json)
+//!                 with AnyCable-compatible RPC (gRPC, HTTP) to the app,
+//!                 `/_broadcast` and the broadcast adapters, on the core only.
+//! crates/anycable-proto  herald-anycable-proto: AnyCable's RPC messages,
+//!                 shared by the adapter and the bench's RPC server
 //! crates/appsync  herald-appsync: AWS AppSync's GraphQL pub/sub and Events
 //!                 APIs (wires, sessions, HTTP publish), on the core only.
+//! crates/broker   herald-broker: the Redis and NATS cluster engines behind
+//!                 the core's broker trait
 //! src/server      this crate: one listener, routing by path to each
 //!                 adapter's routes, health, metrics, TLS, graceful shutdown
 //! crates/signing herald-signing: Pusher's HMAC/MD5 signatures, shared by

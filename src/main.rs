@@ -13,7 +13,7 @@ use std::process::ExitCode;
 #[command(
     name = "herald",
     version,
-    about = "Self-hosted real-time messaging server (Pusher protocol v7)"
+    about = "Self-hosted real-time messaging server (Pusher Channels v7, Action Cable with AnyCable RPC, AWS AppSync real-time)"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -1,5 +1,5 @@
-//! Herald's protocol-neutral core. Protocol adapters (Pusher, and next
-//! Action Cable and AppSync) sit on top of it; it knows none of them.
+//! Herald's protocol-neutral core. Protocol adapters (Pusher, Action Cable,
+//! AppSync) sit on top of it; it knows none of them.
 //!
 //! A message's path through the core, and where each piece lives:
 //!
