@@ -96,9 +96,7 @@ pub fn parse(text: &str) -> Result<Command, String> {
 }
 
 /// `s` as a JSON string literal.
-pub fn json_string(s: &str) -> String {
-    serde_json::to_string(s).expect("a string serializes")
-}
+pub use herald_core::fanout::quote as json_string;
 
 pub fn welcome(sid: &str) -> String {
     format!(r#"{{"type":"welcome","sid":{}}}"#, json_string(sid))

@@ -38,9 +38,7 @@ pub const CONNECTION_TIMEOUT_MS: u64 = 300_000;
 const DATA_HEAD: &str = r#"{"type":"data","id":"#;
 
 /// A JSON string literal (with its quotes).
-pub fn quote(s: &str) -> String {
-    serde_json::to_string(s).expect("strings serialize")
-}
+pub use herald_core::fanout::quote;
 
 /// The Events API tag (and frame prefix) for subscription `id`.
 pub fn events_tag(id: &str) -> String {

@@ -188,10 +188,15 @@ impl Publication {
     }
 }
 
+/// `s` as a JSON string literal (with its quotes): every adapter writes
+/// names and ids into frames it builds by hand.
+pub fn quote(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serializes")
+}
+
 /// A JSON string value holding `s`.
 pub fn json_string(s: &str) -> Box<RawValue> {
-    RawValue::from_string(serde_json::to_string(s).expect("string serializes"))
-        .expect("a serialized string is valid JSON")
+    RawValue::from_string(quote(s)).expect("a serialized string is valid JSON")
 }
 
 /// One subscription, as fan-out sees it.
