@@ -14,7 +14,9 @@
 //! /dashboard      the live dashboard, when enabled (see [`dashboard`])
 //! ```
 
+pub mod admission;
 pub mod dashboard;
+pub mod listener;
 pub mod shutdown;
 pub mod tls;
 
@@ -164,22 +166,49 @@ pub async fn serve(
                 )
             })?;
             tracing::info!(%addr, "metrics listening");
-            Some(spawn_server(l, metrics_router(node.clone()), stop.clone()))
+            let opts = listener::Options {
+                header_timeout: node.config.http_header_timeout(),
+                table: None,
+                tls: None,
+            };
+            Some(listener::spawn(
+                l,
+                metrics_router(node.clone()),
+                opts,
+                stop.clone(),
+            ))
         }
         None => None,
     };
-    let server = match (&node.config.tls_cert, &node.config.tls_key) {
+    let tls = match (&node.config.tls_cert, &node.config.tls_key) {
         (Some(cert), Some(key)) => {
             let acceptor = tls::Reloadable::new(tls::acceptor(cert.as_ref(), key.as_ref())?);
             reload_on_hangup(acceptor.clone(), cert.into(), key.into());
-            spawn_server(
-                tls::TlsListener::new(listener, acceptor)?,
-                app,
-                stop.clone(),
-            )
+            Some(acceptor)
         }
-        _ => spawn_server(listener, app, stop.clone()),
+        _ => None,
     };
+    let c = &node.config;
+    let table = admission::Table::new(
+        c.max_connections_per_address,
+        c.max_connection_rate_per_address,
+        c.address_limits_exempt(),
+    );
+    let sweeper = table.clone().map(|t| {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                t.sweep();
+            }
+        })
+    });
+    let opts = listener::Options {
+        header_timeout: c.http_header_timeout(),
+        table,
+        tls,
+    };
+    let server = listener::spawn(listener, app, opts, stop.clone());
     node.set_ready(true);
     signal.await;
     let grace_end = std::time::Instant::now() + node.config.shutdown_grace();
@@ -204,6 +233,9 @@ pub async fn serve(
         let _ = tokio::time::timeout(Duration::from_secs(1), m).await;
     }
     housekeeping.abort();
+    if let Some(s) = sweeper {
+        s.abort();
+    }
     Ok(())
 }
 
@@ -228,26 +260,6 @@ fn reload_on_hangup(acceptor: tls::Reloadable, cert: std::path::PathBuf, key: st
             }
         });
     }
-}
-
-fn spawn_server<L>(
-    listener: L,
-    app: Router,
-    stop: tokio_util::sync::CancellationToken,
-) -> tokio::task::JoinHandle<std::io::Result<()>>
-where
-    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
-{
-    tokio::spawn(async move {
-        // `tap_io` lets handlers see the client's address (ConnectInfo).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |_| {});
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-    })
 }
 
 /// How often changed subscription counts are sent (coalesced).

@@ -1,7 +1,7 @@
 //! TLS termination (`tls_cert` + `tls_key`), for deployments without a
-//! proxy in front. Handshakes run in their own tasks so one slow or hostile
-//! client cannot stall the accept loop; finished streams are handed to the
-//! HTTP server through a bounded queue.
+//! proxy in front. Handshakes run in each connection's own task (see
+//! [`super::listener`]), bounded in time, so one slow or hostile client
+//! cannot stall the accept loop.
 //!
 //! The certificate can be replaced while serving ([`Reloadable::reload`],
 //! on SIGHUP): new handshakes use the new one, established connections keep
@@ -12,8 +12,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::ServerConfig;
@@ -77,61 +76,22 @@ impl Reloadable {
     }
 }
 
-/// A listener yielding TLS streams whose handshake has completed.
-pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    pub fn new(tcp: TcpListener, acceptor: Reloadable) -> io::Result<TlsListener> {
-        let local = tcp.local_addr()?;
-        let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(async move {
-            loop {
-                let (stream, addr) = match tcp.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                if tx.is_closed() {
-                    break;
-                }
-                let acceptor = acceptor.current();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, addr)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%addr, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { rx, local })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            // The accept task only ends when this listener is dropped.
-            None => std::future::pending().await,
+/// Finish a client's TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`];
+/// `None` if it failed or took too long. Each connection's handshake runs
+/// on its own task (see the listener), so a slow client stalls nobody.
+pub async fn handshake<S>(acceptor: &Reloadable, io: S, addr: SocketAddr) -> Option<TlsStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.current().accept(io)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::debug!(%addr, error = %e, "TLS handshake failed");
+            None
         }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local)
+        Err(_) => {
+            tracing::debug!(%addr, "TLS handshake timed out");
+            None
+        }
     }
 }

@@ -386,6 +386,8 @@ impl Handler for CableSession {
                     self.hub.app.max_messages_per_second
                 ),
             ),
+            // Not idle-closed today (see `Handler::idle`); mapped anyway.
+            Why::Reason(Reason::Idle) => (reason::REMOTE, true, 1000, "Idle".into()),
             Why::Reason(Reason::Code(c)) => (reason::REMOTE, false, *c, "Closed".into()),
             Why::Protocol(e) => (
                 reason::INVALID_REQUEST,

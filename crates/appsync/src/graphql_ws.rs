@@ -173,6 +173,10 @@ impl Handler for GraphqlSession {
         Next::Continue
     }
 
+    fn idle(&self) -> bool {
+        self.base.is_empty()
+    }
+
     fn keepalive(&self) -> KeepAlive {
         KeepAlive::Every(self.base.node.config.keepalive_interval())
     }

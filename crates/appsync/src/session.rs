@@ -270,6 +270,12 @@ impl Base {
         }
     }
 
+    /// Whether the connection has no subscription (the session's
+    /// [`herald_core::session::Handler::idle`]).
+    pub fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+    }
+
     /// Drop the subscription `id`; false if there is none.
     pub fn unsubscribe(&mut self, id: &str) -> bool {
         match self.subs.remove(id) {
@@ -306,6 +312,17 @@ impl Base {
                 (1001, "Server is shutting down; reconnect".to_owned(), None)
             }
             Why::Reason(Reason::KeepAliveTimeout) => (1001, "Keep-alive timeout".to_owned(), None),
+            // AppSync's clients close a socket once its last subscription
+            // ends; one that never had any and stays silent is closed
+            // normally (see the server's `ws_idle_timeout`).
+            Why::Reason(Reason::Idle) => (
+                1000,
+                format!(
+                    "Idle: no subscription and no message for {} s",
+                    self.node.config.ws_idle_timeout
+                ),
+                None,
+            ),
             Why::Reason(Reason::RateLimited) => (
                 1008,
                 format!("Too many messages: the limit is {max} per second"),

@@ -24,6 +24,13 @@ pub const MAX_WRITE_DELAY_MS: u64 = 1000;
 /// clients after 300 s), so the interval must stay well below that.
 pub const MAX_KEEPALIVE_INTERVAL: u64 = 240;
 
+/// Longest `http_header_timeout`: nginx's default `client_header_timeout`
+/// is 60 s; five times that is no longer a deadline.
+pub const MAX_HTTP_HEADER_TIMEOUT: u64 = 300;
+
+/// Longest `ws_idle_timeout` (a day, AppSync's longest connection).
+pub const MAX_WS_IDLE_TIMEOUT: u64 = 86_400;
+
 /// Server-wide settings plus the list of apps.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -86,6 +93,24 @@ pub struct Config {
     /// Seconds between keep-alive messages on protocols that send them on
     /// a clock whatever the traffic (AppSync's `ka`).
     pub keepalive_interval: u64,
+    /// Seconds a client has to send a whole HTTP request head, counted
+    /// from the connection's accept or the end of the previous response
+    /// (so it is also how long an idle keep-alive connection stays).
+    pub http_header_timeout: u64,
+    /// Seconds a WebSocket that holds nothing (no subscription) and says
+    /// nothing may stay open, on protocols whose clients close such
+    /// sockets themselves (AppSync's).
+    pub ws_idle_timeout: u64,
+    /// Open connections one client address may hold (0: no limit); over
+    /// it, HTTP 429 before any upgrade.
+    pub max_connections_per_address: u32,
+    /// New connections one client address may open per second (0: no
+    /// limit); over it, HTTP 429.
+    pub max_connection_rate_per_address: u32,
+    /// Addresses (CIDR blocks or single addresses) the two limits above do
+    /// not apply to: loopback by default (development, load tests), and a
+    /// proxy in front of Herald.
+    pub address_limits_exempt: Vec<String>,
     pub apps: Vec<AppConfig>,
 }
 
@@ -261,6 +286,14 @@ impl Default for Config {
             broker: BrokerConfig::default(),
             rpc: RpcConfig::default(),
             keepalive_interval: 60,
+            // nginx waits 60 s for a request head and 75 s on an idle
+            // keep-alive connection, Node.js 60 s and 5 s: a real client
+            // sends its head within milliseconds of connecting.
+            http_header_timeout: 10,
+            ws_idle_timeout: 60,
+            max_connections_per_address: 1000,
+            max_connection_rate_per_address: 100,
+            address_limits_exempt: vec!["127.0.0.0/8".into(), "::1/128".into()],
             apps: Vec::new(),
         }
     }
@@ -850,6 +883,26 @@ impl Config {
         if self.listen_backlog == 0 {
             return Err(invalid("listen_backlog", "must be positive"));
         }
+        if !(1..=MAX_HTTP_HEADER_TIMEOUT).contains(&self.http_header_timeout) {
+            return Err(invalid(
+                "http_header_timeout",
+                format!("must be 1 to {MAX_HTTP_HEADER_TIMEOUT} seconds"),
+            ));
+        }
+        if !(1..=MAX_WS_IDLE_TIMEOUT).contains(&self.ws_idle_timeout) {
+            return Err(invalid(
+                "ws_idle_timeout",
+                format!("must be 1 to {MAX_WS_IDLE_TIMEOUT} seconds"),
+            ));
+        }
+        for (i, net) in self.address_limits_exempt.iter().enumerate() {
+            if parse_net(net).is_none() {
+                return Err(invalid(
+                    format!("address_limits_exempt[{i}]"),
+                    format!("{net:?} is not an IP address or CIDR block (e.g. 10.0.0.0/8, ::1)"),
+                ));
+            }
+        }
         match (&self.tls_cert, &self.tls_key) {
             (Some(_), None) => return Err(invalid("tls_key", "is required with tls_cert")),
             (None, Some(_)) => return Err(invalid("tls_cert", "is required with tls_key")),
@@ -1040,6 +1093,29 @@ impl Config {
     pub fn keepalive_interval(&self) -> Duration {
         Duration::from_secs(self.keepalive_interval)
     }
+
+    pub fn http_header_timeout(&self) -> Duration {
+        Duration::from_secs(self.http_header_timeout)
+    }
+
+    pub fn ws_idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.ws_idle_timeout)
+    }
+
+    /// `address_limits_exempt`, parsed (validated at load).
+    pub fn address_limits_exempt(&self) -> Vec<ipnet::IpNet> {
+        self.address_limits_exempt
+            .iter()
+            .filter_map(|n| parse_net(n))
+            .collect()
+    }
+}
+
+/// A CIDR block, or a single address as its own block.
+fn parse_net(s: &str) -> Option<ipnet::IpNet> {
+    s.parse::<ipnet::IpNet>()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
 }
 
 #[cfg(test)]
@@ -1167,6 +1243,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("keepalive_interval"), "{err}");
+    }
+
+    #[test]
+    fn connection_deadlines_and_address_limits_are_checked() {
+        let c = Config::load(None, &Overrides::default()).unwrap();
+        assert_eq!(c.http_header_timeout(), Duration::from_secs(10));
+        assert_eq!(c.address_limits_exempt().len(), 2);
+        let c = Config::from_toml("address_limits_exempt = ['10.0.0.0/8', '192.168.1.7']", "x")
+            .unwrap();
+        c.validate().unwrap();
+        assert!(c.address_limits_exempt()[1]
+            .contains(&"192.168.1.7".parse::<std::net::IpAddr>().unwrap()));
+        for (toml, key) in [
+            ("http_header_timeout = 0", "http_header_timeout"),
+            ("http_header_timeout = 301", "http_header_timeout"),
+            ("ws_idle_timeout = 0", "ws_idle_timeout"),
+            (
+                "address_limits_exempt = ['nope']",
+                "address_limits_exempt[0]",
+            ),
+            (
+                "address_limits_exempt = ['10.0.0.0/33']",
+                "address_limits_exempt[0]",
+            ),
+        ] {
+            let err = Config::from_toml(toml, "x")
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
     }
 
     #[test]

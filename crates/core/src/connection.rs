@@ -45,6 +45,9 @@ pub enum Reason {
     KeepAliveTimeout,
     /// The client sent more messages per second than allowed.
     RateLimited,
+    /// The connection held nothing and said nothing for the server's
+    /// `ws_idle_timeout`.
+    Idle,
     /// An adapter's own close code.
     Code(u16),
 }
@@ -58,6 +61,7 @@ impl Reason {
             Reason::KeepAliveTimeout => 4 << 16,
             Reason::RateLimited => 5 << 16,
             Reason::Code(c) => (6 << 16) | c as u32,
+            Reason::Idle => 7 << 16,
         }
     }
 
@@ -69,6 +73,7 @@ impl Reason {
             4 => Reason::KeepAliveTimeout,
             5 => Reason::RateLimited,
             6 => Reason::Code(v as u16),
+            7 => Reason::Idle,
             _ => return None,
         })
     }

@@ -219,10 +219,12 @@ pub enum Closed {
     ProtocolError,
     /// The adapter closed it with a code of its own.
     Adapter,
+    /// It held nothing and said nothing for `ws_idle_timeout`.
+    IdleTimeout,
 }
 
 impl Closed {
-    const ALL: [Closed; 9] = [
+    const ALL: [Closed; 10] = [
         Closed::Client,
         Closed::WriteError,
         Closed::SlowConsumer,
@@ -232,6 +234,7 @@ impl Closed {
         Closed::RateLimited,
         Closed::ProtocolError,
         Closed::Adapter,
+        Closed::IdleTimeout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -245,6 +248,7 @@ impl Closed {
             Closed::RateLimited => "rate_limited",
             Closed::ProtocolError => "protocol_error",
             Closed::Adapter => "adapter",
+            Closed::IdleTimeout => "idle_timeout",
         }
     }
 }
@@ -381,7 +385,21 @@ fn describe() {
     describe_counter!(
         "herald_connections_closed_total",
         "Client connections ended, by reason (client, write_error, slow_consumer, terminated, \
-         shutdown, keepalive_timeout, rate_limited, protocol_error, adapter)"
+         shutdown, keepalive_timeout, rate_limited, protocol_error, adapter, idle_timeout)"
+    );
+    describe_counter!(
+        "herald_listener_refused_total",
+        "Connections turned away by the listener before any request was served, by reason \
+         (address_connections, address_rate, address_overflow, fd_limit)"
+    );
+    describe_counter!(
+        "herald_accept_errors_total",
+        "Failed accepts, by reason (fd_limit: out of file descriptors; other)"
+    );
+    describe_counter!(
+        "herald_http_timeouts_total",
+        "HTTP connections closed for want of a request head within http_header_timeout, by \
+         reason (head: none finished yet; keepalive: idle after a response)"
     );
     describe_counter!(
         "herald_messages_received_total",
@@ -485,6 +503,23 @@ pub fn webhook_dropped(app: &str, n: u64) {
 /// Webhook events waiting for `app`.
 pub fn webhook_queue(app: &str, depth: usize) {
     ::metrics::gauge!("herald_webhook_queue_depth", "app" => app.to_owned()).set(depth as f64);
+}
+
+/// A connection the listener turned away (`reason`: a short fixed word).
+/// Once per refused accept, never per message.
+pub fn listener_refused(reason: &'static str) {
+    ::metrics::counter!("herald_listener_refused_total", "reason" => reason).increment(1);
+}
+
+/// An accept that failed (`reason`: `fd_limit` or `other`).
+pub fn accept_error(reason: &'static str) {
+    ::metrics::counter!("herald_accept_errors_total", "reason" => reason).increment(1);
+}
+
+/// An HTTP connection cut by `http_header_timeout` (`reason`: `head` or
+/// `keepalive`).
+pub fn http_timeout(reason: &'static str) {
+    ::metrics::counter!("herald_http_timeouts_total", "reason" => reason).increment(1);
 }
 
 /// One app's figures that are read when scraping, not counted.

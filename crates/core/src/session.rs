@@ -79,6 +79,7 @@ impl Why {
             Why::Reason(Reason::ShuttingDown) => Closed::Shutdown,
             Why::Reason(Reason::KeepAliveTimeout) => Closed::KeepAliveTimeout,
             Why::Reason(Reason::RateLimited) => Closed::RateLimited,
+            Why::Reason(Reason::Idle) => Closed::IdleTimeout,
             Why::Reason(Reason::Code(_)) | Why::Said(..) => Closed::Adapter,
             Why::Protocol(_) | Why::Binary => Closed::ProtocolError,
         }
@@ -120,6 +121,15 @@ pub trait Handler: Send {
     fn app_id(&self) -> &str {
         ""
     }
+    /// Whether the connection holds nothing (no subscription) that a
+    /// silent client could be waiting on. Asked only when the loop's
+    /// timer fires; a session idle and silent for
+    /// [`Settings::idle_timeout`] is closed with [`Reason::Idle`]. The
+    /// default, never idle, is for protocols whose clients may keep an
+    /// empty socket (their keep-alives decide).
+    fn idle(&self) -> bool {
+        false
+    }
 }
 
 /// Per-session settings from the app and the server.
@@ -133,6 +143,9 @@ pub struct Settings {
     pub write_delay: Duration,
     /// See the server's `write_delay_busy_only`.
     pub write_delay_busy_only: bool,
+    /// How long a session whose handler is [`Handler::idle`] may stay
+    /// without a client message (the server's `ws_idle_timeout`).
+    pub idle_timeout: Duration,
 }
 
 impl Settings {
@@ -144,6 +157,7 @@ impl Settings {
             max_messages_per_second: app.max_messages_per_second,
             write_delay: config.write_delay(),
             write_delay_busy_only: config.write_delay_busy_only,
+            idle_timeout: config.ws_idle_timeout(),
         }
     }
 }
@@ -182,7 +196,15 @@ pub async fn run<S, H>(
         KeepAlive::WhenIdle { idle, .. } => idle,
         KeepAlive::Every(every) => every,
     };
-    let timer = tokio::time::sleep_until(last_seen + first);
+    // When the next clock keep-alive is due (`KeepAlive::Every`): the timer
+    // also fires for the idle check, which must not send one early.
+    let mut next_keepalive = last_seen + first;
+    let idle_check = handler.idle();
+    let timer = tokio::time::sleep_until(if idle_check {
+        next_keepalive.min(last_seen + settings.idle_timeout)
+    } else {
+        next_keepalive
+    });
     tokio::pin!(timer);
     // Poll the timer only after a reset (to register it) or once it has
     // fired: it is not what wakes this task for a delivery.
@@ -329,12 +351,14 @@ pub async fn run<S, H>(
             Wake::Timer => {
                 let now = Instant::now();
                 let next = match keepalive {
-                    KeepAlive::Every(every) => {
+                    KeepAlive::Every(every) if now >= next_keepalive => {
                         if let Some(f) = handler.keepalive_frame() {
                             conn.send(f);
                         }
-                        now + every
+                        next_keepalive = now + every;
+                        next_keepalive
                     }
+                    KeepAlive::Every(_) => next_keepalive,
                     KeepAlive::WhenIdle { idle, wait } => match ping_sent {
                         Some(at) if now >= at + wait => {
                             break Some(Why::Reason(Reason::KeepAliveTimeout));
@@ -349,6 +373,17 @@ pub async fn run<S, H>(
                         }
                         None => last_seen + idle,
                     },
+                };
+                // Checked here, on the timer, and not per message: an idle
+                // connection is one that wakes only for its timer.
+                let next = if handler.idle() {
+                    let deadline = last_seen + settings.idle_timeout;
+                    if now >= deadline {
+                        break Some(Why::Reason(Reason::Idle));
+                    }
+                    next.min(deadline)
+                } else {
+                    next
                 };
                 timer.as_mut().reset(next);
                 timer_reset = true;

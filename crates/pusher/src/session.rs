@@ -45,6 +45,7 @@ pub fn close_message(code: u16) -> &'static str {
         code::OVER_CAPACITY => "Client too slow or over its message rate; reconnect later",
         code::RECONNECT => "Server is restarting; reconnect",
         code::PONG_NOT_RECEIVED => "Pong reply not received",
+        code::INACTIVE => "Closed after inactivity",
         _ => "Connection closed",
     }
 }
@@ -219,6 +220,9 @@ impl Handler for PusherSession {
                     self.hub.app.max_messages_per_second
                 ),
             ),
+            // Pusher sessions are never idle-closed (pings decide), but
+            // the reason has Pusher's own code.
+            Why::Reason(Reason::Idle) => (code::INACTIVE, close_message(code::INACTIVE).to_owned()),
             Why::Reason(Reason::Code(c)) => (*c, close_message(*c).to_owned()),
             Why::Protocol(e) => (e.close_code(), e.to_string()),
             Why::Binary => (1003, "Binary frames are not supported".to_owned()),

@@ -25,6 +25,8 @@ pub mod code {
     /// Generic "reconnect now" (graceful shutdown).
     pub const RECONNECT: u16 = 4200;
     pub const PONG_NOT_RECEIVED: u16 = 4201;
+    /// Pusher's "closed after inactivity" (for clients without pings).
+    pub const INACTIVE: u16 = 4202;
     pub const CLIENT_EVENT_RATE_LIMIT: u16 = 4301;
 }
 
