@@ -104,6 +104,10 @@ fn semantic_errors_are_named() {
         "[[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"s\"\nmax_frame_size = 10\n",
         "max_frame_size",
     );
+    assert_rejected(
+        "[[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"s\"\nmax_cache_bytes = 40959\n",
+        "apps[0].max_cache_bytes",
+    );
 }
 
 #[test]

@@ -485,6 +485,9 @@ pub struct AppConfig {
     pub subscription_count: bool,
     /// Seconds a cache channel keeps its last event (Pusher: 30 min).
     pub cache_ttl: u64,
+    /// Bytes the app's cache channels may keep in all (their last events);
+    /// past it the least recently used is evicted.
+    pub max_cache_bytes: usize,
     /// Frames queued for one connection before it is closed as too slow.
     pub outbound_queue: usize,
     /// Bytes queued for one connection before it is closed as too slow.
@@ -540,6 +543,7 @@ impl Default for AppConfig {
             max_presence_user_id: 128,
             subscription_count: false,
             cache_ttl: 1800,
+            max_cache_bytes: 64 * 1024 * 1024,
             outbound_queue: 1024,
             outbound_bytes: 1024 * 1024,
             webhooks: Vec::new(),
@@ -976,6 +980,12 @@ impl Config {
                 return Err(invalid(
                     k("outbound_bytes"),
                     "must be at least 65536 (it must hold the largest frame sent, e.g. a full presence member list)",
+                ));
+            }
+            if app.max_cache_bytes < 4 * app.max_payload {
+                return Err(invalid(
+                    k("max_cache_bytes"),
+                    "must be at least 4 × max_payload (it must hold the largest cached event)",
                 ));
             }
             if app.max_frame_size < 1024 {

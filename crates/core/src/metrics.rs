@@ -400,6 +400,19 @@ fn describe() {
     );
     describe_gauge!("herald_channels", "Channels with subscribers on this node");
     describe_gauge!("herald_subscriptions", "Subscriptions on this node");
+    describe_gauge!(
+        "herald_cache_bytes",
+        Unit::Bytes,
+        "Bytes held by cache channels' last events (at most max_cache_bytes per app)"
+    );
+    describe_gauge!(
+        "herald_cache_events",
+        "Cache channels' last events held on this node"
+    );
+    describe_counter!(
+        "herald_cache_evictions_total",
+        "Cached events evicted (least recently used first) to keep within max_cache_bytes"
+    );
     describe_histogram!(
         "herald_fanout_seconds",
         Unit::Seconds,
@@ -492,6 +505,11 @@ pub struct AppGauges<'a> {
     pub app: &'a str,
     pub channels: usize,
     pub subscriptions: usize,
+    /// Bytes and events held by the app's cache channels.
+    pub cache_bytes: usize,
+    pub cache_events: usize,
+    /// Cached events evicted to keep within `max_cache_bytes`.
+    pub cache_evictions: u64,
 }
 
 /// Bounds memory: histograms hold samples until this runs (the server runs
@@ -535,7 +553,10 @@ pub fn render(apps: &[AppGauges<'_>], broker: &'static str, broker_up: bool) -> 
     for a in apps {
         let app = a.app.to_owned();
         gauge!("herald_channels", "app" => app.clone()).set(a.channels as f64);
-        gauge!("herald_subscriptions", "app" => app).set(a.subscriptions as f64);
+        gauge!("herald_subscriptions", "app" => app.clone()).set(a.subscriptions as f64);
+        gauge!("herald_cache_bytes", "app" => app.clone()).set(a.cache_bytes as f64);
+        gauge!("herald_cache_events", "app" => app.clone()).set(a.cache_events as f64);
+        counter!("herald_cache_evictions_total", "app" => app).absolute(a.cache_evictions);
     }
     gauge!("herald_broker_up", "broker" => broker).set(if broker_up { 1.0 } else { 0.0 });
     handle.run_upkeep();
@@ -589,6 +610,9 @@ mod tests {
                 app: "render-test-app",
                 channels: 2,
                 subscriptions: 3,
+                cache_bytes: 4096,
+                cache_events: 4,
+                cache_evictions: 5,
             }],
             "local",
             true,
@@ -598,6 +622,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"herald_channels{app="render-test-app"} 2"#));
+        assert!(text.contains(r#"herald_cache_bytes{app="render-test-app"} 4096"#));
+        assert!(text.contains(r#"herald_cache_events{app="render-test-app"} 4"#));
+        assert!(text.contains(r#"herald_cache_evictions_total{app="render-test-app"} 5"#));
         assert!(text.contains("herald_fanout_seconds_bucket"));
         assert!(text.contains(r#"herald_broker_up{broker="local"} 1"#));
         assert!(text.contains("# TYPE herald_frames_delivered_total counter"));
