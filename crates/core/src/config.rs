@@ -79,6 +79,9 @@ pub struct Config {
     pub webhook_retry_for: u64,
     /// Webhooks: events one app may have waiting; more are dropped.
     pub webhook_queue: usize,
+    /// Bytes of webhook events one app may have waiting (a slow receiver
+    /// and large client events must not grow memory without bound).
+    pub webhook_queue_bytes: usize,
     /// The cluster's broker (`[broker]`).
     pub broker: BrokerConfig,
     /// The app backend some adapters call (see [`RpcConfig`]).
@@ -258,6 +261,7 @@ impl Default for Config {
             webhook_retry_ms: 1000,
             webhook_retry_for: 300,
             webhook_queue: 10_000,
+            webhook_queue_bytes: 16 * 1024 * 1024,
             broker: BrokerConfig::default(),
             rpc: RpcConfig::default(),
             keepalive_interval: 60,
@@ -292,6 +296,11 @@ pub struct RpcConfig {
     /// Most calls per second telling the backend that clients left; on
     /// shutdown the rest go out at once, bounded by `concurrency`.
     pub disconnect_rate: u32,
+    /// Most Disconnect calls waiting for their turn, and their bytes in
+    /// all (clients that connect and leave faster than `disconnect_rate`
+    /// must not grow memory without bound); more are dropped and counted.
+    pub disconnect_queue: usize,
+    pub disconnect_queue_bytes: usize,
     /// Id of the app whose channels these clients use (default: the first).
     pub app: Option<String>,
     /// The WebSocket path the adapter serves (unset: its own default).
@@ -334,6 +343,8 @@ impl Default for RpcConfig {
             retries: 3,
             concurrency: 28,
             disconnect_rate: 100,
+            disconnect_queue: 50_000,
+            disconnect_queue_bytes: 64 * 1024 * 1024,
             app: None,
             path: None,
             broadcast_key: None,
@@ -384,6 +395,15 @@ impl RpcConfig {
         }
         if self.disconnect_rate == 0 {
             return Err(invalid("rpc.disconnect_rate", "must be positive"));
+        }
+        if self.disconnect_queue == 0 {
+            return Err(invalid("rpc.disconnect_queue", "must be positive"));
+        }
+        if self.disconnect_queue_bytes < 64 * 1024 {
+            return Err(invalid(
+                "rpc.disconnect_queue_bytes",
+                "must be at least 65536 (it must hold the largest Disconnect call)",
+            ));
         }
         if let Some(app) = &self.app {
             if !apps.iter().any(|a| &a.id == app) {
@@ -922,6 +942,12 @@ impl Config {
             return Err(invalid(
                 "webhook_batch_ms/webhook_leave_delay_ms",
                 "must be at most 60000 (a minute)",
+            ));
+        }
+        if self.webhook_queue_bytes < 64 * 1024 {
+            return Err(invalid(
+                "webhook_queue_bytes",
+                "must be at least 65536 (it must hold the largest client event)",
             ));
         }
         if self.webhook_batch_size > 1000 {

@@ -436,7 +436,12 @@ fn describe() {
     );
     describe_counter!(
         "herald_webhook_events_dropped_total",
-        "Webhook events dropped because the app's webhook queue was full"
+        "Webhook events dropped because the app's webhook queue was full (webhook_queue events or webhook_queue_bytes bytes)"
+    );
+    describe_gauge!(
+        "herald_webhook_queue_bytes",
+        Unit::Bytes,
+        "Bytes of webhook events waiting to be sent (at most webhook_queue_bytes per app)"
     );
     describe_gauge!(
         "herald_webhook_queue_depth",
@@ -495,9 +500,10 @@ pub fn webhook_dropped(app: &str, n: u64) {
         .increment(n);
 }
 
-/// Webhook events waiting for `app`.
-pub fn webhook_queue(app: &str, depth: usize) {
+/// Webhook events waiting for `app`, and their bytes.
+pub fn webhook_queue(app: &str, depth: usize, bytes: usize) {
     ::metrics::gauge!("herald_webhook_queue_depth", "app" => app.to_owned()).set(depth as f64);
+    ::metrics::gauge!("herald_webhook_queue_bytes", "app" => app.to_owned()).set(bytes as f64);
 }
 
 /// One app's figures that are read when scraping, not counted.
