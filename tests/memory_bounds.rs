@@ -88,6 +88,11 @@ async fn many_cache_channels_do_not_grow_resident_memory_past_the_budget() {
     publish_10k(&server, 200..4200, "e").await;
     let after = rss(server.pid());
     let grew = after.saturating_sub(before);
+    eprintln!(
+        "RSS {} KiB before, {} KiB after 4,000 cache events of 10 KiB",
+        before / 1024,
+        after / 1024
+    );
     assert!(
         grew < 16 * 1024 * 1024,
         "resident memory grew by {} KiB (before {} KiB, after {} KiB)",
