@@ -344,6 +344,41 @@ async fn disconnect_calls_are_rate_limited() {
 }
 
 #[tokio::test]
+async fn the_disconnect_queue_is_bounded_and_counts_what_it_drops() {
+    let app = Arc::new(App::default());
+    // One call per second and room for three waiting: ten clients leaving
+    // at once overflow it (clients that connect and leave faster than the
+    // rate must not grow the queue without end).
+    let server = server(&app, "disconnect_rate = 1\ndisconnect_queue = 3").await;
+    let mut clients = Vec::new();
+    for i in 0..10 {
+        clients.push(member(&server, &format!("r{i}")).await);
+    }
+    drop(clients);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let (made, dropped) = loop {
+        let made = app.disconnects.load(Ordering::SeqCst) as u64;
+        let dropped = server.metric("herald_rpc_disconnects_dropped_total").await;
+        if made + dropped == 10 {
+            break (made, dropped);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{made} made, {dropped} dropped of 10"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // At most three waited, plus the one the drain took at once (and one
+    // more per second the sessions took to end).
+    assert!((3..=6).contains(&made), "{made} made, {dropped} dropped");
+    assert_eq!(
+        server.metric("herald_rpc_disconnects_queued_total").await,
+        made
+    );
+    assert_eq!(server.log().matches("Disconnect queue full").count(), 1);
+}
+
+#[tokio::test]
 async fn disconnect_calls_are_made_before_a_graceful_shutdown_ends() {
     let app = Arc::new(App::default());
     // One call per second: the queue outlasts the clients, and shutdown

@@ -415,3 +415,34 @@ async fn reserved_bits_close_with_1002_at_once() {
     }
     still_healthy(&server, &mut healthy).await;
 }
+
+#[tokio::test]
+async fn invalid_close_codes_are_answered_with_1002() {
+    // RFC 6455 7.4: 999 and below, the reserved 1004-1006 and 1015, the
+    // unassigned 1016-2999 and 5000 and up never travel in a close frame.
+    let server = Server::start().await;
+    let mut healthy = bystander(&server).await;
+    for code in [999u16, 1004, 1005, 1006, 1015, 2999, 5000] {
+        let frame = client_frame(0, 0x8, &code.to_be_bytes(), true);
+        expect_1002_at_once(&server, &frame, &format!("close code {code}")).await;
+    }
+    still_healthy(&server, &mut healthy).await;
+}
+
+#[tokio::test]
+async fn a_valid_close_code_is_echoed() {
+    // The control for the case above: the same frame with a code a client
+    // may send gets that code back, and no pusher:error.
+    use tokio::io::AsyncWriteExt;
+    let server = Server::start().await;
+    for code in [1000u16, 1001, 4000] {
+        let mut tcp = raw_socket(&server).await;
+        let mut frames = ServerFrames { buf: Vec::new() };
+        tcp.write_all(&client_frame(0, 0x8, &code.to_be_bytes(), true))
+            .await
+            .unwrap();
+        let (opcode, payload) = frames.next(&mut tcp).await.expect("a close frame");
+        assert_eq!(opcode, 0x8, "close code {code}: {payload:?}");
+        assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), code);
+    }
+}

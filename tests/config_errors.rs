@@ -104,6 +104,16 @@ fn semantic_errors_are_named() {
         "[[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"s\"\nmax_frame_size = 10\n",
         "max_frame_size",
     );
+    assert_rejected(
+        "[[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"s\"\nmax_cache_bytes = 40959\n",
+        "apps[0].max_cache_bytes",
+    );
+    assert_rejected("webhook_queue_bytes = 1000\n", "webhook_queue_bytes");
+    assert_rejected("[rpc]\ndisconnect_queue = 0\n", "rpc.disconnect_queue");
+    assert_rejected(
+        "[rpc]\ndisconnect_queue_bytes = 1000\n",
+        "rpc.disconnect_queue_bytes",
+    );
 }
 
 #[test]

@@ -410,3 +410,65 @@ async fn max_subscriptions_per_connection_admits_exactly_the_limit() {
     a.expect("after", Some("s6")).await;
     still_healthy(&server, &mut healthy).await;
 }
+
+#[tokio::test]
+async fn integer_user_ids_above_2_pow_53_stay_exact_and_distinct() {
+    // 2^53 and 2^53 + 1 are one f64; 2^70 printed through f64 would be
+    // "1.1805916207174113e+21". Each is one user, named by its digits.
+    let server = Server::start().await;
+    let ch = "presence-big-ids";
+    let ids = [
+        "9007199254740992",
+        "9007199254740993",
+        "1180591620717411303424",
+    ];
+    let mut clients = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let mut c = server.client().await;
+        subscribe_presence_text(&mut c, ch, &format!(r#"{{"user_id":{id}}}"#)).await;
+        let f = c
+            .expect("pusher_internal:subscription_succeeded", Some(ch))
+            .await;
+        let presence = &data(&f)["presence"];
+        assert_eq!(presence["count"], n + 1, "{f}");
+        let mut listed: Vec<String> = presence["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().expect("ids are strings").to_owned())
+            .collect();
+        listed.sort();
+        let mut want: Vec<String> = ids[..=n].iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(listed, want, "{f}");
+        for earlier in &mut clients {
+            let added = Client::expect(earlier, "pusher_internal:member_added", Some(ch)).await;
+            assert_eq!(data(&added)["user_id"], *id, "{added}");
+        }
+        clients.push(c);
+    }
+}
+
+#[tokio::test]
+async fn channel_data_that_is_not_an_object_is_refused() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    // serde reads a struct from an array too: `[1,2]` was user 1.
+    for (n, cd) in ["[1,2]", r#"["u1",{"name":"x"}]"#, "42", r#""u1""#]
+        .iter()
+        .enumerate()
+    {
+        let ch = format!("presence-shape-{n}");
+        subscribe_presence_text(&mut a, &ch, cd).await;
+        expect_subscription_error(&mut a, &ch, "InvalidChannelData", 400, "channel_data").await;
+    }
+    // The same connection still joins with an object.
+    subscribe_presence_text(&mut a, "presence-shape-ok", r#"{"user_id":1}"#).await;
+    let f = a
+        .expect(
+            "pusher_internal:subscription_succeeded",
+            Some("presence-shape-ok"),
+        )
+        .await;
+    assert_eq!(data(&f)["presence"]["ids"], json!(["1"]), "{f}");
+}

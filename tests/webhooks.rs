@@ -394,6 +394,57 @@ async fn a_full_queue_drops_counts_and_logs_once() {
 }
 
 #[tokio::test]
+async fn a_receiver_that_is_down_holds_at_most_webhook_queue_bytes() {
+    // Nothing listens on port 1: every request fails and is retried, so
+    // what was admitted stays queued (in flight) for `webhook_retry_for`.
+    let top = "webhook_batch_ms = 10\nwebhook_queue_bytes = 65536";
+    let app = hook_app(
+        "http://127.0.0.1:1/hooks",
+        r#"["client_event"]"#,
+        "client_event_rate = 100",
+    );
+    let server = Server::start_with(top, &app).await;
+    let mut c = server.client().await;
+    c.subscribe_private("private-w").await;
+    // 20 client events of 9 KB: 180 KB for a 64 KiB budget.
+    let data = "x".repeat(9000);
+    for _ in 0..20 {
+        c.send(json!({ "event": "client-x", "channel": "private-w", "data": data }))
+            .await;
+    }
+    let app_label = [("app", APP_ID)];
+    let deadline = Instant::now() + TIMEOUT;
+    let (depth, bytes, dropped) = loop {
+        let scrape = server.scrape().await;
+        let get = |name| metric_in(&scrape, name, &app_label).unwrap_or(0);
+        let figures = (
+            get("herald_webhook_queue_depth"),
+            get("herald_webhook_queue_bytes"),
+            get("herald_webhook_events_dropped_total"),
+        );
+        if figures.0 + figures.2 == 20 {
+            break figures;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "20 events not all admitted or dropped: {figures:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(bytes <= 65536, "{bytes} bytes queued");
+    // Each event holds its 9 KB: at most 7 fit, and the budget is used.
+    assert!(
+        (5..=7).contains(&depth),
+        "{depth} queued, {dropped} dropped"
+    );
+    assert!(bytes >= depth * 9000, "{bytes} bytes for {depth} events");
+    assert_eq!(server.log().matches("webhook queue full").count(), 1);
+    // The connection that sent them is unharmed.
+    c.send(json!({ "event": "pusher:ping", "data": {} })).await;
+    c.expect("pusher:pong", None).await;
+}
+
+#[tokio::test]
 async fn shutdown_sends_what_waits() {
     let rx = Receiver::start().await;
     // A leave waits a minute: only the shutdown flush sends it.

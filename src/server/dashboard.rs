@@ -35,8 +35,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
 
-/// Console events kept for a slow viewer before it skips some.
+/// Console events kept for a slow viewer before it skips some. With data
+/// cut to `MAX_SHOWN_DATA` characters and names bounded by the apps'
+/// limits, the ring (one, shared by every viewer) holds a few MiB at most.
 const FEED_CAPACITY: usize = 1024;
+
+/// Console lines a slow viewer skipped (it is told how many).
+static CONSOLE_SKIPPED: metrics::Counter = metrics::Counter::new(
+    "herald_dashboard_console_skipped_total",
+    "Dashboard console lines a slow viewer skipped (the console's ring holds 1024)",
+);
 /// Longest event data shown in the console, in characters.
 const MAX_SHOWN_DATA: usize = 2000;
 
@@ -61,6 +69,7 @@ struct Dash {
 /// The dashboard's routes, or `None` when it is off.
 pub fn router(node: &Arc<Node>) -> Option<Router> {
     let token = node.config.dashboard_token()?;
+    metrics::register(&CONSOLE_SKIPPED);
     let (feed, _) = broadcast::channel(FEED_CAPACITY);
     node.observe(Arc::new(Feed(feed.clone())));
     let key: String = (0..4)
@@ -232,6 +241,7 @@ async fn console(State(dash): State<Dash>, Path(app): Path<String>) -> Response 
                     }
                     Ok(_) => continue,
                     Err(broadcast::error::RecvError::Lagged(n)) => {
+                        metrics::add(&CONSOLE_SKIPPED, n);
                         let e = Event::default()
                             .json_data(
                                 json!({ "type": "skipped", "count": n, "time_ms": now_ms() }),

@@ -81,16 +81,18 @@ pub fn metrics_router(node: Arc<Node>) -> Router {
 }
 
 async fn metrics_text(State(node): State<Arc<Node>>) -> Response {
-    let figures: Vec<(&str, (usize, usize))> = node
+    let apps: Vec<metrics::AppGauges<'_>> = node
         .hubs()
-        .map(|h| (h.app.id.as_str(), h.channel_figures()))
-        .collect();
-    let apps: Vec<metrics::AppGauges<'_>> = figures
-        .iter()
-        .map(|(app, (channels, subscriptions))| metrics::AppGauges {
-            app,
-            channels: *channels,
-            subscriptions: *subscriptions,
+        .map(|h| {
+            let (channels, subscriptions) = h.channel_figures();
+            metrics::AppGauges {
+                app: h.app.id.as_str(),
+                channels,
+                subscriptions,
+                cache_bytes: h.cache.bytes(),
+                cache_events: h.cache.events(),
+                cache_evictions: h.cache.evictions(),
+            }
         })
         .collect();
     let text = metrics::render(&apps, node.broker.name(), node.broker.connected());

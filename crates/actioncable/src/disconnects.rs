@@ -10,6 +10,12 @@
 //! out at once (bounded by the RPC concurrency limit), calls queued after
 //! that too, and the server waits for them before it exits, so none is lost
 //! on a graceful shutdown.
+//!
+//! Clients that connect and leave faster than the drain rate would grow the
+//! list without end, so it holds at most `rpc.disconnect_queue` calls and
+//! `rpc.disconnect_queue_bytes` bytes; a call over either is not made,
+//! counted (`herald_rpc_disconnects_dropped_total`) and logged once until
+//! the queue has drained to half.
 
 use crate::metrics as m;
 use crate::proto::DisconnectRequest;
@@ -17,6 +23,7 @@ use crate::rpc::Rpc;
 use herald_core::metrics;
 use herald_core::node::Node;
 use parking_lot::Mutex;
+use prost::Message;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +34,9 @@ pub struct Disconnects {
     rpc: Arc<Rpc>,
     interval: Duration,
     queue: Arc<Queue>,
+    /// Most calls, and bytes, waiting.
+    max_calls: usize,
+    max_bytes: usize,
 }
 
 #[derive(Default)]
@@ -39,6 +49,10 @@ struct Queue {
 #[derive(Default)]
 struct State {
     calls: VecDeque<(String, DisconnectRequest)>,
+    /// What `calls` hold, about (see [`size`]).
+    bytes: usize,
+    /// Dropping calls (logged once until the queue drains to half).
+    dropping: bool,
     /// The draining task runs.
     started: bool,
     /// Shutting down: calls go out at once instead of queueing.
@@ -46,23 +60,47 @@ struct State {
 }
 
 impl Disconnects {
-    pub fn new(rpc: Arc<Rpc>, per_second: u32) -> Disconnects {
+    pub fn new(rpc: Arc<Rpc>, config: &herald_core::config::RpcConfig) -> Disconnects {
         Disconnects {
             rpc,
-            interval: Duration::from_secs(1) / per_second.max(1),
+            interval: Duration::from_secs(1) / config.disconnect_rate.max(1),
             queue: Arc::default(),
+            max_calls: config.disconnect_queue,
+            max_bytes: config.disconnect_queue_bytes,
         }
     }
 
     /// Queue the Disconnect call for session `sid`.
     pub fn enqueue(&self, node: &Arc<Node>, sid: String, req: DisconnectRequest) {
-        metrics::count(&m::DISCONNECTS_QUEUED);
         let mut state = self.queue.state.lock();
         if state.closed {
+            metrics::count(&m::DISCONNECTS_QUEUED);
             drop(state);
             node.tasks.spawn(call(self.rpc.clone(), sid, req));
             return;
         }
+        let bytes = size(&sid, &req);
+        if state.calls.len() >= self.max_calls || state.bytes + bytes > self.max_bytes {
+            metrics::count(&m::DISCONNECTS_DROPPED);
+            if !std::mem::replace(&mut state.dropping, true) {
+                tracing::warn!(
+                    calls = state.calls.len(),
+                    bytes = state.bytes,
+                    "Disconnect queue full: dropping calls until it drains (see \
+                     rpc.disconnect_queue, rpc.disconnect_queue_bytes, \
+                     herald_rpc_disconnects_dropped_total)"
+                );
+            }
+            return;
+        }
+        if state.dropping
+            && state.calls.len() <= self.max_calls / 2
+            && state.bytes <= self.max_bytes / 2
+        {
+            state.dropping = false;
+        }
+        metrics::count(&m::DISCONNECTS_QUEUED);
+        state.bytes += bytes;
         state.calls.push_back((sid, req));
         if !std::mem::replace(&mut state.started, true) {
             node.tasks.spawn(drain(
@@ -82,7 +120,14 @@ impl Disconnects {
 async fn drain(queue: Arc<Queue>, rpc: Arc<Rpc>, interval: Duration, node: Arc<Node>) {
     let mut next = Instant::now();
     loop {
-        let call_now = queue.state.lock().calls.pop_front();
+        let call_now = {
+            let mut state = queue.state.lock();
+            let call = state.calls.pop_front();
+            if let Some((sid, req)) = &call {
+                state.bytes -= size(sid, req);
+            }
+            call
+        };
         let Some((sid, req)) = call_now else {
             tokio::select! {
                 _ = queue.ready.notified() => continue,
@@ -103,11 +148,18 @@ async fn drain(queue: Arc<Queue>, rpc: Arc<Rpc>, interval: Duration, node: Arc<N
     let rest = {
         let mut state = queue.state.lock();
         state.closed = true;
+        state.bytes = 0;
         std::mem::take(&mut state.calls)
     };
     for (sid, req) in rest {
         node.tasks.spawn(call(rpc.clone(), sid, req));
     }
+}
+
+/// The bytes a queued call holds: its encoded request (identifiers,
+/// subscriptions, the headers passed on) and the queue's entry around it.
+fn size(sid: &str, req: &DisconnectRequest) -> usize {
+    sid.len() + req.encoded_len() + 256
 }
 
 async fn call(rpc: Arc<Rpc>, sid: String, req: DisconnectRequest) {

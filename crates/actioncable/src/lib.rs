@@ -119,7 +119,7 @@ impl Cable {
         };
         let disconnects = rpc
             .as_ref()
-            .map(|r| disconnects::Disconnects::new(r.clone(), config.disconnect_rate));
+            .map(|r| disconnects::Disconnects::new(r.clone(), config));
         let streams_key = config
             .streams_secret
             .clone()

@@ -32,6 +32,10 @@ pub static DISCONNECTS_QUEUED: Counter = Counter::new(
     "herald_rpc_disconnects_queued_total",
     "Disconnect calls queued for clients that left",
 );
+pub static DISCONNECTS_DROPPED: Counter = Counter::new(
+    "herald_rpc_disconnects_dropped_total",
+    "Disconnect calls not made: the queue held rpc.disconnect_queue calls or rpc.disconnect_queue_bytes bytes",
+);
 pub static DISCONNECTS_SENT: Counter = Counter::new(
     "herald_rpc_disconnects_sent_total",
     "Disconnect calls made (answered or failed)",
@@ -55,6 +59,7 @@ pub fn register_all() {
         &CABLE_RPC_FAILURES,
         &CABLE_UNAUTHORIZED,
         &DISCONNECTS_QUEUED,
+        &DISCONNECTS_DROPPED,
         &DISCONNECTS_SENT,
         &BROADCASTS,
         &BROADCAST_ERRORS,

@@ -86,6 +86,9 @@ pub struct Config {
     pub webhook_retry_for: u64,
     /// Webhooks: events one app may have waiting; more are dropped.
     pub webhook_queue: usize,
+    /// Bytes of webhook events one app may have waiting (a slow receiver
+    /// and large client events must not grow memory without bound).
+    pub webhook_queue_bytes: usize,
     /// The cluster's broker (`[broker]`).
     pub broker: BrokerConfig,
     /// The app backend some adapters call (see [`RpcConfig`]).
@@ -283,6 +286,7 @@ impl Default for Config {
             webhook_retry_ms: 1000,
             webhook_retry_for: 300,
             webhook_queue: 10_000,
+            webhook_queue_bytes: 16 * 1024 * 1024,
             broker: BrokerConfig::default(),
             rpc: RpcConfig::default(),
             keepalive_interval: 60,
@@ -325,6 +329,11 @@ pub struct RpcConfig {
     /// Most calls per second telling the backend that clients left; on
     /// shutdown the rest go out at once, bounded by `concurrency`.
     pub disconnect_rate: u32,
+    /// Most Disconnect calls waiting for their turn, and their bytes in
+    /// all (clients that connect and leave faster than `disconnect_rate`
+    /// must not grow memory without bound); more are dropped and counted.
+    pub disconnect_queue: usize,
+    pub disconnect_queue_bytes: usize,
     /// Id of the app whose channels these clients use (default: the first).
     pub app: Option<String>,
     /// The WebSocket path the adapter serves (unset: its own default).
@@ -367,6 +376,8 @@ impl Default for RpcConfig {
             retries: 3,
             concurrency: 28,
             disconnect_rate: 100,
+            disconnect_queue: 50_000,
+            disconnect_queue_bytes: 64 * 1024 * 1024,
             app: None,
             path: None,
             broadcast_key: None,
@@ -417,6 +428,15 @@ impl RpcConfig {
         }
         if self.disconnect_rate == 0 {
             return Err(invalid("rpc.disconnect_rate", "must be positive"));
+        }
+        if self.disconnect_queue == 0 {
+            return Err(invalid("rpc.disconnect_queue", "must be positive"));
+        }
+        if self.disconnect_queue_bytes < 64 * 1024 {
+            return Err(invalid(
+                "rpc.disconnect_queue_bytes",
+                "must be at least 65536 (it must hold the largest Disconnect call)",
+            ));
         }
         if let Some(app) = &self.app {
             if !apps.iter().any(|a| &a.id == app) {
@@ -518,6 +538,9 @@ pub struct AppConfig {
     pub subscription_count: bool,
     /// Seconds a cache channel keeps its last event (Pusher: 30 min).
     pub cache_ttl: u64,
+    /// Bytes the app's cache channels may keep in all (their last events);
+    /// past it the least recently used is evicted.
+    pub max_cache_bytes: usize,
     /// Frames queued for one connection before it is closed as too slow.
     pub outbound_queue: usize,
     /// Bytes queued for one connection before it is closed as too slow.
@@ -573,6 +596,7 @@ impl Default for AppConfig {
             max_presence_user_id: 128,
             subscription_count: false,
             cache_ttl: 1800,
+            max_cache_bytes: 64 * 1024 * 1024,
             outbound_queue: 1024,
             outbound_bytes: 1024 * 1024,
             webhooks: Vec::new(),
@@ -973,6 +997,12 @@ impl Config {
                 "must be at most 60000 (a minute)",
             ));
         }
+        if self.webhook_queue_bytes < 64 * 1024 {
+            return Err(invalid(
+                "webhook_queue_bytes",
+                "must be at least 65536 (it must hold the largest client event)",
+            ));
+        }
         if self.webhook_batch_size > 1000 {
             return Err(invalid("webhook_batch_size", "must be at most 1000"));
         }
@@ -1029,6 +1059,12 @@ impl Config {
                 return Err(invalid(
                     k("outbound_bytes"),
                     "must be at least 65536 (it must hold the largest frame sent, e.g. a full presence member list)",
+                ));
+            }
+            if app.max_cache_bytes < 4 * app.max_payload {
+                return Err(invalid(
+                    k("max_cache_bytes"),
+                    "must be at least 4 × max_payload (it must hold the largest cached event)",
                 ));
             }
             if app.max_frame_size < 1024 {

@@ -418,6 +418,19 @@ fn describe() {
     );
     describe_gauge!("herald_channels", "Channels with subscribers on this node");
     describe_gauge!("herald_subscriptions", "Subscriptions on this node");
+    describe_gauge!(
+        "herald_cache_bytes",
+        Unit::Bytes,
+        "Bytes held by cache channels' last events (at most max_cache_bytes per app)"
+    );
+    describe_gauge!(
+        "herald_cache_events",
+        "Cache channels' last events held on this node"
+    );
+    describe_counter!(
+        "herald_cache_evictions_total",
+        "Cached events evicted (least recently used first) to keep within max_cache_bytes"
+    );
     describe_histogram!(
         "herald_fanout_seconds",
         Unit::Seconds,
@@ -441,7 +454,12 @@ fn describe() {
     );
     describe_counter!(
         "herald_webhook_events_dropped_total",
-        "Webhook events dropped because the app's webhook queue was full"
+        "Webhook events dropped because the app's webhook queue was full (webhook_queue events or webhook_queue_bytes bytes)"
+    );
+    describe_gauge!(
+        "herald_webhook_queue_bytes",
+        Unit::Bytes,
+        "Bytes of webhook events waiting to be sent (at most webhook_queue_bytes per app)"
     );
     describe_gauge!(
         "herald_webhook_queue_depth",
@@ -500,9 +518,10 @@ pub fn webhook_dropped(app: &str, n: u64) {
         .increment(n);
 }
 
-/// Webhook events waiting for `app`.
-pub fn webhook_queue(app: &str, depth: usize) {
+/// Webhook events waiting for `app`, and their bytes.
+pub fn webhook_queue(app: &str, depth: usize, bytes: usize) {
     ::metrics::gauge!("herald_webhook_queue_depth", "app" => app.to_owned()).set(depth as f64);
+    ::metrics::gauge!("herald_webhook_queue_bytes", "app" => app.to_owned()).set(bytes as f64);
 }
 
 /// A connection the listener turned away (`reason`: a short fixed word).
@@ -527,6 +546,11 @@ pub struct AppGauges<'a> {
     pub app: &'a str,
     pub channels: usize,
     pub subscriptions: usize,
+    /// Bytes and events held by the app's cache channels.
+    pub cache_bytes: usize,
+    pub cache_events: usize,
+    /// Cached events evicted to keep within `max_cache_bytes`.
+    pub cache_evictions: u64,
 }
 
 /// Bounds memory: histograms hold samples until this runs (the server runs
@@ -570,7 +594,10 @@ pub fn render(apps: &[AppGauges<'_>], broker: &'static str, broker_up: bool) -> 
     for a in apps {
         let app = a.app.to_owned();
         gauge!("herald_channels", "app" => app.clone()).set(a.channels as f64);
-        gauge!("herald_subscriptions", "app" => app).set(a.subscriptions as f64);
+        gauge!("herald_subscriptions", "app" => app.clone()).set(a.subscriptions as f64);
+        gauge!("herald_cache_bytes", "app" => app.clone()).set(a.cache_bytes as f64);
+        gauge!("herald_cache_events", "app" => app.clone()).set(a.cache_events as f64);
+        counter!("herald_cache_evictions_total", "app" => app).absolute(a.cache_evictions);
     }
     gauge!("herald_broker_up", "broker" => broker).set(if broker_up { 1.0 } else { 0.0 });
     handle.run_upkeep();
@@ -624,6 +651,9 @@ mod tests {
                 app: "render-test-app",
                 channels: 2,
                 subscriptions: 3,
+                cache_bytes: 4096,
+                cache_events: 4,
+                cache_evictions: 5,
             }],
             "local",
             true,
@@ -633,6 +663,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"herald_channels{app="render-test-app"} 2"#));
+        assert!(text.contains(r#"herald_cache_bytes{app="render-test-app"} 4096"#));
+        assert!(text.contains(r#"herald_cache_events{app="render-test-app"} 4"#));
+        assert!(text.contains(r#"herald_cache_evictions_total{app="render-test-app"} 5"#));
         assert!(text.contains("herald_fanout_seconds_bucket"));
         assert!(text.contains(r#"herald_broker_up{broker="local"} 1"#));
         assert!(text.contains("# TYPE herald_frames_delivered_total counter"));

@@ -306,9 +306,11 @@ pub async fn run<S, H>(
                             // (RFC 6455 5.5.1) and end.
                             handler.on_close().await;
                             traffic.closed(metrics::Closed::Client);
+                            // The decoder refused codes nobody may send
+                            // (1002), so what is here can be echoed.
                             let echo = match frame {
-                                Some(f) if is_sendable(f.code) => Frame::close(f.code, &f.reason),
-                                _ => Frame::close(1000, ""),
+                                Some(f) => Frame::close(f.code, &f.reason),
+                                None => Frame::close(1000, ""),
                             };
                             let _ = write_frames(&mut stream, &[echo]).await;
                             return;
@@ -523,11 +525,6 @@ pub async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut socket: S, frames: &[
         }
     })
     .await;
-}
-
-/// Close codes an endpoint may send (RFC 6455 7.4).
-fn is_sendable(code: u16) -> bool {
-    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
 }
 
 /// Write whole frames, as few syscalls as the kernel allows: every part of

@@ -54,6 +54,13 @@ impl WsError {
     }
 }
 
+/// Close codes an endpoint may send, and so the only ones a close frame
+/// may carry (RFC 6455 7.4.1 and IANA's registry: 1004-1006 and 1015 are
+/// reserved, never on the wire; 1016-2999 unassigned; 5000 and up invalid).
+pub fn is_valid_close_code(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+}
+
 /// Incremental decoder of client frames. Holds bytes only while a frame or
 /// a fragmented message is incomplete; both buffers are freed as soon as
 /// they are consumed, so an idle connection's decoder owns no memory.
@@ -200,6 +207,11 @@ impl Decoder {
                     1 => return Err(WsError::Protocol("close frame with a 1-byte payload")),
                     _ => {
                         let code = u16::from_be_bytes([payload[0], payload[1]]);
+                        if !is_valid_close_code(code) {
+                            // RFC 6455 7.4: reserved or unassigned (999,
+                            // 1005, 5000 ...) is a protocol error, 1002.
+                            return Err(WsError::Protocol("invalid close code"));
+                        }
                         let reason =
                             String::from_utf8(payload[2..].to_vec()).map_err(|_| WsError::Utf8)?;
                         Some(CloseFrame { code, reason })
@@ -440,12 +452,32 @@ mod tests {
             (client_frame(true, 1, &[0xff, 0xfe]), 1007),
             (client_frame(true, 1, &[b'a'; 2000]), 1009),
         ];
+        // Close codes nobody may send are a protocol error (1002).
+        let mut cases = cases;
+        for code in [0u16, 999, 1004, 1005, 1006, 1015, 1016, 2999, 5000, 65535] {
+            cases.push((client_frame(true, 8, &code.to_be_bytes()), 1002));
+        }
         for (bytes, code) in cases {
             let mut d = Decoder::new(1024);
             d.feed(&bytes);
             let got = all(&mut d);
             assert_eq!(got.len(), 1, "{bytes:?}");
             assert_eq!(got[0].as_ref().unwrap_err().close_code(), code, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn valid_close_codes_are_read() {
+        for code in [1000u16, 1001, 1003, 1007, 1011, 1014, 3000, 4999] {
+            let mut d = Decoder::new(1024);
+            d.feed(&client_frame(true, 8, &code.to_be_bytes()));
+            assert_eq!(
+                all(&mut d),
+                vec![Ok(Incoming::Close(Some(CloseFrame {
+                    code,
+                    reason: String::new()
+                })))]
+            );
         }
     }
 

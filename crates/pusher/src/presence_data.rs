@@ -1,9 +1,12 @@
 //! Presence members: parsing and checking the `channel_data` an app signs
 //! for a presence subscription, and encoding the member list.
+//!
+//! User ids may be JSON strings or numbers (Laravel signs integers). A
+//! number is kept as the text the app wrote, never through `f64`: two ids
+//! above 2^53 that differ in their last digits must stay two users.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::Value;
 
 /// A member as the app described it in `channel_data`.
 #[derive(Debug)]
@@ -14,8 +17,20 @@ pub struct MemberData {
 
 #[derive(Deserialize)]
 struct ChannelData {
-    user_id: Value,
+    user_id: Box<RawValue>,
     user_info: Option<Box<RawValue>>,
+}
+
+/// A user id given as JSON: a string's contents, or a number's exact
+/// text; `None` for anything else.
+pub fn id_text(raw: &RawValue) -> Option<String> {
+    let text = raw.get();
+    match text.as_bytes().first()? {
+        b'"' => serde_json::from_str(text).ok(),
+        // A RawValue is valid JSON: this is a whole number token.
+        b'-' | b'0'..=b'9' => Some(text.to_owned()),
+        _ => None,
+    }
 }
 
 /// Limits for one member, from the app's configuration.
@@ -27,12 +42,14 @@ pub struct MemberLimits {
 /// Parse and check `channel_data`. User ids may be strings or numbers (Laravel
 /// signs integer ids); they are handled as strings from here on.
 pub fn parse_channel_data(text: &str, limits: &MemberLimits) -> Result<MemberData, String> {
+    // serde would read a struct from an array too (`[1,2]` as user 1).
+    if !text.trim_start().starts_with('{') {
+        return Err("invalid channel_data: must be a JSON object".into());
+    }
     let data: ChannelData =
         serde_json::from_str(text).map_err(|e| format!("invalid channel_data: {e}"))?;
-    let user_id = match data.user_id {
-        Value::String(s) => s,
-        Value::Number(n) => n.to_string(),
-        _ => return Err("channel_data.user_id must be a string or a number".into()),
+    let Some(user_id) = id_text(&data.user_id) else {
+        return Err("channel_data.user_id must be a string or a number".into());
     };
     if user_id.is_empty() {
         return Err("channel_data.user_id must not be empty".into());
@@ -75,6 +92,34 @@ mod tests {
             parse_channel_data(r#"{"user_id":42}"#, &L).unwrap().user_id,
             "42"
         );
+    }
+
+    #[test]
+    fn integer_ids_keep_every_digit() {
+        for id in ["1180591620717411303424", "9007199254740993", "-12", "0"] {
+            let text = format!(r#"{{"user_id":{id}}}"#);
+            assert_eq!(parse_channel_data(&text, &L).unwrap().user_id, id);
+        }
+        let a = parse_channel_data(r#"{"user_id":9007199254740992}"#, &L).unwrap();
+        let b = parse_channel_data(r#"{"user_id":9007199254740993}"#, &L).unwrap();
+        assert_ne!(a.user_id, b.user_id);
+        let s = parse_channel_data(r#"{"user_id":"a\"b"}"#, &L).unwrap();
+        assert_eq!(s.user_id, "a\"b");
+    }
+
+    #[test]
+    fn only_an_object_is_channel_data() {
+        for text in ["[1,2]", r#"["u1",{"a":1}]"#, "1", r#""u1""#, "null", " [1]"] {
+            let e = parse_channel_data(text, &L).unwrap_err();
+            assert!(e.contains("JSON object"), "{text}: {e}");
+        }
+        for text in [
+            r#"{"user_id":null}"#,
+            r#"{"user_id":true}"#,
+            r#"{"user_id":{"a":1}}"#,
+        ] {
+            assert!(parse_channel_data(text, &L).is_err(), "{text}");
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use herald_core::observer::Change;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, RateWindow, Settings, Why};
 use herald_core::ws::Socket;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -493,37 +493,33 @@ pub const MAX_WATCHLIST: usize = 100;
 /// Parse `user_data` from `pusher:signin`: an object with a string `id`,
 /// optional `user_info` and optional `watchlist` of user ids.
 fn parse_user_data(text: &str, max_id: usize) -> Result<(String, Vec<String>), String> {
-    let value: HashMap<String, Value> =
+    // Ids as raw JSON, so numbers keep every digit (see presence_data).
+    let value: HashMap<String, Box<RawValue>> =
         serde_json::from_str(text).map_err(|e| format!("user_data is not a JSON object: {e}"))?;
-    let id = match value.get("id") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
+    let id = match value.get("id").and_then(|v| presence_data::id_text(v)) {
+        Some(s) if !s.is_empty() => s,
         _ => return Err("user_data.id must be a non-empty string".into()),
     };
     // Pusher counts characters, not bytes: a non-ASCII id is not penalized.
     if id.chars().count() > max_id {
         return Err(format!("user_data.id is longer than {max_id} characters"));
     }
-    let watchlist = match value.get("watchlist") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => {
+    let watchlist = match value.get("watchlist").map(|v| v.get()) {
+        None | Some("null") => Vec::new(),
+        Some(list) => {
+            let items: Vec<Box<RawValue>> = serde_json::from_str(list)
+                .map_err(|_| "user_data.watchlist must be an array".to_string())?;
             if items.len() > MAX_WATCHLIST {
                 return Err(format!("watchlist holds more than {MAX_WATCHLIST} users"));
             }
             items
                 .iter()
-                .map(|v| match v {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                })
-                .map(|id| match id {
+                .map(|v| match presence_data::id_text(v) {
                     Some(id) if !id.is_empty() && id.chars().count() <= max_id => Ok(id),
                     _ => Err("watchlist entries must be user ids".to_string()),
                 })
                 .collect::<Result<_, _>>()?
         }
-        Some(_) => return Err("user_data.watchlist must be an array".into()),
     };
     Ok((id, watchlist))
 }
@@ -531,6 +527,17 @@ fn parse_user_data(text: &str, max_id: usize) -> Result<(String, Vec<String>), S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn signin_ids_keep_every_digit() {
+        let text = r#"{"id":1180591620717411303424,"watchlist":[9007199254740993,"b"]}"#;
+        let (id, watchlist) = parse_user_data(text, 128).unwrap();
+        assert_eq!(id, "1180591620717411303424");
+        assert_eq!(watchlist, ["9007199254740993", "b"]);
+        assert!(parse_user_data("[1,2]", 128).is_err());
+        assert!(parse_user_data(r#"{"id":"u","watchlist":"u2"}"#, 128).is_err());
+    }
 
     #[test]
     fn versions() {

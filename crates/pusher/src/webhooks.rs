@@ -16,8 +16,9 @@
 //! - a request answered 5xx, 408 or 429, timed out or not connected is
 //!   retried with exponential backoff and jitter for `webhook_retry_for`
 //!   seconds; other answers are final;
-//! - at most `webhook_queue` events wait (batched, delayed or being sent);
-//!   beyond that events are dropped, counted, and logged once per episode;
+//! - at most `webhook_queue` events, of at most `webhook_queue_bytes` in
+//!   all, wait (batched, delayed or being sent); beyond that events are
+//!   dropped, counted, and logged once per episode;
 //! - on graceful shutdown what waits is sent at once (delayed leaves too)
 //!   and the server waits for it within the grace period.
 
@@ -47,6 +48,7 @@ pub struct Settings {
     pub retry: Duration,
     pub retry_for: Duration,
     pub queue: usize,
+    pub queue_bytes: usize,
 }
 
 impl Settings {
@@ -59,6 +61,7 @@ impl Settings {
             retry: Duration::from_millis(c.webhook_retry_ms),
             retry_for: Duration::from_secs(c.webhook_retry_for),
             queue: c.webhook_queue,
+            queue_bytes: c.webhook_queue_bytes,
         }
     }
 }
@@ -153,6 +156,23 @@ struct Pending {
     name: &'static str,
     channel: String,
     body: Value,
+    /// What it holds, about (see [`Pending::new`]).
+    bytes: usize,
+}
+
+impl Pending {
+    /// `extra`: the bytes of the body's strings besides the channel (a
+    /// client event's data, event name, socket and user id).
+    fn new(name: &'static str, channel: &str, body: Value, extra: usize) -> Pending {
+        Pending {
+            name,
+            channel: channel.to_owned(),
+            body,
+            // The channel twice (field and body), the strings, and the
+            // map and allocations around them.
+            bytes: 2 * channel.len() + extra + 256,
+        }
+    }
 }
 
 /// A delayed leave: (channel, user id for `member_removed`).
@@ -164,6 +184,8 @@ struct State {
     /// When the oldest ready event arrived (the batch window starts).
     since: Option<Instant>,
     delayed: HashMap<LeaveKey, (Instant, Pending)>,
+    /// Bytes of `ready` and `delayed`.
+    bytes: usize,
     /// Dropping events (logged once until the queue drains to half).
     dropping: bool,
     /// Shutting down: send everything now.
@@ -178,8 +200,9 @@ struct AppHooks {
     settings: Arc<Settings>,
     client: reqwest::Client,
     state: Mutex<State>,
-    /// Events handed to deliveries that are not finished.
+    /// Events handed to deliveries that are not finished, and their bytes.
     in_flight: AtomicUsize,
+    in_flight_bytes: AtomicUsize,
     /// The worker's wake-up (new events, flush).
     wake: Notify,
     /// Signalled when the queue may have become empty.
@@ -221,6 +244,7 @@ impl AppHooks {
             client,
             state: Mutex::new(State::default()),
             in_flight: AtomicUsize::new(0),
+            in_flight_bytes: AtomicUsize::new(0),
             wake: Notify::new(),
             progress: Notify::new(),
         }
@@ -238,17 +262,23 @@ impl AppHooks {
         s.ready.len() + s.delayed.len() + self.in_flight.load(Ordering::Acquire)
     }
 
-    fn report_depth(&self, s: &State) {
-        let depth = s.ready.len() + s.delayed.len() + self.in_flight.load(Ordering::Acquire);
-        metrics::webhook_queue(&self.app_id, depth);
+    /// Bytes waiting: batched, delayed, or being sent.
+    fn bytes(&self, s: &State) -> usize {
+        s.bytes + self.in_flight_bytes.load(Ordering::Acquire)
     }
 
-    /// Room for one more event? Counts and logs a drop otherwise.
-    fn admit(&self, s: &mut State) -> bool {
+    fn report_depth(&self, s: &State) {
         let depth = s.ready.len() + s.delayed.len() + self.in_flight.load(Ordering::Acquire);
-        let limit = self.settings.queue;
-        if depth < limit {
-            if s.dropping && depth <= limit / 2 {
+        metrics::webhook_queue(&self.app_id, depth, self.bytes(s));
+    }
+
+    /// Room for one more event of `bytes`? Counts and logs a drop otherwise.
+    fn admit(&self, s: &mut State, bytes: usize) -> bool {
+        let depth = s.ready.len() + s.delayed.len() + self.in_flight.load(Ordering::Acquire);
+        let held = self.bytes(s);
+        let (limit, limit_bytes) = (self.settings.queue, self.settings.queue_bytes);
+        if depth < limit && held + bytes <= limit_bytes {
+            if s.dropping && depth <= limit / 2 && held <= limit_bytes / 2 {
                 s.dropping = false;
             }
             return true;
@@ -259,8 +289,9 @@ impl AppHooks {
             tracing::warn!(
                 app_id = %self.app_id,
                 limit,
+                limit_bytes,
                 "webhook queue full: dropping events until it drains (see webhook_queue, \
-                 herald_webhook_events_dropped_total)"
+                 webhook_queue_bytes, herald_webhook_events_dropped_total)"
             );
         }
         false
@@ -282,11 +313,8 @@ impl AppHooks {
         if !crate::names::is_channel_name(channel) {
             return;
         }
-        let event = |name: &'static str, channel: &str, body: Value| Pending {
-            name,
-            channel: channel.to_owned(),
-            body,
-        };
+        let event =
+            |name: &'static str, channel: &str, body: Value| Pending::new(name, channel, body, 0);
         match *change {
             Change::Occupied { channel } => {
                 self.arrive(&(channel.to_owned(), None), || {
@@ -307,19 +335,21 @@ impl AppHooks {
             ),
             Change::MemberAdded { channel, user_id } => {
                 self.arrive(&(channel.to_owned(), Some(user_id.to_owned())), || {
-                    event(
+                    Pending::new(
                         "member_added",
                         channel,
                         json!({ "name": "member_added", "channel": channel, "user_id": user_id }),
+                        user_id.len(),
                     )
                 });
             }
             Change::MemberRemoved { channel, user_id } => self.leave(
                 (channel.to_owned(), Some(user_id.to_owned())),
-                event(
+                Pending::new(
                     "member_removed",
                     channel,
                     json!({ "name": "member_removed", "channel": channel, "user_id": user_id }),
+                    user_id.len(),
                 ),
             ),
             Change::CacheMiss { channel } => self.push(event(
@@ -350,7 +380,11 @@ impl AppHooks {
                 if crate::names::ChannelKind::of(&p.channel).presence {
                     body["user_id"] = json!(p.user_id);
                 }
-                self.push(event("client_event", &p.channel, body));
+                let extra = p.data.get().len()
+                    + p.event.len()
+                    + p.exclude.as_ref().map_or(0, String::len)
+                    + p.user_id.as_ref().map_or(0, String::len);
+                self.push(Pending::new("client_event", &p.channel, body, extra));
             }
             Change::Published(_) => {}
         }
@@ -360,7 +394,8 @@ impl AppHooks {
     /// nothing: the receiver never saw it leave), or send the arrival.
     fn arrive(&self, key: &LeaveKey, event: impl FnOnce() -> Pending) {
         let mut s = self.state.lock();
-        if s.delayed.remove(key).is_some() {
+        if let Some((_, cancelled)) = s.delayed.remove(key) {
+            s.bytes -= cancelled.bytes;
             self.report_depth(&s);
             return;
         }
@@ -377,11 +412,14 @@ impl AppHooks {
         // Kept even when no endpoint wants the leave itself: it still
         // cancels the arrival that follows a reload.
         let mut s = self.state.lock();
-        if !self.admit(&mut s) {
+        if !self.admit(&mut s, event.bytes) {
             return;
         }
         let due = Instant::now() + self.settings.leave_delay;
-        s.delayed.insert(key, (due, event));
+        s.bytes += event.bytes;
+        if let Some((_, replaced)) = s.delayed.insert(key, (due, event)) {
+            s.bytes -= replaced.bytes;
+        }
         self.report_depth(&s);
         drop(s);
         self.wake.notify_one();
@@ -392,9 +430,10 @@ impl AppHooks {
             return;
         }
         let mut s = self.state.lock();
-        if !self.admit(&mut s) {
+        if !self.admit(&mut s, event.bytes) {
             return;
         }
+        s.bytes += event.bytes;
         s.ready.push(event);
         s.since.get_or_insert_with(Instant::now);
         self.report_depth(&s);
@@ -438,6 +477,8 @@ impl AppHooks {
                         if self.wanted(e.name) {
                             s.ready.push(e);
                             s.since.get_or_insert(now);
+                        } else {
+                            s.bytes -= e.bytes;
                         }
                     }
                 }
@@ -448,7 +489,10 @@ impl AppHooks {
                     let n = s.ready.len().min(self.settings.batch_size);
                     let batch: Vec<Pending> = s.ready.drain(..n).collect();
                     s.since = (!s.ready.is_empty()).then_some(now);
+                    let bytes: usize = batch.iter().map(|e| e.bytes).sum();
+                    s.bytes -= bytes;
                     self.in_flight.fetch_add(batch.len(), Ordering::AcqRel);
+                    self.in_flight_bytes.fetch_add(bytes, Ordering::AcqRel);
                     batch
                 } else {
                     Vec::new()
@@ -484,6 +528,7 @@ impl AppHooks {
         let done = Arc::new(BatchDone {
             hooks: self.clone(),
             n,
+            bytes: batch.iter().map(|e| e.bytes).sum(),
         });
         let time_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -581,11 +626,15 @@ impl AppHooks {
 struct BatchDone {
     hooks: Arc<AppHooks>,
     n: usize,
+    bytes: usize,
 }
 
 impl Drop for BatchDone {
     fn drop(&mut self) {
         self.hooks.in_flight.fetch_sub(self.n, Ordering::AcqRel);
+        self.hooks
+            .in_flight_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
         let s = self.hooks.state.lock();
         self.hooks.report_depth(&s);
         drop(s);

@@ -17,6 +17,7 @@
 //! takes a snapshot of the subscriber list (rebuilt only after a change)
 //! and runs on a fan-out worker.
 
+pub mod cache;
 pub mod presence;
 pub mod users;
 
@@ -29,7 +30,7 @@ use presence::{Member, MemberState};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Why the core refused something. Each adapter maps these to its codes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -144,11 +145,6 @@ impl Channel {
     }
 }
 
-struct Cached {
-    publication: Arc<Publication>,
-    at: Instant,
-}
-
 /// One channel's figures on this node, for queries.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChannelStats {
@@ -165,7 +161,8 @@ pub struct Hub {
     /// Pattern subscriptions on this hub: publishing skips the pattern
     /// index entirely while there are none.
     pattern_count: AtomicUsize,
-    cache: DashMap<String, Cached>,
+    /// Cache channels' last events, within the app's byte budget.
+    pub cache: cache::Cache,
     pub users: users::Users,
     /// Channels whose subscription count changed since the last flush.
     counts_changed: DashSet<String>,
@@ -187,12 +184,13 @@ fn map_of(hub: &Hub, pattern: bool) -> &DashMap<String, Channel> {
 
 impl Hub {
     pub fn new(app: AppConfig) -> Hub {
+        let cache = cache::Cache::new(Duration::from_secs(app.cache_ttl), app.max_cache_bytes);
         Hub {
             app,
             channels: DashMap::new(),
             patterns: DashMap::new(),
             pattern_count: AtomicUsize::new(0),
-            cache: DashMap::new(),
+            cache,
             users: users::Users::default(),
             counts_changed: DashSet::new(),
             counts_announce: DashSet::new(),
@@ -618,13 +616,7 @@ impl Hub {
         let mut out = Vec::with_capacity(1);
         if p.cache {
             let mut entry = self.channels.entry(p.channel.clone()).or_default();
-            self.cache.insert(
-                p.channel.clone(),
-                Cached {
-                    publication: p.clone(),
-                    at: Instant::now(),
-                },
-            );
+            self.cache.put(&p.channel, p.clone());
             if !entry.subs.is_empty() {
                 out.push(entry.snapshot());
             }
@@ -646,12 +638,7 @@ impl Hub {
     /// Queue the channel's last event, or `CacheMiss`; returns whether
     /// there was one.
     fn replay_cache(&self, conn: &Connection, tag: &Tag, channel: &str) -> bool {
-        let ttl = Duration::from_secs(self.app.cache_ttl);
-        let hit = self
-            .cache
-            .get(channel)
-            .filter(|c| c.at.elapsed() < ttl)
-            .map(|c| c.publication.clone());
+        let hit = self.cache.get(channel).map(|(p, _)| p);
         let found = hit.is_some();
         let frame = match hit {
             Some(p) => Some(p.frame(conn.wire, tag)),
@@ -668,46 +655,19 @@ impl Hub {
     /// This node's cached publication of `channel` within the TTL, and
     /// its age.
     pub fn cached(&self, channel: &str) -> Option<(Arc<Publication>, Duration)> {
-        let ttl = Duration::from_secs(self.app.cache_ttl);
-        self.cache
-            .get(channel)
-            .filter(|c| c.at.elapsed() < ttl)
-            .map(|c| (c.publication.clone(), c.at.elapsed()))
+        self.cache.get(channel)
     }
 
     /// Keep a cached publication another node holds (published `age` ago)
     /// unless this node has a newer one.
     pub fn seed_cache(&self, channel: &str, publication: Publication, age: Duration) {
-        let Some(at) = Instant::now().checked_sub(age) else {
-            return;
-        };
-        if age >= Duration::from_secs(self.app.cache_ttl) {
-            return;
-        }
-        use dashmap::mapref::entry::Entry;
-        match self.cache.entry(channel.to_owned()) {
-            Entry::Occupied(mut e) => {
-                if e.get().at < at {
-                    e.insert(Cached {
-                        publication: Arc::new(publication),
-                        at,
-                    });
-                }
-            }
-            Entry::Vacant(e) => {
-                e.insert(Cached {
-                    publication: Arc::new(publication),
-                    at,
-                });
-            }
-        }
+        self.cache.seed(channel, publication, age);
     }
 
-    /// Drop cache slots older than the TTL (run periodically so memory stays
-    /// flat when many short-lived cache channels come and go).
+    /// Free cache slots older than the TTL (run periodically, so slots of
+    /// channels nobody touches again do not stay).
     pub fn expire_cache(&self) {
-        let ttl = Duration::from_secs(self.app.cache_ttl);
-        self.cache.retain(|_, c| c.at.elapsed() < ttl);
+        self.cache.expire();
     }
 
     // ----- queries -----------------------------------------------------------
