@@ -23,6 +23,7 @@
 //! → its session loop writes them, several per vectored write. See
 //! docs/architecture.md.
 
+pub mod build_info;
 pub mod server;
 
 pub use herald_core::{broker, config, connection, fanout, frame, hub, metrics, node, session, ws};

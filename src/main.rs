@@ -12,7 +12,7 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(
     name = "herald",
-    version,
+    version = herald::build_info::LONG_VERSION,
     about = "Self-hosted real-time messaging server (Pusher protocol v7)"
 )]
 struct Cli {
