@@ -24,6 +24,8 @@
 //! docs/architecture.md.
 
 pub mod build_info;
+pub mod effective;
+pub mod peers;
 pub mod server;
 
 pub use herald_core::{broker, config, connection, fanout, frame, hub, metrics, node, session, ws};
