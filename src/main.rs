@@ -30,8 +30,19 @@ enum Command {
     /// Print the effective configuration, each value with its source
     /// (secrets masked); with --check, only problems (exit 2 if invalid).
     Config(ConfigArgs),
+    /// Exit 0 if a herald answers 200 on /up (for container health checks,
+    /// where no curl is at hand).
+    Health(HealthArgs),
     /// Load-test a server speaking the Pusher protocol (k6-style summary).
     Bench(herald_bench::cli::BenchArgs),
+}
+
+#[derive(Args)]
+struct HealthArgs {
+    /// The URL to ask (plain HTTP; default http://127.0.0.1:$HERALD_PORT/up,
+    /// port 8080 when unset).
+    #[arg(long)]
+    url: Option<String>,
 }
 
 #[derive(Args)]
@@ -54,6 +65,10 @@ struct ServeArgs {
     /// set in the environment; the environment wins.
     #[arg(long, value_name = "PATH")]
     env_file: Option<PathBuf>,
+    /// Refuse to start as root (uid 0). The image runs as an unprivileged
+    /// user; this turns a `--user 0` override into an error.
+    #[arg(long, env = "HERALD_REFUSE_ROOT")]
+    refuse_root: Option<bool>,
     /// Address to bind (default 127.0.0.1).
     #[arg(long, env = "HERALD_HOST")]
     host: Option<String>,
@@ -203,6 +218,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args, sub("serve")),
         Command::Config(args) => show_config(args, sub("config")),
+        Command::Health(args) => health(args),
         Command::Bench(args) => herald_bench::cli::run(args),
     }
 }
@@ -210,7 +226,7 @@ fn main() -> ExitCode {
 /// The config key each `serve` argument sets (its id, when not the same).
 fn key_of(id: &str) -> Option<&str> {
     Some(match id {
-        "config" | "env_file" | "check" => return None,
+        "config" | "env_file" | "check" | "refuse_root" => return None,
         "broker" => "broker.url",
         "rpc_host" => "rpc.host",
         "rpc_secret" => "rpc.secret",
@@ -308,7 +324,56 @@ fn show_config(args: ConfigArgs, matches: Option<&ArgMatches>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `herald health`: one GET, 2 s at most, status 200 or exit 1.
+fn health(args: HealthArgs) -> ExitCode {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let url = args.url.unwrap_or_else(|| {
+        let port = std::env::var("HERALD_PORT").unwrap_or_else(|_| "8080".into());
+        format!("http://127.0.0.1:{port}/up")
+    });
+    let Some(rest) = url.strip_prefix("http://") else {
+        eprintln!("herald health: {url:?} is not an http:// URL");
+        return ExitCode::from(2);
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let answer = (|| -> std::io::Result<String> {
+        use std::net::ToSocketAddrs;
+        let addr = authority
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other("no address"))?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.set_write_timeout(Some(Duration::from_secs(2)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n")?;
+        let mut head = [0u8; 64];
+        let n = s.read(&mut head)?;
+        Ok(String::from_utf8_lossy(&head[..n]).into_owned())
+    })();
+    match answer {
+        Ok(head) if head.split_whitespace().nth(1) == Some("200") => ExitCode::SUCCESS,
+        Ok(head) => {
+            eprintln!(
+                "herald health: {url}: {}",
+                head.lines().next().unwrap_or("")
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("herald health: {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn serve(args: ServeArgs, matches: Option<&ArgMatches>) -> ExitCode {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if args.refuse_root == Some(true) && unsafe { libc::geteuid() } == 0 {
+        eprintln!("herald: running as root and HERALD_REFUSE_ROOT/--refuse-root is set: start as an unprivileged user");
+        return ExitCode::from(2);
+    }
     let eff = match effective_config(args, matches, "serve") {
         Ok(e) => e,
         Err(e) => {

@@ -61,3 +61,42 @@ async fn version_endpoint_and_build_info_metric_agree() {
     assert_eq!(info.labels.get("commit"), Some(commit.as_str()));
     assert!(matches!(info.value, prometheus_parse::Value::Gauge(v) if v == 1.0));
 }
+
+/// `herald health`, the image's health check: 0 while /up answers 200, 1
+/// when nothing listens.
+#[tokio::test]
+async fn health_command_follows_up() {
+    let server = Server::start().await;
+    let url = server.url("/up");
+    let ok = output_within(
+        herald_command().args(["health", "--url", &url]),
+        Duration::from_secs(10),
+    );
+    assert!(ok.status.success(), "{ok:?}");
+    let port = common::free_port();
+    let down = output_within(
+        herald_command().args(["health", "--url", &format!("http://127.0.0.1:{port}/up")]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(down.status.code(), Some(1), "{down:?}");
+    assert!(String::from_utf8_lossy(&down.stderr).contains(&port.to_string()));
+}
+
+/// HERALD_REFUSE_ROOT=true refuses uid 0 (checked where the tests run as
+/// root, as in containers and CI here); unset, root is not refused.
+#[test]
+fn refuse_root_only_when_asked() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: not running as root");
+        return;
+    }
+    let out = output_within(
+        herald_command()
+            .args(["serve", "--port", "0"])
+            .env("HERALD_REFUSE_ROOT", "true"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HERALD_REFUSE_ROOT"));
+}
