@@ -30,6 +30,9 @@
 //! → its session loop writes them, several per vectored write. See
 //! docs/architecture.md.
 
+pub mod build_info;
+pub mod effective;
+pub mod peers;
 pub mod server;
 
 pub use herald_core::{broker, config, connection, fanout, frame, hub, metrics, node, session, ws};

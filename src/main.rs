@@ -1,8 +1,11 @@
-//! The `herald` command: `herald serve` runs the server, `herald bench`
+//! The `herald` command: `herald serve` runs the server, `herald config`
+//! shows or checks the configuration it would run with, `herald bench`
 //! load-tests any server speaking the Pusher protocol.
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use herald::config::{Config, Overrides};
+use herald::effective::{self, Effective, Source};
 use herald::node::Node;
 use herald::server;
 use std::net::SocketAddr;
@@ -12,7 +15,7 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(
     name = "herald",
-    version,
+    version = herald::build_info::LONG_VERSION,
     about = "Self-hosted real-time messaging server (Pusher Channels v7, Action Cable with AnyCable RPC, AWS AppSync real-time)"
 )]
 struct Cli {
@@ -24,8 +27,32 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Print the effective configuration, each value with its source
+    /// (secrets masked); with --check, only problems (exit 2 if invalid).
+    Config(ConfigArgs),
+    /// Exit 0 if a herald answers 200 on /up (for container health checks,
+    /// where no curl is at hand).
+    Health(HealthArgs),
     /// Load-test a server speaking the Pusher protocol (k6-style summary).
     Bench(herald_bench::cli::BenchArgs),
+}
+
+#[derive(Args)]
+struct HealthArgs {
+    /// The URL to ask (plain HTTP; default http://127.0.0.1:$HERALD_PORT/up,
+    /// port 8080 when unset).
+    #[arg(long)]
+    url: Option<String>,
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Print only problems (unsupported or unknown peer variables,
+    /// conflicts, errors); exit 2 on an invalid configuration.
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(Args)]
@@ -33,6 +60,15 @@ struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "HERALD_CONFIG")]
     config: Option<PathBuf>,
+    /// A Laravel or Rails `.env` file: its variables (Herald's own and the
+    /// peers' REVERB_*, SOKETI_*, ANYCABLE_*, PUSHER_APP_*) are read as if
+    /// set in the environment; the environment wins.
+    #[arg(long, value_name = "PATH")]
+    env_file: Option<PathBuf>,
+    /// Refuse to start as root (uid 0). The image runs as an unprivileged
+    /// user; this turns a `--user 0` override into an error.
+    #[arg(long, env = "HERALD_REFUSE_ROOT")]
+    refuse_root: Option<bool>,
     /// Address to bind (default 127.0.0.1).
     #[arg(long, env = "HERALD_HOST")]
     host: Option<String>,
@@ -147,16 +183,253 @@ fn millis(env: &'static str) -> impl Fn(&str) -> Result<u64, String> + Clone {
     whole("milliseconds", env)
 }
 
+/// `--env-file PATH` before clap reads the environment: the file's
+/// variables must be in place when `env = ...` arguments are resolved.
+fn env_file_arg() -> Option<PathBuf> {
+    let mut args = std::env::args_os().skip(1);
+    while let Some(a) = args.next() {
+        let a = a.to_string_lossy().into_owned();
+        if a == "--" {
+            break;
+        }
+        if a == "--env-file" {
+            return args.next().map(PathBuf::from);
+        }
+        if let Some(p) = a.strip_prefix("--env-file=") {
+            return Some(PathBuf::from(p));
+        }
+    }
+    None
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    if let Some(path) = env_file_arg() {
+        if let Err(e) = effective::load_env_file(&path) {
+            eprintln!("herald: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let sub = |name| matches.subcommand_matches(name);
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(args, sub("serve")),
+        Command::Config(args) => show_config(args, sub("config")),
+        Command::Health(args) => health(args),
         Command::Bench(args) => herald_bench::cli::run(args),
     }
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
-    let overrides = Overrides {
+/// The config key each `serve` argument sets (its id, when not the same).
+fn key_of(id: &str) -> Option<&str> {
+    Some(match id {
+        "config" | "env_file" | "check" | "refuse_root" => return None,
+        "broker" => "broker.url",
+        "rpc_host" => "rpc.host",
+        "rpc_secret" => "rpc.secret",
+        "rpc_headers" => "rpc.headers",
+        "broadcast_key" => "rpc.broadcast_key",
+        "broadcast_adapter" => "rpc.broadcast_adapter",
+        "app_id" => "apps[0].id",
+        "app_key" => "apps[0].key",
+        "app_secret" => "apps[0].secret",
+        "api_keys" => "apps[0].api_keys",
+        other => other,
+    })
+}
+
+/// The settings Herald's own environment and flags gave, environment
+/// first (flags win over it), from clap's record of each value's source.
+fn herald_sources(name: &str, matches: Option<&ArgMatches>) -> Vec<(String, Source)> {
+    let Some(matches) = matches else {
+        return Vec::new();
+    };
+    let cmd = Cli::command();
+    let Some(sub) = cmd.find_subcommand(name) else {
+        return Vec::new();
+    };
+    let mut env = Vec::new();
+    let mut flags = Vec::new();
+    for arg in sub.get_arguments() {
+        let id = arg.get_id().as_str();
+        let Some(key) = key_of(id) else { continue };
+        match matches.value_source(id) {
+            Some(ValueSource::EnvVariable) => env.push((
+                key.to_string(),
+                Source::Env(
+                    arg.get_env()
+                        .map(|e| e.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                ),
+            )),
+            Some(ValueSource::CommandLine) => flags.push((
+                key.to_string(),
+                Source::Flag(format!("--{}", arg.get_long().unwrap_or(id))),
+            )),
+            _ => {}
+        }
+    }
+    env.extend(flags);
+    env
+}
+
+fn effective_config(
+    args: ServeArgs,
+    matches: Option<&ArgMatches>,
+    name: &str,
+) -> Result<Effective, String> {
+    let file = args.config.clone();
+    let overrides = overrides(args);
+    effective::load(
+        file.as_deref(),
+        &overrides,
+        herald_sources(name, matches),
+        &herald::peers::Env::from_process(),
+    )
+}
+
+fn show_config(args: ConfigArgs, matches: Option<&ArgMatches>) -> ExitCode {
+    let check = args.check;
+    let eff = match effective_config(args.serve, matches, "config") {
+        Ok(e) => e,
+        Err(e) => {
+            println!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let warnings = eff.warnings();
+    if check {
+        for w in &warnings {
+            println!("warning: {w}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let rows = eff.settings();
+    let width = rows
+        .iter()
+        .map(|(k, v, _)| k.len() + v.len() + 3)
+        .max()
+        .unwrap_or(0)
+        .min(72);
+    for (key, value, source) in rows {
+        let line = format!("{key} = {value}");
+        println!("{line:<width$}  # {source}");
+    }
+    for w in &warnings {
+        println!("# warning: {w}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// `herald health`: one GET, 2 s at most, status 200 or exit 1.
+fn health(args: HealthArgs) -> ExitCode {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let url = args.url.unwrap_or_else(|| {
+        let port = std::env::var("HERALD_PORT").unwrap_or_else(|_| "8080".into());
+        format!("http://127.0.0.1:{port}/up")
+    });
+    let Some(rest) = url.strip_prefix("http://") else {
+        eprintln!("herald health: {url:?} is not an http:// URL");
+        return ExitCode::from(2);
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let path = if path.is_empty() { "/" } else { path };
+    let answer = (|| -> std::io::Result<String> {
+        use std::net::ToSocketAddrs;
+        let addr = authority
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other("no address"))?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.set_write_timeout(Some(Duration::from_secs(2)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n")?;
+        let mut head = [0u8; 64];
+        let n = s.read(&mut head)?;
+        Ok(String::from_utf8_lossy(&head[..n]).into_owned())
+    })();
+    match answer {
+        Ok(head) if head.split_whitespace().nth(1) == Some("200") => ExitCode::SUCCESS,
+        Ok(head) => {
+            eprintln!(
+                "herald health: {url}: {}",
+                head.lines().next().unwrap_or("")
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("herald health: {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs, matches: Option<&ArgMatches>) -> ExitCode {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if args.refuse_root == Some(true) && unsafe { libc::geteuid() } == 0 {
+        eprintln!("herald: running as root and HERALD_REFUSE_ROOT/--refuse-root is set: start as an unprivileged user");
+        return ExitCode::from(2);
+    }
+    let eff = match effective_config(args, matches, "serve") {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("herald: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = eff.config.clone();
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        herald::config::LogFormat::Text => logs.init(),
+        herald::config::LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+    log_peer_settings(&eff);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("herald: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One line naming the peer variables read (names only: values may be
+/// secrets), one per thing not taken from them.
+fn log_peer_settings(eff: &Effective) {
+    let read = eff.peers.read_names();
+    if !read.is_empty() {
+        tracing::info!(
+            peers = %eff.peers.peers().join(", "),
+            variables = %read.join(", "),
+            "read the settings of the server Herald replaces"
+        );
+    }
+    for (name, why) in &eff.peers.no_effect {
+        tracing::info!(
+            variable = name,
+            "{name} read: nothing for the server to do ({why})"
+        );
+    }
+    for w in eff.warnings() {
+        tracing::warn!("{w}");
+    }
+}
+
+fn overrides(args: ServeArgs) -> Overrides {
+    Overrides {
         host: args.host,
         port: args.port,
         activity_timeout: args.activity_timeout,
@@ -180,38 +453,6 @@ fn serve(args: ServeArgs) -> ExitCode {
         broadcast_adapter: args.broadcast_adapter,
         keepalive_interval: args.keepalive_interval,
         api_keys: args.api_keys,
-    };
-    let config = match Config::load(args.config.as_deref(), &overrides) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("herald: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(e) = herald_actioncable::check_config(&config) {
-        eprintln!("herald: invalid config: {e}");
-        return ExitCode::from(2);
-    }
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        herald::config::LogFormat::Text => logs.init(),
-        herald::config::LogFormat::Json => logs.json().flatten_event(true).init(),
-    }
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("herald: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("herald: {e}");
-            ExitCode::FAILURE
-        }
     }
 }
 

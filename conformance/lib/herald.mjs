@@ -172,6 +172,7 @@ function toml(config) {
  * here); with no `apps`, the embedded development app is served.
  */
 export async function startHerald(config = {}, { env = {} } = {}) {
+  if (process.env.HERALD_TARGET) return targetHerald(process.env.HERALD_TARGET);
   // With tls_cert/tls_key herald serves https only: /ready is polled over
   // TLS, trusting that certificate.
   const ca = config.tls_cert ? readFileSync(config.tls_cert) : null;
@@ -260,6 +261,61 @@ export async function startHerald(config = {}, { env = {} } = {}) {
     },
   };
   return h;
+}
+
+/**
+ * HERALD_TARGET=http://127.0.0.1:PORT: the tests run against a herald that
+ * is already running (the container image's smoke test, scripts/image)
+ * instead of starting their own. Its configuration is the target's own:
+ * only tests that need no more than the development app with
+ * `subscription_count = true` apply, and `stop()` leaves it running.
+ */
+async function targetHerald(target) {
+  const url = new URL(target);
+  const port = Number(url.port || 80);
+  const res = await http(`${url.origin}/ready`);
+  if (res.status !== 200) throw new Error(`HERALD_TARGET ${target} is not ready (${res.status})`);
+  const clients = [];
+  return {
+    port,
+    base: url.origin,
+    child: null,
+    get exited() {
+      throw new Error('HERALD_TARGET: the target is not this test\'s process');
+    },
+    output: () => '',
+    client(options = {}, app = DEV_APP) {
+      const c = new Pusher(app.key, {
+        wsHost: url.hostname,
+        wsPort: port,
+        forceTLS: false,
+        enabledTransports: ['ws'],
+        cluster: 'herald',
+        disableStats: true,
+        ...options,
+      });
+      clients.push(c);
+      return c;
+    },
+    server(app = DEV_APP, options = {}) {
+      return boundedSdk(
+        new PusherServer({
+          appId: app.id,
+          key: app.key,
+          secret: app.secret,
+          host: url.hostname,
+          port: String(port),
+          useTLS: false,
+          timeout: WAIT_MS + 1000,
+          ...options,
+        }),
+      );
+    },
+    async stop() {
+      for (const c of clients) c.disconnect();
+      return { code: null, signal: null };
+    },
+  };
 }
 
 /** Resolve with the first `event` emitted on a pusher-js channel or connection. */

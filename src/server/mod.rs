@@ -9,6 +9,7 @@
 //! /graphql, /graphql/realtime, /event/realtime, /event
 //!                 AppSync's GraphQL pub/sub and Events APIs
 //! /up             liveness: 200 while the process serves
+//! /version        the build: version, commit (JSON; see [`crate::build_info`])
 //! /ready          readiness: 503 while starting or draining
 //! /metrics        Prometheus text format (or on `metrics_port`)
 //! /dashboard      the live dashboard, when enabled (see [`dashboard`])
@@ -38,6 +39,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .merge(herald_actioncable::router(&node))
         .merge(herald_appsync::router())
         .route("/up", get(|| async { "OK" }))
+        .route(
+            "/version",
+            get(|| async { Json(crate::build_info::json()) }),
+        )
         .route("/ready", get(ready));
     if node.config.metrics_port.is_none() {
         router = router.route("/metrics", get(metrics_text));
@@ -95,7 +100,8 @@ async fn metrics_text(State(node): State<Arc<Node>>) -> Response {
             }
         })
         .collect();
-    let text = metrics::render(&apps, node.broker.name(), node.broker.connected());
+    let mut text = metrics::render(&apps, node.broker.name(), node.broker.connected());
+    text.push_str(&crate::build_info::metric());
     (
         [(
             axum::http::header::CONTENT_TYPE,

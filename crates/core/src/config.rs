@@ -6,7 +6,7 @@
 //! `max_conections` silently falling back to a default is the kind of bug an
 //! operator finds in production. Every error names the key it is about.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub const MAX_HTTP_HEADER_TIMEOUT: u64 = 300;
 pub const MAX_WS_IDLE_TIMEOUT: u64 = 86_400;
 
 /// Server-wide settings plus the list of apps.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address to bind. Loopback by default so a development server with the
@@ -118,7 +118,7 @@ pub struct Config {
 }
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -139,7 +139,7 @@ impl std::str::FromStr for LogFormat {
 
 /// How nodes find each other: `local` (one node), or a Redis or NATS
 /// server shared by every node.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
     /// `local`, `redis://…`, `rediss://…` (TLS), `nats://…` or `tls://…`
@@ -180,7 +180,7 @@ pub const WEBHOOK_EVENT_TYPES: [&str; 7] = [
 
 /// One webhook endpoint of an app, written as soketi and sockudo configs
 /// write it: `{ url, event_types, headers, filter }`.
-#[derive(Clone, Deserialize, PartialEq)]
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     pub url: String,
@@ -193,7 +193,7 @@ pub struct WebhookConfig {
 }
 
 /// Only events on channels whose names match are sent.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookFilter {
     pub channel_name_starts_with: Option<String>,
@@ -306,7 +306,7 @@ impl Default for Config {
 /// An app backend that adapters call over RPC (who a connecting client
 /// is, what its commands do, told when it leaves), and the HTTP broadcast
 /// endpoint that goes with it.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RpcConfig {
     /// Where the backend listens: an `http://` or `https://` URL means
@@ -506,7 +506,7 @@ impl RpcConfig {
 }
 
 /// One tenant: its credentials and limits. Every limit has Pusher's default.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AppConfig {
     pub id: String,
@@ -559,7 +559,7 @@ pub struct AppConfig {
 }
 
 /// One channel namespace of an app.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct NamespaceConfig {
     /// 1-50 characters of `[A-Za-z0-9-]`.
@@ -769,7 +769,18 @@ impl Config {
     /// `overrides` (environment and flags, already merged by the caller with
     /// flags winning), then validation.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let mut config = match file {
+        let mut config = Config::from_file(file)?;
+        config.apply(overrides)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The defaults, then `file` when given (the first two layers; callers
+    /// that put a layer of their own between the file and the overrides,
+    /// such as the binary's peer settings, call this, then [`Config::apply`]
+    /// and [`Config::validate`]).
+    pub fn from_file(file: Option<&Path>) -> Result<Config, ConfigError> {
+        Ok(match file {
             Some(path) => {
                 let shown = path.display().to_string();
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -779,13 +790,11 @@ impl Config {
                 Config::from_toml(&text, &shown)?
             }
             None => Config::default(),
-        };
-        config.apply(overrides)?;
-        config.validate()?;
-        Ok(config)
+        })
     }
 
-    fn apply(&mut self, o: &Overrides) -> Result<(), ConfigError> {
+    /// Apply the environment and flag layer (see [`Overrides`]).
+    pub fn apply(&mut self, o: &Overrides) -> Result<(), ConfigError> {
         if let Some(v) = &o.host {
             self.host = v.clone();
         }

@@ -1,0 +1,242 @@
+//! The effective configuration and where each value came from: the layers
+//! in order (defaults, the TOML file, peer variables, `HERALD_*`, flags),
+//! used by `herald serve` to start and by `herald config` to show and check
+//! what a deploy would run with. Secrets are masked in anything shown.
+
+use crate::peers::{self, Env, Reading};
+use herald_core::config::{redact_url, Config, Overrides};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Where a value came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    Default,
+    File,
+    /// Peer variables (names joined with `+`) and the peer's name.
+    Peer(String, &'static str),
+    /// A `HERALD_*` variable.
+    Env(String),
+    /// A command-line flag.
+    Flag(String),
+}
+
+/// Names of the variables an `--env-file` supplied (for labels).
+static FROM_ENV_FILE: OnceLock<BTreeSet<String>> = OnceLock::new();
+
+fn file_tag(names: &str) -> &'static str {
+    let from_file = FROM_ENV_FILE.get();
+    if names
+        .split('+')
+        .any(|n| from_file.is_some_and(|f| f.contains(n)))
+    {
+        ", from --env-file"
+    } else {
+        ""
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => write!(f, "default"),
+            Source::File => write!(f, "file"),
+            Source::Peer(vars, peer) => write!(f, "{vars} ({peer}{})", file_tag(vars)),
+            Source::Env(var) => write!(f, "environment {var}{}", file_tag(var)),
+            Source::Flag(flag) => write!(f, "flag {flag}"),
+        }
+    }
+}
+
+/// Read a Laravel or Rails `.env` file into the process environment, for
+/// every variable not already set (the environment wins, as with Laravel's
+/// and Rails' dotenv loaders). `${VAR}` references are expanded. Call before
+/// any thread starts.
+pub fn load_env_file(path: &Path) -> Result<(), String> {
+    let shown = path.display();
+    let iter = dotenvy::from_path_iter(path).map_err(|e| format!("--env-file {shown}: {e}"))?;
+    let mut names = BTreeSet::new();
+    for item in iter {
+        let (k, v) = item.map_err(|e| format!("--env-file {shown}: {e}"))?;
+        if std::env::var_os(&k).is_none() {
+            // Single-threaded here (see above), so setting is sound.
+            std::env::set_var(&k, v);
+            names.insert(k);
+        }
+    }
+    let _ = FROM_ENV_FILE.set(names);
+    Ok(())
+}
+
+/// The configuration in force, where each value came from, and what the
+/// peer layer read.
+pub struct Effective {
+    pub config: Config,
+    pub peers: Reading,
+    /// Herald's own settings (environment and flags) that beat a peer's.
+    pub notes: Vec<String>,
+    herald: Vec<(String, Source)>,
+    file_keys: BTreeSet<String>,
+}
+
+/// Build the effective configuration. `herald` lists the settings
+/// Herald's own environment and flags gave (config key, source), already
+/// folded into `overrides`.
+pub fn load(
+    file: Option<&Path>,
+    overrides: &Overrides,
+    herald: Vec<(String, Source)>,
+    env: &Env,
+) -> Result<Effective, String> {
+    let mut config = Config::from_file(file).map_err(|e| e.to_string())?;
+    let file_keys = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+            let value: toml::Value = toml::from_str(&text).map_err(|e| e.to_string())?;
+            let json = serde_json::to_value(value).map_err(|e| e.to_string())?;
+            let mut keys = BTreeMap::new();
+            flatten("", &json, &mut keys);
+            keys.into_keys().collect()
+        }
+        None => BTreeSet::new(),
+    };
+    let mut peers = peers::read(env)?;
+    let mut notes = Vec::new();
+    for a in &peers.assignments {
+        if let Some((_, src)) = herald.iter().find(|(k, _)| k == a.target.key) {
+            notes.push(format!(
+                "{} from {src} wins over {}",
+                a.target.key,
+                a.from.join("+")
+            ));
+        }
+    }
+    peers.apply(&mut config, &file_keys)?;
+    config.apply(overrides).map_err(|e| e.to_string())?;
+    config.validate().map_err(|e| e.to_string())?;
+    herald_actioncable::check_config(&config).map_err(|e| format!("invalid config: {e}"))?;
+    Ok(Effective {
+        config,
+        peers,
+        notes,
+        herald,
+        file_keys,
+    })
+}
+
+/// Flatten JSON into `a.b`, `apps[0].key` leaves; arrays of plain values
+/// (and empty ones) are one leaf.
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&p, v, out);
+            }
+        }
+        Value::Array(items) if items.iter().any(|i| i.is_object()) => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&format!("{prefix}[{i}]"), v, out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_string(), v.clone());
+        }
+    }
+}
+
+/// Whether `key` is `layer_key` or lies under it.
+fn under(key: &str, layer_key: &str) -> bool {
+    key == layer_key
+        || key
+            .strip_prefix(layer_key)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+}
+
+/// Values shown as `****`: credentials, tokens, API keys, header values.
+fn is_secret(key: &str) -> bool {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    let last = last.split('[').next().unwrap_or(last);
+    matches!(
+        last,
+        "secret"
+            | "dashboard_token"
+            | "streams_secret"
+            | "jwt_secret"
+            | "broadcast_key"
+            | "api_keys"
+            | "publish_keys"
+            | "subscribe_keys"
+    ) || (key.contains(".webhooks[") && key.contains(".headers."))
+}
+
+impl Effective {
+    fn source_of(&self, key: &str) -> Source {
+        // The last layer that set the key (or a table above it) wins.
+        let mut found = Source::Default;
+        if self.file_keys.iter().any(|k| under(key, k)) {
+            found = Source::File;
+        }
+        for a in &self.peers.assignments {
+            if under(key, a.target.key) {
+                found = Source::Peer(a.from.join("+"), a.peer.name());
+            }
+        }
+        // `herald` lists environment settings before flags.
+        for (k, src) in &self.herald {
+            if under(key, k) {
+                found = src.clone();
+            }
+        }
+        found
+    }
+
+    /// Every setting as `(key, shown value, source)`, secrets masked.
+    pub fn settings(&self) -> Vec<(String, String, Source)> {
+        let json = serde_json::to_value(&self.config).unwrap_or_default();
+        let mut leaves = BTreeMap::new();
+        flatten("", &json, &mut leaves);
+        let mut out: Vec<_> = leaves
+            .into_iter()
+            .map(|(key, value)| {
+                let shown = if key == "broker.url" {
+                    serde_json::Value::String(self.config.broker.shown_url()).to_string()
+                } else if key.contains(".webhooks[") && key.ends_with(".url") {
+                    serde_json::Value::String(redact_url(value.as_str().unwrap_or(""))).to_string()
+                } else if is_secret(&key) && !value.is_null() && value != serde_json::json!([]) {
+                    "\"****\"".to_string()
+                } else {
+                    value.to_string()
+                };
+                let source = self.source_of(&key);
+                (key, shown, source)
+            })
+            .collect();
+        // Alphabetical (serde_json's map order), the apps last.
+        out.sort_by_key(|(k, _, _)| k.starts_with("apps["));
+        out
+    }
+
+    /// Problems worth a look that do not stop the server: unsupported and
+    /// unknown peer variables, conflicts and who won.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        for (name, why) in &self.peers.unsupported {
+            w.push(format!("{name} is not supported: {why}"));
+        }
+        for name in &self.peers.unknown {
+            w.push(format!(
+                "{name} is not a variable of any server Herald reads (a typo, or a newer setting): not read"
+            ));
+        }
+        w.extend(self.peers.notes.iter().cloned());
+        w.extend(self.notes.iter().cloned());
+        w
+    }
+}
