@@ -16,6 +16,9 @@ fuzz_target!(|data: &[u8]| {
         max_user_info: (limit as usize) * 4 + 1,
     };
     if let Ok(m) = parse_channel_data(text, &limits) {
+        // Only an object is channel_data (serde also reads structs from
+        // arrays).
+        assert!(text.trim_start().starts_with('{'), "{text:?}");
         assert!(!m.user_id.is_empty());
         assert!(m.user_id.chars().count() <= limits.max_user_id);
         if let Some(info) = &m.user_info {
