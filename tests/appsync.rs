@@ -187,6 +187,14 @@ async fn publish_graphql(server: &Server, name: &str, data: &str) -> Value {
     reply
 }
 
+/// A GraphQL subscriber of `healthy` (id `h`) that must keep receiving.
+async fn bystander_graphql(server: &Server) -> Sock {
+    let mut s = graphql(server, "/graphql", API_KEY).await;
+    let q = "subscription { subscribe(name: \"healthy\") { data } }";
+    assert_eq!(start(&mut s, "h", q, json!({})).await["type"], "start_ack");
+    s
+}
+
 /// An Events subscriber on `/healthy/ch` that must keep receiving.
 async fn bystander_events(server: &Server) -> Sock {
     let mut s = events(server, API_KEY).await;
@@ -776,12 +784,8 @@ async fn graphql_start_publish_stop() {
 #[tokio::test]
 async fn graphql_errors_in_appsync_shapes() {
     let server = Server::start_with("", APP).await;
-    let mut healthy = graphql(&server, "/graphql", API_KEY).await;
+    let mut healthy = bystander_graphql(&server).await;
     let q = "subscription { subscribe(name: \"healthy\") { data } }";
-    assert_eq!(
-        start(&mut healthy, "h", q, json!({})).await["type"],
-        "start_ack"
-    );
 
     // Refused connections: bad key, no key, no graphql-ws subprotocol.
     for (path, protocols) in [
@@ -1121,12 +1125,7 @@ fn deeply_nested_documents() -> Vec<(&'static str, String)> {
 #[tokio::test]
 async fn deeply_nested_or_multiplying_graphql_is_refused_on_both_transports() {
     let server = Server::start_with("", APP).await;
-    let mut healthy = graphql(&server, "/graphql", API_KEY).await;
-    let q = "subscription { subscribe(name: \"healthy\") { data } }";
-    assert_eq!(
-        start(&mut healthy, "h", q, json!({})).await["type"],
-        "start_ack"
-    );
+    let mut healthy = bystander_graphql(&server).await;
     let mut ws = graphql(&server, "/graphql/realtime", API_KEY).await;
     for (i, (form, query)) in deeply_nested_documents().into_iter().enumerate() {
         assert!(query.len() < 16 * 1024, "{form} fits the size limit");
