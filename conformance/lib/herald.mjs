@@ -217,10 +217,33 @@ export async function startHerald(config = {}, { env = {} } = {}) {
       return within(exitedPromise, 'herald to exit', EXIT_MS);
     },
     output: () => output,
+    ...sdks('127.0.0.1', port, clients),
+    /** SIGTERM, then wait for the exit; SIGKILL and fail if it takes too long. */
+    async stop() {
+      for (const c of clients) c.disconnect();
+      if (child.exitCode === null) child.kill('SIGTERM');
+      try {
+        return await within(exitedPromise, 'herald to exit after SIGTERM', EXIT_MS);
+      } catch (e) {
+        child.kill('SIGKILL');
+        throw e;
+      }
+    },
+  };
+  return h;
+}
+
+/**
+ * The two SDKs pointed at a herald on `host:port`: `client()`, a pusher-js
+ * client (remembered in `clients`, to disconnect at `stop()`), and
+ * `server()`, the official `pusher` server SDK.
+ */
+function sdks(host, port, clients) {
+  return {
     /** A pusher-js client connected to this herald. */
     client(options = {}, app = DEV_APP) {
       const c = new Pusher(app.key, {
-        wsHost: '127.0.0.1',
+        wsHost: host,
         wsPort: port,
         forceTLS: false,
         enabledTransports: ['ws'],
@@ -238,7 +261,7 @@ export async function startHerald(config = {}, { env = {} } = {}) {
           appId: app.id,
           key: app.key,
           secret: app.secret,
-          host: '127.0.0.1',
+          host,
           port: String(port),
           useTLS: false,
           // Past `within`'s limit (boundedSdk): that names the timeout,
@@ -248,19 +271,7 @@ export async function startHerald(config = {}, { env = {} } = {}) {
         }),
       );
     },
-    /** SIGTERM, then wait for the exit; SIGKILL and fail if it takes too long. */
-    async stop() {
-      for (const c of clients) c.disconnect();
-      if (child.exitCode === null) child.kill('SIGTERM');
-      try {
-        return await within(exitedPromise, 'herald to exit after SIGTERM', EXIT_MS);
-      } catch (e) {
-        child.kill('SIGKILL');
-        throw e;
-      }
-    },
   };
-  return h;
 }
 
 /**
@@ -284,33 +295,7 @@ async function targetHerald(target) {
       throw new Error('HERALD_TARGET: the target is not this test\'s process');
     },
     output: () => '',
-    client(options = {}, app = DEV_APP) {
-      const c = new Pusher(app.key, {
-        wsHost: url.hostname,
-        wsPort: port,
-        forceTLS: false,
-        enabledTransports: ['ws'],
-        cluster: 'herald',
-        disableStats: true,
-        ...options,
-      });
-      clients.push(c);
-      return c;
-    },
-    server(app = DEV_APP, options = {}) {
-      return boundedSdk(
-        new PusherServer({
-          appId: app.id,
-          key: app.key,
-          secret: app.secret,
-          host: url.hostname,
-          port: String(port),
-          useTLS: false,
-          timeout: WAIT_MS + 1000,
-          ...options,
-        }),
-      );
-    },
+    ...sdks(url.hostname, port, clients),
     async stop() {
       for (const c of clients) c.disconnect();
       return { code: null, signal: null };
