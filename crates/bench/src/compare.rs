@@ -284,13 +284,16 @@ pub fn rows(groups: &[Group]) -> Vec<Row> {
             .flat_map(|g| g.runs.iter())
             .find_map(|r| r.units.get(metric).and_then(Value::as_str))
             .unwrap_or("");
-        // Bytes read better as MiB; every other unit is shown as it is.
+        // Bytes read better as MiB, or KiB when every value is under one
+        // MiB (memory per connection); other units are shown as they are.
+        let mut values = per_group(&|r| figure(r, &name));
+        let biggest = values.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
         let (scale, shown) = match unit {
+            "B" if biggest < 1024.0 * 1024.0 => (1.0 / 1024.0, "KiB"),
             "B" => (1.0 / (1024.0 * 1024.0), "MiB"),
             "core" => (1.0, "of a core"),
             u => (1.0, u),
         };
-        let mut values = per_group(&|r| figure(r, &name));
         for v in values.iter_mut().flatten() {
             *v *= scale;
         }
@@ -633,8 +636,8 @@ mod tests {
             "scenario": "fanout",
             "label": label,
             "params": {"url": format!("ws://127.0.0.1:{}", 1000 + clients), "subscribers": clients.to_string()},
-            "units": {"message_latency": "ms", "server_rss_peak": "B"},
-            "metrics": {"server_cpu": cpu, "ws_msgs_received": received, "server_rss_peak": 3145728,
+            "units": {"message_latency": "ms", "server_rss_peak": "B", "server_memory_per_connection": "B"},
+            "metrics": {"server_cpu": cpu, "ws_msgs_received": received, "server_rss_peak": 3145728, "server_memory_per_connection": 2867.2,
                         "message_latency": {"med": 2.0, "p95": 40.0, "p99": 40.0, "max": 40.0}},
             "histograms": {"message_latency": crate::report::encode_histogram(&h).unwrap()},
             "timeline": [{"second": 1, "connections": clients, "sent": 1, "received": 2, "errors": 0, "p99": 3.0}],
@@ -676,6 +679,10 @@ mod tests {
         );
         assert!(
             text.contains("| server_rss_peak (MiB) | 3 | 3 | 1.00× |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| server_memory_per_connection (KiB) | 2.80 | 2.80 | 1.00× |"),
             "{text}"
         );
         let page = html(&runs);
