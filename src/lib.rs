@@ -31,11 +31,28 @@
 //! docs/architecture.md.
 
 pub mod build_info;
+pub mod cli;
 pub mod effective;
 pub mod peers;
 pub mod server;
 
-pub use herald_core::{broker, config, connection, fanout, frame, hub, metrics, node, session, ws};
+use herald_core::adapter::Adapters;
+use std::sync::Arc;
+
+/// The adapters `herald` serves: the core plus this list is the server
+/// (docs/architecture.md, "The adapter seam"). A new protocol is a crate
+/// with an adapter value and one line here.
+pub fn adapters() -> Adapters {
+    vec![
+        Arc::new(herald_pusher::Pusher),
+        Arc::new(herald_actioncable::ActionCable),
+        Arc::new(herald_appsync::AppSync),
+    ]
+}
+
+pub use herald_core::{
+    adapter, broker, config, connection, fanout, frame, hub, metrics, node, session, ws,
+};
 pub use herald_pusher::{names, presence_data, signing, wire};
 
 /// The Pusher HTTP API (kept at its old path for tests and tools).

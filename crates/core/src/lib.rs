@@ -29,6 +29,7 @@
 //! implements to encode), `config`, `metrics`, `observer` (what the node
 //! decided about channels and members, for webhooks and the dashboard).
 
+pub mod adapter;
 pub mod broker;
 pub mod config;
 pub mod connection;
