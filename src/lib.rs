@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! crates/core     herald-core: node, hub, fan-out, connections, the session
-//!                 loop, the broker interface and its in-process engine.
-//!                 Knows no protocol.
+//!                 loop, the broker interface and its in-process engine,
+//!                 the adapter seam (`adapter`). Knows no protocol.
 //! crates/pusher   herald-pusher: Pusher Channels v7 (wire, sessions, the
 //!                 HTTP API, signatures), on the core only.
 //! crates/actioncable  herald-actioncable: Action Cable (actioncable-v1-json)
@@ -16,8 +16,12 @@
 //!                 APIs (wires, sessions, HTTP publish), on the core only.
 //! crates/broker   herald-broker: the Redis and NATS cluster engines behind
 //!                 the core's broker trait
+//! src/cli        this crate: the `herald` command, for any list of adapters
 //! src/server      this crate: one listener, routing by path to each
-//!                 adapter's routes, health, metrics, TLS, graceful shutdown
+//!                 adapter's routes, the adapters' tasks, health, metrics,
+//!                 TLS, graceful shutdown
+//! adapters()      this crate: the adapters `herald` serves (the binary is
+//!                 the core plus this list; see docs/architecture.md)
 //! crates/signing herald-signing: Pusher's HMAC/MD5 signatures, shared by
 //!                 the server and the bench
 //! crates/bench    herald-bench: `herald bench`, the load generator
