@@ -4,6 +4,7 @@
 //! what a deploy would run with. Secrets are masked in anything shown.
 
 use crate::peers::{self, Env, Reading};
+use herald_core::adapter::Adapters;
 use herald_core::config::{redact_url, Config, Overrides};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -78,6 +79,9 @@ pub struct Effective {
     pub notes: Vec<String>,
     herald: Vec<(String, Source)>,
     file_keys: BTreeSet<String>,
+    /// The adapters' keys with their defaults (see
+    /// [`herald_core::adapter::Adapter::config`]), shown with the core's.
+    adapter_keys: Vec<serde_json::Value>,
 }
 
 /// Build the effective configuration. `herald` lists the settings
@@ -88,6 +92,7 @@ pub fn load(
     overrides: &Overrides,
     herald: Vec<(String, Source)>,
     env: &Env,
+    adapters: &Adapters,
 ) -> Result<Effective, String> {
     let mut config = Config::from_file(file).map_err(|e| e.to_string())?;
     let file_keys = match file {
@@ -115,13 +120,20 @@ pub fn load(
     peers.apply(&mut config, &file_keys)?;
     config.apply(overrides).map_err(|e| e.to_string())?;
     config.validate().map_err(|e| e.to_string())?;
-    herald_actioncable::check_config(&config).map_err(|e| format!("invalid config: {e}"))?;
+    herald_core::adapter::check_config(&config, adapters).map_err(|e| e.to_string())?;
+    let mut adapter_keys = Vec::new();
+    for a in adapters {
+        a.check(&config)
+            .map_err(|e| format!("invalid config: {e}"))?;
+        adapter_keys.push(a.config(&config).map_err(|e| e.to_string())?);
+    }
     Ok(Effective {
         config,
         peers,
         notes,
         herald,
         file_keys,
+        adapter_keys,
     })
 }
 
@@ -147,6 +159,30 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde
         }
         _ => {
             out.insert(prefix.to_string(), v.clone());
+        }
+    }
+}
+
+/// Put an adapter's keys (with defaults) over the raw ones the core kept:
+/// its top-level keys replace the core's, and `apps[i]`'s merge into
+/// each app.
+fn merge(into: &mut serde_json::Value, adapter: &serde_json::Value) {
+    use serde_json::Value;
+    let (Value::Object(into), Value::Object(keys)) = (into, adapter) else {
+        return;
+    };
+    for (k, v) in keys {
+        match (k.as_str(), v, into.get_mut(k)) {
+            ("apps", Value::Array(apps), Some(Value::Array(ours))) => {
+                for (app, theirs) in ours.iter_mut().zip(apps) {
+                    if let (Value::Object(app), Value::Object(theirs)) = (app, theirs) {
+                        app.extend(theirs.clone());
+                    }
+                }
+            }
+            _ => {
+                into.insert(k.clone(), v.clone());
+            }
         }
     }
 }
@@ -199,7 +235,10 @@ impl Effective {
 
     /// Every setting as `(key, shown value, source)`, secrets masked.
     pub fn settings(&self) -> Vec<(String, String, Source)> {
-        let json = serde_json::to_value(&self.config).unwrap_or_default();
+        let mut json = serde_json::to_value(&self.config).unwrap_or_default();
+        for keys in &self.adapter_keys {
+            merge(&mut json, keys);
+        }
         let mut leaves = BTreeMap::new();
         flatten("", &json, &mut leaves);
         let mut out: Vec<_> = leaves

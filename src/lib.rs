@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! crates/core     herald-core: node, hub, fan-out, connections, the session
-//!                 loop, the broker interface and its in-process engine.
-//!                 Knows no protocol.
+//!                 loop, the broker interface and its in-process engine,
+//!                 the adapter seam (`adapter`). Knows no protocol.
 //! crates/pusher   herald-pusher: Pusher Channels v7 (wire, sessions, the
 //!                 HTTP API, signatures), on the core only.
 //! crates/actioncable  herald-actioncable: Action Cable (actioncable-v1-json)
@@ -16,8 +16,12 @@
 //!                 APIs (wires, sessions, HTTP publish), on the core only.
 //! crates/broker   herald-broker: the Redis and NATS cluster engines behind
 //!                 the core's broker trait
+//! src/cli        this crate: the `herald` command, for any list of adapters
 //! src/server      this crate: one listener, routing by path to each
-//!                 adapter's routes, health, metrics, TLS, graceful shutdown
+//!                 adapter's routes, the adapters' tasks, health, metrics,
+//!                 TLS, graceful shutdown
+//! adapters()      this crate: the adapters `herald` serves (the binary is
+//!                 the core plus this list; see docs/architecture.md)
 //! crates/signing herald-signing: Pusher's HMAC/MD5 signatures, shared by
 //!                 the server and the bench
 //! crates/bench    herald-bench: `herald bench`, the load generator
@@ -31,11 +35,28 @@
 //! docs/architecture.md.
 
 pub mod build_info;
+pub mod cli;
 pub mod effective;
 pub mod peers;
 pub mod server;
 
-pub use herald_core::{broker, config, connection, fanout, frame, hub, metrics, node, session, ws};
+use herald_core::adapter::Adapters;
+use std::sync::Arc;
+
+/// The adapters `herald` serves: the core plus this list is the server
+/// (docs/architecture.md, "The adapter seam"). A new protocol is a crate
+/// with an adapter value and one line here.
+pub fn adapters() -> Adapters {
+    vec![
+        Arc::new(herald_pusher::Pusher),
+        Arc::new(herald_actioncable::ActionCable),
+        Arc::new(herald_appsync::AppSync),
+    ]
+}
+
+pub use herald_core::{
+    adapter, broker, config, connection, fanout, frame, hub, metrics, node, session, ws,
+};
 pub use herald_pusher::{names, presence_data, signing, wire};
 
 /// The Pusher HTTP API (kept at its old path for tests and tools).

@@ -20,7 +20,8 @@
 //! splitting them would scatter what docs/configuration.md lists in one
 //! place.
 
-use herald_core::config::{AppConfig, Config, WebhookConfig};
+use herald_core::config::{AppConfig, Config};
+use herald_pusher::config::WebhookConfig;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A server whose settings Herald reads.
@@ -142,6 +143,22 @@ fn limit(v: &str) -> Result<u32, String> {
     }
 }
 
+/// Set an adapter's key (see [`Config::set`]).
+fn set(c: &mut Config, key: &str, value: toml::Value) -> Result<(), String> {
+    c.set(key, value)
+}
+
+fn text(v: &str) -> toml::Value {
+    toml::Value::String(v.to_owned())
+}
+
+/// A whole number as the config file holds it.
+fn int(n: u64) -> Result<toml::Value, String> {
+    i64::try_from(n)
+        .map(toml::Value::Integer)
+        .map_err(|_| format!("{n} is too large"))
+}
+
 /// The single app peer variables describe (the development app when the
 /// file has none).
 fn app(c: &mut Config) -> Result<&mut AppConfig, String> {
@@ -225,12 +242,13 @@ const WEBHOOKS: Target = target!("apps[0].webhooks", true, |c, v| {
     let hooks: Vec<WebhookConfig> = serde_json::from_str(v).map_err(|e| {
         format!("is not a JSON list of {{\"url\", \"event_types\", \"headers\", \"filter\"}}: {e}")
     })?;
-    app(c)?.webhooks = hooks;
+    let value = toml::Value::try_from(&hooks).map_err(|e| e.to_string())?;
+    app(c)?.extra.insert("webhooks".into(), value);
     Ok(())
 });
 const WEBHOOK_BATCH_MS: Target = target!("webhook_batch_ms", false, |c, v| {
-    c.webhook_batch_ms = parse(v, "a whole number of milliseconds")?;
-    Ok(())
+    let ms: u64 = parse(v, "a whole number of milliseconds")?;
+    set(c, "webhook_batch_ms", int(ms)?)
 });
 const SHUTDOWN_GRACE: Target = target!("shutdown_grace", false, |c, v| {
     c.shutdown_grace = parse(v, "a whole number of seconds")?;
@@ -295,48 +313,38 @@ const CACHE_TTL: Target = target!("apps[0].cache_ttl", false, |c, v| {
     Ok(())
 });
 const RPC_HOST: Target = target!("rpc.host", false, |c, v| {
-    c.rpc.host = Some(v.trim().to_string());
-    Ok(())
+    set(c, "rpc.host", text(v.trim()))
 });
-const RPC_SECRET: Target = target!("rpc.secret", true, |c, v| {
-    c.rpc.secret = Some(v.to_string());
-    Ok(())
-});
+const RPC_SECRET: Target = target!("rpc.secret", true, |c, v| { set(c, "rpc.secret", text(v)) });
 const STREAMS_SECRET: Target = target!("rpc.streams_secret", true, |c, v| {
-    c.rpc.streams_secret = Some(v.to_string());
-    Ok(())
+    set(c, "rpc.streams_secret", text(v))
 });
 const JWT_SECRET: Target = target!("rpc.jwt_secret", true, |c, v| {
-    c.rpc.jwt_secret = Some(v.to_string());
-    Ok(())
+    set(c, "rpc.jwt_secret", text(v))
 });
 const JWT_PARAM: Target = target!("rpc.jwt_param", false, |c, v| {
-    c.rpc.jwt_param = v.trim().to_string();
-    Ok(())
+    set(c, "rpc.jwt_param", text(v.trim()))
 });
 const JWT_FORCE: Target = target!("rpc.jwt_force", false, |c, v| {
-    c.rpc.jwt_force = boolean(v)?;
-    Ok(())
+    set(c, "rpc.jwt_force", toml::Value::Boolean(boolean(v)?))
 });
 const BROADCAST_ADAPTER: Target = target!("rpc.broadcast_adapter", false, |c, v| {
-    c.rpc.broadcast_adapter = v.trim().to_string();
-    Ok(())
+    set(c, "rpc.broadcast_adapter", text(v.trim()))
 });
 const BROADCAST_CHANNEL: Target = target!("rpc.broadcast_channel", false, |c, v| {
-    c.rpc.broadcast_channel = v.trim().to_string();
-    Ok(())
+    set(c, "rpc.broadcast_channel", text(v.trim()))
 });
 const BROADCAST_KEY: Target = target!("rpc.broadcast_key", true, |c, v| {
-    c.rpc.broadcast_key = Some(v.to_string());
-    Ok(())
+    set(c, "rpc.broadcast_key", text(v))
 });
 const RPC_HEADERS: Target = target!("rpc.headers", false, |c, v| {
-    c.rpc.headers = v
+    let headers = v
         .split(',')
         .map(|h| h.trim().to_ascii_lowercase())
         .filter(|h| !h.is_empty())
+        .map(toml::Value::String)
         .collect();
-    Ok(())
+    set(c, "rpc.headers", toml::Value::Array(headers))
 });
 const RPC_PATH: Target = target!("rpc.path", false, |c, v| {
     if v.contains(',') || v.contains('*') || v.contains('{') {
@@ -344,32 +352,28 @@ const RPC_PATH: Target = target!("rpc.path", false, |c, v| {
             "{v:?}: Herald serves one fixed path (no lists, wildcards or placeholders)"
         ));
     }
-    c.rpc.path = Some(v.trim().to_string());
-    Ok(())
+    set(c, "rpc.path", text(v.trim()))
 });
 const RPC_CONCURRENCY: Target = target!("rpc.concurrency", false, |c, v| {
-    c.rpc.concurrency = parse(v, "a count")?;
-    Ok(())
+    let n: u64 = parse(v, "a count")?;
+    set(c, "rpc.concurrency", int(n)?)
 });
 const RPC_TIMEOUT_MS: Target = target!("rpc.timeout_ms", false, |c, v| {
-    c.rpc.timeout_ms = parse(v, "a whole number of milliseconds")?;
-    Ok(())
+    let n: u64 = parse(v, "a whole number of milliseconds")?;
+    set(c, "rpc.timeout_ms", int(n)?)
 });
 const DISCONNECT_RATE: Target = target!("rpc.disconnect_rate", false, |c, v| {
-    c.rpc.disconnect_rate = parse(v, "a rate per second")?;
-    Ok(())
+    let n: u32 = parse(v, "a rate per second")?;
+    set(c, "rpc.disconnect_rate", int(n.into())?)
 });
 const PUBLIC_STREAMS: Target = target!("rpc.public_streams", false, |c, v| {
-    c.rpc.public_streams = boolean(v)?;
-    Ok(())
+    set(c, "rpc.public_streams", toml::Value::Boolean(boolean(v)?))
 });
 const RPC_TLS: Target = target!("rpc.tls", false, |c, v| {
-    c.rpc.tls = boolean(v)?;
-    Ok(())
+    set(c, "rpc.tls", toml::Value::Boolean(boolean(v)?))
 });
 const RPC_TLS_ROOT_CA: Target = target!("rpc.tls_root_ca", false, |c, v| {
-    c.rpc.tls_root_ca = Some(v.to_string());
-    Ok(())
+    set(c, "rpc.tls_root_ca", text(v))
 });
 
 use Does::{Nothing, Part, Set, Unsupported};

@@ -1,5 +1,7 @@
-//! The server: one listener, routing by path to the protocol front doors,
-//! the HTTP API and the operator endpoints, plus the node's housekeeping.
+//! The server: one listener, routing by path to the adapters' routes (the
+//! protocol front doors and their HTTP APIs) and the operator endpoints,
+//! the adapters' background tasks and their part in shutdown, plus the
+//! node's housekeeping.
 //!
 //! ```text
 //! /app/{key}      Pusher Channels v7 WebSocket
@@ -26,6 +28,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use herald_core::adapter::{Adapters, Context, Ingress};
 use herald_core::metrics;
 use herald_core::node::Node;
 use std::net::SocketAddr;
@@ -33,11 +36,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
 
+/// The routes of Herald's own adapters ([`crate::adapters`]) and the
+/// operator endpoints.
 pub fn router(node: Arc<Node>) -> Router {
-    let mut router = Router::new()
-        .merge(herald_pusher::router())
-        .merge(herald_actioncable::router(&node))
-        .merge(herald_appsync::router())
+    router_with(&crate::adapters(), node)
+}
+
+/// Every adapter's routes, then the operator endpoints.
+pub fn router_with(adapters: &Adapters, node: Arc<Node>) -> Router {
+    let mut router = Router::new();
+    for a in adapters {
+        router = router.merge(a.routes(&node));
+    }
+    let mut router = router
         .route("/up", get(|| async { "OK" }))
         .route(
             "/version",
@@ -153,16 +164,56 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     socket.listen(backlog)
 }
 
-/// Serve until a shutdown signal, then drain (see [`shutdown`]).
+/// The broker's server lent to adapters ([`Ingress`]): the Redis or NATS
+/// server of `broker.url`.
+struct BrokerIngress(String);
+
+impl Ingress for BrokerIngress {
+    fn subscribe(
+        &self,
+        channel: &str,
+    ) -> Result<tokio::sync::mpsc::Receiver<axum::body::Bytes>, String> {
+        herald_broker::ingress::subscribe(&self.0, channel)
+    }
+
+    fn consume_stream(
+        &self,
+        stream: &str,
+        group: &str,
+    ) -> Result<tokio::sync::mpsc::Receiver<axum::body::Bytes>, String> {
+        herald_broker::ingress::consume_stream(&self.0, stream, group)
+    }
+}
+
+/// Serve Herald's own adapters ([`serve_with`]).
 pub async fn serve(
     node: Arc<Node>,
     listener: TcpListener,
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(crate::adapters(), node, listener, signal).await
+}
+
+/// Serve `adapters` until a shutdown signal, then drain (see [`shutdown`]).
+pub async fn serve_with(
+    adapters: Adapters,
+    node: Arc<Node>,
+    listener: TcpListener,
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     node.join_cluster().await;
-    herald_pusher::webhooks::start(&node);
+    let ingress = BrokerIngress(node.config.broker.url.clone());
+    for a in &adapters {
+        a.start(&node, &Context { ingress: &ingress })
+            .map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{}: {e}", a.name()),
+                )
+            })?;
+    }
     let housekeeping = tokio::spawn(housekeeping(node.clone()));
-    let app = router(node.clone());
+    let app = router_with(&adapters, node.clone());
     let stop = tokio_util::sync::CancellationToken::new();
     let metrics_server = match node.config.metrics_port {
         Some(port) => {
@@ -226,9 +277,12 @@ pub async fn serve(
     if !node.finish_tasks(node.config.shutdown_grace()).await {
         tracing::warn!("grace period over; some backend calls were not made");
     }
+    let deadline = grace_end.max(std::time::Instant::now() + Duration::from_millis(500));
+    for a in &adapters {
+        a.stop(&node, deadline).await;
+    }
     // What observers hold (webhooks) goes out within the grace period
     // (at least half a second, when draining took all of it).
-    let deadline = grace_end.max(std::time::Instant::now() + Duration::from_millis(500));
     node.flush_observers(deadline).await;
     node.leave_cluster();
     // The others must hear we left before the process ends.

@@ -11,6 +11,7 @@
 //! AnyCable's `redis` and `nats` broadcast adapters take them: see
 //! [`ingest`].
 
+use crate::config::RpcConfig;
 use crate::metrics as m;
 use crate::session::MAX_STREAM_NAME;
 use crate::wire::message_value;
@@ -21,7 +22,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
-use herald_core::config::Config;
+use herald_core::config::BrokerConfig;
 use herald_core::fanout::Publication;
 use herald_core::hub::Hub;
 use herald_core::metrics;
@@ -140,25 +141,21 @@ fn publication(msg: Message) -> Publication {
 
 /// The broker channel (Redis) or subject (NATS) the app's broadcasts also
 /// arrive on, when `rpc.broadcast_adapter` names `redis` or `nats`.
-pub fn ingress_channel(config: &Config) -> Option<&str> {
-    config
-        .rpc
-        .broadcast_adapter
+pub fn ingress_channel(rpc: &RpcConfig) -> Option<&str> {
+    rpc.broadcast_adapter
         .split(',')
         .any(|a| matches!(a.trim(), "redis" | "nats"))
-        .then_some(config.rpc.broadcast_channel.as_str())
+        .then_some(rpc.broadcast_channel.as_str())
 }
 
 /// The Redis stream the app's broadcasts also arrive on, when
 /// `rpc.broadcast_adapter` names `redisx` (AnyCable's Redis Streams
 /// adapter).
-pub fn ingress_stream(config: &Config) -> Option<&str> {
-    config
-        .rpc
-        .broadcast_adapter
+pub fn ingress_stream(rpc: &RpcConfig) -> Option<&str> {
+    rpc.broadcast_adapter
         .split(',')
         .any(|a| a.trim() == "redisx")
-        .then_some(config.rpc.broadcast_channel.as_str())
+        .then_some(rpc.broadcast_channel.as_str())
 }
 
 /// The consumer group every node reads the stream in (AnyCable's).
@@ -167,9 +164,9 @@ pub const STREAM_GROUP: &str = "bx";
 /// Check that the broadcast adapter matches the broker: `redis` needs a
 /// `redis://` (or `rediss://`) `broker.url`, `nats` a `nats://` (or
 /// `tls://`) one, since the messages are read from the broker's server.
-pub fn check_adapter(config: &Config) -> Result<(), String> {
-    let url = config.broker.url.as_str();
-    for a in config.rpc.broadcast_adapter.split(',').map(str::trim) {
+pub fn check_adapter(rpc: &RpcConfig, broker: &BrokerConfig) -> Result<(), String> {
+    let url = broker.url.as_str();
+    for a in rpc.broadcast_adapter.split(',').map(str::trim) {
         let ok = match a {
             "redis" | "redisx" => url.starts_with("redis://") || url.starts_with("rediss://"),
             "nats" => url.starts_with("nats://") || url.starts_with("tls://"),
@@ -180,7 +177,7 @@ pub fn check_adapter(config: &Config) -> Result<(), String> {
             return Err(format!(
                 "rpc.broadcast_adapter {a:?} reads broadcasts from the broker's server, but \
                  broker.url is {:?}: set broker.url to a {scheme}:// server (see docs/cluster.md)",
-                config.broker.shown_url()
+                broker.shown_url()
             ));
         }
     }

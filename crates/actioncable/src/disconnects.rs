@@ -60,7 +60,7 @@ struct State {
 }
 
 impl Disconnects {
-    pub fn new(rpc: Arc<Rpc>, config: &herald_core::config::RpcConfig) -> Disconnects {
+    pub fn new(rpc: Arc<Rpc>, config: &crate::config::RpcConfig) -> Disconnects {
         Disconnects {
             rpc,
             interval: Duration::from_secs(1) / config.disconnect_rate.max(1),

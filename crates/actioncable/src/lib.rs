@@ -15,13 +15,20 @@
 //!             `__anycable__` channel (Redis/NATS) → node.publish_here
 //! wire        parse/encode frames; the core's `Wire` (a frame per
 //!             (stream, identifier), shared by its subscribers)
+//! config      the `[rpc]` table, parsed and checked
+//! metrics     RPC, Disconnect and broadcast counters
 //! ```
+//!
+//! [`ActionCable`] is the adapter value the server lists (the core's
+//! `herald_core::adapter::Adapter`): its routes, the broadcast ingest from
+//! the broker's server as a background task, its settings.
 //!
 //! Streams live in the app's hub under the prefix [`STREAM_PREFIX`], a
 //! name no other adapter accepts, so clients of another protocol on the
 //! same app never see them.
 
 pub mod broadcast;
+pub mod config;
 pub mod disconnects;
 pub mod jwt;
 pub mod metrics;
@@ -34,7 +41,9 @@ pub mod wire;
 
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use herald_core::config::Config;
+use config::RpcConfig;
+use herald_core::adapter::{Adapter, Context, Keys};
+use herald_core::config::{Config, ConfigError};
 use herald_core::hub::Hub;
 use herald_core::node::Node;
 use std::sync::Arc;
@@ -77,17 +86,18 @@ pub struct Jwt {
     pub force: bool,
 }
 
-/// Check the settings this adapter reads (at start, before serving).
-pub fn check_config(config: &Config) -> Result<(), String> {
-    if let Some(host) = &config.rpc.host {
+/// Check the settings this adapter reads against what they name (at
+/// start, before serving): the host's form, the CA file, the broker.
+pub fn check_config(config: &Config, rpc: &RpcConfig) -> Result<(), String> {
+    if let Some(host) = &rpc.host {
         let (http, _) = rpc::parse_host(host)?;
-        if http && config.rpc.tls {
+        if http && rpc.tls {
             return Err(format!(
                 "rpc.tls is for gRPC; rpc.host {host:?} is HTTP RPC (use an https:// URL for TLS)"
             ));
         }
     }
-    if let Some(path) = &config.rpc.tls_root_ca {
+    if let Some(path) = &rpc.tls_root_ca {
         let pem = std::fs::read_to_string(path)
             .map_err(|e| format!("rpc.tls_root_ca {path:?}: cannot read it: {e}"))?;
         if !pem.contains("-----BEGIN CERTIFICATE-----") {
@@ -96,13 +106,13 @@ pub fn check_config(config: &Config) -> Result<(), String> {
             ));
         }
     }
-    broadcast::check_adapter(config)
+    broadcast::check_adapter(rpc, &config.broker)
 }
 
 /// The hub of the app whose streams `/cable` serves (`rpc.app`, else the
 /// first app).
-pub fn hub_of(node: &Node) -> Option<Arc<Hub>> {
-    match &node.config.rpc.app {
+pub fn hub_of(node: &Node, rpc: &RpcConfig) -> Option<Arc<Hub>> {
+    match &rpc.app {
         Some(id) => node.hub_by_id(id),
         None => node.config.apps.first().and_then(|a| node.hub_by_id(&a.id)),
     }
@@ -110,9 +120,8 @@ pub fn hub_of(node: &Node) -> Option<Arc<Hub>> {
 }
 
 impl Cable {
-    pub fn new(node: &Node) -> Result<Cable, String> {
-        let config = &node.config.rpc;
-        let hub = hub_of(node).ok_or("no app to serve /cable")?;
+    pub fn new(node: &Node, config: &RpcConfig) -> Result<Cable, String> {
+        let hub = hub_of(node, config).ok_or("no app to serve /cable")?;
         let rpc = match &config.host {
             Some(_) => Some(Arc::new(rpc::Rpc::new(config)?)),
             None => None,
@@ -146,17 +155,72 @@ impl Cable {
     }
 }
 
+/// The Action Cable adapter: `/cable` (or `rpc.path`), `/_broadcast`,
+/// and the broadcasts from the broker's server.
+pub struct ActionCable;
+
+impl Adapter for ActionCable {
+    fn name(&self) -> &'static str {
+        "actioncable"
+    }
+
+    fn keys(&self) -> Keys {
+        Keys {
+            top: config::TOP_KEYS,
+            app: &[],
+        }
+    }
+
+    fn settings(&self) -> &'static [herald_core::adapter::Setting] {
+        config::SETTINGS
+    }
+
+    fn config(&self, config: &Config) -> Result<serde_json::Value, ConfigError> {
+        let rpc = config::load(config)?;
+        Ok(serde_json::json!({ "rpc": rpc }))
+    }
+
+    fn check(&self, config: &Config) -> Result<(), String> {
+        let rpc = config::load(config).map_err(|e| e.to_string())?;
+        check_config(config, &rpc)
+    }
+
+    fn routes(&self, node: &Arc<Node>) -> Router<Arc<Node>> {
+        match config::load(&node.config) {
+            Ok(rpc) => router(node, &rpc),
+            Err(e) => {
+                tracing::error!(error = %e, "Action Cable disabled");
+                Router::new()
+            }
+        }
+    }
+
+    /// AnyCable's redis/nats/redisx broadcast adapters: the app publishes
+    /// to the broker's server; every node reads the channel (delivering to
+    /// its own clients), or the stream in a group (publishing to all).
+    fn start(&self, node: &Arc<Node>, cx: &Context<'_>) -> Result<(), String> {
+        let rpc = config::load(&node.config).map_err(|e| e.to_string())?;
+        let Some(hub) = hub_of(node, &rpc) else {
+            return Ok(());
+        };
+        if let Some(channel) = broadcast::ingress_channel(&rpc) {
+            let rx = cx.ingress.subscribe(channel)?;
+            tokio::spawn(broadcast::ingest(node.clone(), hub.clone(), rx, true));
+        }
+        if let Some(stream) = broadcast::ingress_stream(&rpc) {
+            let rx = cx.ingress.consume_stream(stream, broadcast::STREAM_GROUP)?;
+            tokio::spawn(broadcast::ingest(node.clone(), hub, rx, false));
+        }
+        Ok(())
+    }
+}
+
 /// The routes: the WebSocket endpoint and the broadcast ingress. Call
 /// inside the runtime (the gRPC client starts there).
-pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
+pub fn router(node: &Arc<Node>, rpc: &RpcConfig) -> Router<Arc<Node>> {
     metrics::register_all();
-    let path = node
-        .config
-        .rpc
-        .path
-        .clone()
-        .unwrap_or_else(|| DEFAULT_PATH.to_owned());
-    match Cable::new(node) {
+    let path = rpc.path.clone().unwrap_or_else(|| DEFAULT_PATH.to_owned());
+    match Cable::new(node, rpc) {
         Ok(cable) => {
             if let Some(rpc) = &cable.rpc {
                 tracing::info!(

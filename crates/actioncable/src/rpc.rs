@@ -10,12 +10,12 @@
 //! overloaded), at most `retries` times. The session id travels as AnyCable
 //! sends it: `sid` gRPC metadata, or the `x-anycable-meta-sid` header.
 
+use crate::config::RpcConfig;
 use crate::metrics;
 use crate::proto::{
     CommandMessage, CommandResponse, ConnectionRequest, ConnectionResponse, DisconnectRequest,
     DisconnectResponse,
 };
-use herald_core::config::RpcConfig;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;

@@ -14,12 +14,9 @@
 //! Cognito, OIDC and Lambda authorization are not supported. Keys are
 //! compared in constant time and never logged.
 
+use crate::config::{AppKeys, NamespaceConfig};
 use base64::Engine;
-use herald_core::config::{AppConfig, NamespaceConfig};
-use herald_core::hub::Hub;
-use herald_core::node::Node;
 use serde_json::{Map, Value};
-use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
 /// Largest encoded `header` we decode (they hold a few headers; a JWT
@@ -123,13 +120,6 @@ pub fn key_in<'a>(keys: impl IntoIterator<Item = &'a str>, key: &str) -> bool {
     found.into()
 }
 
-/// The app whose API keys include `key`.
-pub fn app_for_key(node: &Node, key: &str) -> Option<Arc<Hub>> {
-    node.hubs()
-        .find(|hub| key_in(hub.app.effective_api_keys(), key))
-        .cloned()
-}
-
 /// What a client wants to do in a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -150,7 +140,7 @@ pub const UNAUTHORIZED_MESSAGE: &str = "You are not authorized to make this call
 /// Whether `key` may `action` in namespace `ns` of `app`: a configured
 /// namespace's own key list, or the app's API keys. With no namespaces
 /// configured every namespace is open to the app's keys.
-pub fn check_namespace(app: &AppConfig, ns: &str, action: Action, key: &str) -> Result<(), Denied> {
+pub fn check_namespace(app: &AppKeys, ns: &str, action: Action, key: &str) -> Result<(), Denied> {
     let unauthorized = || Denied {
         error_type: UNAUTHORIZED,
         message: UNAUTHORIZED_MESSAGE.into(),
@@ -175,14 +165,14 @@ pub fn check_namespace(app: &AppConfig, ns: &str, action: Action, key: &str) -> 
     }
 }
 
-fn namespace_keys<'a>(app: &'a AppConfig, ns: &'a NamespaceConfig, action: Action) -> Vec<&'a str> {
+fn namespace_keys<'a>(app: &'a AppKeys, ns: &'a NamespaceConfig, action: Action) -> Vec<&'a str> {
     let own = match action {
         Action::Publish => &ns.publish_keys,
         Action::Subscribe => &ns.subscribe_keys,
     };
     match own {
         Some(keys) => keys.iter().map(String::as_str).collect(),
-        None => app.effective_api_keys(),
+        None => app.effective_api_keys().collect(),
     }
 }
 
@@ -231,7 +221,8 @@ mod tests {
 
     #[test]
     fn namespaces() {
-        let mut app = AppConfig::development();
+        let dev = herald_core::config::AppConfig::development();
+        let mut app = AppKeys::new(&dev, &Default::default());
         assert!(check_namespace(&app, "any", Action::Publish, "app-key").is_ok());
         assert_eq!(
             check_namespace(&app, "any", Action::Publish, "nope")

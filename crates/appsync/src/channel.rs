@@ -11,7 +11,7 @@
 //! write `default/channel`); the canonical form, used as the core's channel
 //! name, has it.
 
-use herald_core::config::is_namespace_name;
+use crate::config::is_namespace_name;
 
 /// Most segments in a path, the namespace included (AWS's limit).
 pub const MAX_SEGMENTS: usize = 5;

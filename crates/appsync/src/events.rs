@@ -7,6 +7,7 @@
 
 use crate::auth::{self, Action};
 use crate::channel::{self, ChannelPath};
+use crate::config::AppKeys;
 use crate::session::{check_id, parse_message, uuid, Base};
 use crate::wire;
 use herald_core::fanout::Publication;
@@ -74,7 +75,7 @@ impl EventsSession {
         let own = own_key(m.authorization.as_ref());
         let key = self.base.key_for(&own).to_owned();
         if let Err(d) =
-            auth::check_namespace(&self.base.hub.app, ch.namespace(), Action::Subscribe, &key)
+            auth::check_namespace(&self.base.keys, ch.namespace(), Action::Subscribe, &key)
         {
             return self.subscribe_error(Some(&id), d.error_type, &d.message);
         }
@@ -101,7 +102,7 @@ impl EventsSession {
         };
         let own = own_key(m.authorization.as_ref());
         let key = self.base.key_for(&own).to_owned();
-        let request = match check_publish(&self.base.hub, m.channel.as_ref(), m.events, &key) {
+        let request = match check_publish(&self.base.keys, m.channel.as_ref(), m.events, &key) {
             Ok(r) => r,
             Err((error_type, message)) => {
                 return self.error("publish_error", Some(&id), error_type, &message)
@@ -216,7 +217,7 @@ pub struct PublishRequest {
 /// path, the namespace and key, 1 to [`MAX_EVENTS`] events in an array.
 /// `Err` is (errorType, message).
 pub fn check_publish(
-    hub: &Hub,
+    keys: &AppKeys,
     channel: Option<&Value>,
     events: Option<Value>,
     key: &str,
@@ -226,7 +227,7 @@ pub fn check_publish(
         return Err(bad("Missing `channel`"));
     };
     let channel = channel::parse_publish(path).map_err(|e| ("BadRequestException", e.0))?;
-    auth::check_namespace(&hub.app, channel.namespace(), Action::Publish, key)
+    auth::check_namespace(keys, channel.namespace(), Action::Publish, key)
         .map_err(|d| (d.error_type, d.message))?;
     let Some(Value::Array(items)) = events else {
         return Err(bad("`events` must be an array of JSON strings"));

@@ -69,7 +69,7 @@ impl GraphqlSession {
             .and_then(Value::as_object)
             .and_then(auth::api_key_of);
         if let Some(k) = &own {
-            if !auth::key_in(self.base.hub.app.effective_api_keys(), k) {
+            if !auth::key_in(self.base.keys.effective_api_keys(), k) {
                 return fail(self, auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE);
             }
         }

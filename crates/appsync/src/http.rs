@@ -10,6 +10,7 @@
 //! header too.
 
 use crate::auth;
+use crate::config::{AppKeys, Keys};
 use crate::events::{self, MAX_EVENTS, MAX_EVENT_BYTES};
 use crate::graphql::{self, channel_json, Operation, Request, RootField};
 use crate::graphql_ws::channel_name;
@@ -17,6 +18,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::Hub;
 use herald_core::metrics;
@@ -90,12 +92,16 @@ fn unauthorized() -> Response {
 /// The app of the request's `x-api-key`, and the key.
 // The error is the HTTP answer itself, as for the core's handshake.
 #[allow(clippy::result_large_err)]
-fn authorize(node: &Node, headers: &HeaderMap) -> Result<(Arc<Hub>, String), Response> {
+fn authorize(
+    node: &Node,
+    keys: &Keys,
+    headers: &HeaderMap,
+) -> Result<(Arc<Hub>, Arc<AppKeys>, String), Response> {
     let key = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .ok_or_else(unauthorized)?;
-    let hub = auth::app_for_key(node, key).ok_or_else(unauthorized)?;
+    let (hub, app_keys) = keys.app_for_key(node, key).ok_or_else(unauthorized)?;
     if !hub.app.enabled {
         return Err(error(
             StatusCode::FORBIDDEN,
@@ -103,7 +109,7 @@ fn authorize(node: &Node, headers: &HeaderMap) -> Result<(Arc<Hub>, String), Res
             "App is disabled",
         ));
     }
-    Ok((hub, key.to_owned()))
+    Ok((hub, app_keys, key.to_owned()))
 }
 
 async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, Response> {
@@ -125,19 +131,25 @@ fn counted(app: &str, wire: &dyn Wire, endpoint: &str, response: Response) -> Re
 }
 
 /// `POST /event`: `{"channel": "/ns/a", "events": ["<json>", ...]}`.
-pub async fn post_event(State(node): State<Arc<Node>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn post_event(
+    State(node): State<Arc<Node>>,
+    Extension(keys): Extension<Arc<Keys>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let mut app = String::new();
-    let response = event_request(&node, &headers, body, &mut app).await;
+    let response = event_request(&node, &keys, &headers, body, &mut app).await;
     counted(&app, &crate::wire::EVENTS_WIRE, "event", response)
 }
 
 async fn event_request(
     node: &Arc<Node>,
+    keys: &Keys,
     headers: &HeaderMap,
     body: Body,
     app: &mut String,
 ) -> Response {
-    let (hub, key) = match authorize(node, headers) {
+    let (hub, app_keys, key) = match authorize(node, keys, headers) {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -164,7 +176,7 @@ async fn event_request(
         }
     };
     let events = body.remove("events");
-    let request = match events::check_publish(&hub, body.get("channel"), events, &key) {
+    let request = match events::check_publish(&app_keys, body.get("channel"), events, &key) {
         Ok(r) => r,
         Err((t, m)) => {
             let status = if t == auth::UNAUTHORIZED {
@@ -204,21 +216,23 @@ fn graphql_errors(status: StatusCode, errors: Vec<Value>) -> Response {
 /// order), `__typename`, and the `getChannel` query (null).
 pub async fn post_graphql(
     State(node): State<Arc<Node>>,
+    Extension(keys): Extension<Arc<Keys>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let mut app = String::new();
-    let response = graphql_request(&node, &headers, body, &mut app).await;
+    let response = graphql_request(&node, &keys, &headers, body, &mut app).await;
     counted(&app, &crate::wire::GRAPHQL_WIRE, "graphql", response)
 }
 
 async fn graphql_request(
     node: &Arc<Node>,
+    keys: &Keys,
     headers: &HeaderMap,
     body: Body,
     app: &mut String,
 ) -> Response {
-    let (hub, _) = match authorize(node, headers) {
+    let (hub, _, _) = match authorize(node, keys, headers) {
         Ok(x) => x,
         Err(r) => return r,
     };

@@ -16,10 +16,15 @@
 //! auth        API keys from headers, the header query parameter and the
 //!             header- subprotocol; namespaces
 //! wire        both wire formats (the core's `Wire`s) and control messages
+//! config      each app's `api_keys` and `namespaces`, parsed and checked
 //! ```
+//!
+//! [`AppSync`] is the adapter value the server lists (the core's
+//! `herald_core::adapter::Adapter`).
 
 pub mod auth;
 pub mod channel;
+pub mod config;
 pub mod events;
 pub mod graphql;
 pub mod graphql_ws;
@@ -29,12 +34,49 @@ pub mod session;
 pub mod wire;
 
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
+use herald_core::adapter::{Adapter, Keys, Setting};
+use herald_core::config::{Config, ConfigError};
 use herald_core::node::Node;
 use std::sync::Arc;
 
-/// The AppSync routes: both WebSocket APIs and both publish endpoints.
-pub fn router() -> Router<Arc<Node>> {
+/// The AppSync adapter: both real-time APIs and their HTTP publish.
+pub struct AppSync;
+
+impl Adapter for AppSync {
+    fn name(&self) -> &'static str {
+        "appsync"
+    }
+
+    fn keys(&self) -> Keys {
+        Keys {
+            top: &[],
+            app: config::APP_KEYS,
+        }
+    }
+
+    fn settings(&self) -> &'static [Setting] {
+        config::SETTINGS
+    }
+
+    fn config(&self, config: &Config) -> Result<serde_json::Value, ConfigError> {
+        Ok(serde_json::json!({ "apps": config::load(config)? }))
+    }
+
+    fn routes(&self, node: &Arc<Node>) -> Router<Arc<Node>> {
+        match config::Keys::load(&node.config) {
+            Ok(keys) => router(Arc::new(keys)),
+            Err(e) => {
+                tracing::error!(error = %e, "AppSync disabled");
+                Router::new()
+            }
+        }
+    }
+}
+
+/// The AppSync routes: both WebSocket APIs and both publish endpoints,
+/// with every app's API keys.
+pub fn router(keys: Arc<config::Keys>) -> Router<Arc<Node>> {
     Router::new()
         .route(
             "/graphql",
@@ -45,4 +87,5 @@ pub fn router() -> Router<Arc<Node>> {
         .route("/graphql/realtime", get(session::upgrade_graphql))
         .route("/event/realtime", get(session::upgrade_events))
         .route("/event", post(http::post_event).options(http::preflight))
+        .layer(Extension(keys))
 }

@@ -5,10 +5,12 @@
 //! core's session loop.
 
 use crate::auth;
+use crate::config::{AppKeys, Keys};
 use crate::wire;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::Tag;
 use herald_core::frame::Frame;
@@ -62,18 +64,26 @@ impl Api {
 }
 
 /// `GET /graphql` and `GET /graphql/realtime`.
-pub async fn upgrade_graphql(State(node): State<Arc<Node>>, req: Request) -> Response {
-    upgrade(node, req, Api::Graphql)
+pub async fn upgrade_graphql(
+    State(node): State<Arc<Node>>,
+    Extension(keys): Extension<Arc<Keys>>,
+    req: Request,
+) -> Response {
+    upgrade(node, keys, req, Api::Graphql)
 }
 
 /// `GET /event/realtime`.
-pub async fn upgrade_events(State(node): State<Arc<Node>>, req: Request) -> Response {
-    upgrade(node, req, Api::Events)
+pub async fn upgrade_events(
+    State(node): State<Arc<Node>>,
+    Extension(keys): Extension<Arc<Keys>>,
+    req: Request,
+) -> Response {
+    upgrade(node, keys, req, Api::Events)
 }
 
 /// Upgrade first, then check: AppSync clients act on `connection_error`
 /// messages (an HTTP error at the upgrade makes Amplify retry for seconds).
-fn upgrade(node: Arc<Node>, req: Request, api: Api) -> Response {
+fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response {
     if node.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
@@ -110,7 +120,7 @@ fn upgrade(node: Arc<Node>, req: Request, api: Api) -> Response {
                 .await
             }
         };
-        let Some(hub) = auth::app_for_key(&node, &key) else {
+        let Some((hub, app_keys)) = keys.app_for_key(&node, &key) else {
             let error = api.connection_error(auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE, 401);
             return refuse(socket, error).await;
         };
@@ -121,7 +131,7 @@ fn upgrade(node: Arc<Node>, req: Request, api: Api) -> Response {
             };
             return refuse(socket, error).await;
         }
-        run(node, hub, socket, key, api).await
+        run(node, hub, app_keys, socket, key, api).await
     })
 }
 
@@ -151,7 +161,14 @@ async fn refuse(mut socket: Socket, error: String) {
     session::refuse(socket, &frames).await;
 }
 
-async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket, key: String, api: Api) {
+async fn run(
+    node: Arc<Node>,
+    hub: Arc<Hub>,
+    keys: Arc<AppKeys>,
+    socket: Socket,
+    key: String,
+    api: Api,
+) {
     let (id, socket_id) = node.next_connection();
     let limit = QueueLimit {
         frames: hub.app.outbound_queue,
@@ -163,6 +180,7 @@ async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket, key: String, api: A
     let base = Base {
         node,
         hub,
+        keys,
         conn: conn.clone(),
         key,
         subs: HashMap::new(),
@@ -198,6 +216,8 @@ pub struct SubscribeError {
 pub struct Base {
     pub node: Arc<Node>,
     pub hub: Arc<Hub>,
+    /// The app's API keys and namespaces.
+    pub keys: Arc<AppKeys>,
     pub conn: Arc<Connection>,
     /// The API key the connection was opened with (used when a message
     /// carries no `authorization` of its own).

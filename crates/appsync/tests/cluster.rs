@@ -28,7 +28,10 @@ async fn serve(broker: Arc<LocalBroker>) -> (Arc<Node>, u16) {
     node.set_ready(true);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let app = herald_appsync::router().with_state(node.clone());
+    use herald_core::adapter::Adapter;
+    let app = herald_appsync::AppSync
+        .routes(&node)
+        .with_state(node.clone());
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

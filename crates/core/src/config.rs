@@ -31,9 +31,11 @@ pub const MAX_HTTP_HEADER_TIMEOUT: u64 = 300;
 /// Longest `ws_idle_timeout` (a day, AppSync's longest connection).
 pub const MAX_WS_IDLE_TIMEOUT: u64 = 86_400;
 
-/// Server-wide settings plus the list of apps.
+/// Server-wide settings plus the list of apps. (Unknown keys are caught
+/// by [`crate::adapter::check_config`]: serde's `deny_unknown_fields`
+/// does not combine with the flattened [`Config::sections`].)
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct Config {
     /// Address to bind. Loopback by default so a development server with the
     /// public development credentials is not exposed by accident.
@@ -70,29 +72,8 @@ pub struct Config {
     pub dashboard: bool,
     /// The bearer token the dashboard asks for (at least 16 characters).
     pub dashboard_token: Option<String>,
-    /// Webhooks: longest wait before a batch is sent, in milliseconds.
-    pub webhook_batch_ms: u64,
-    /// Webhooks: most events in one request.
-    pub webhook_batch_size: usize,
-    /// Webhooks: how long `channel_vacated` and `member_removed` wait, in
-    /// milliseconds, and are dropped if the channel or member comes back.
-    pub webhook_leave_delay_ms: u64,
-    /// Webhooks: one request's time limit, in milliseconds.
-    pub webhook_timeout_ms: u64,
-    /// Webhooks: first retry delay in milliseconds (doubling, with jitter,
-    /// up to a minute).
-    pub webhook_retry_ms: u64,
-    /// Webhooks: seconds after which a failing request is given up.
-    pub webhook_retry_for: u64,
-    /// Webhooks: events one app may have waiting; more are dropped.
-    pub webhook_queue: usize,
-    /// Bytes of webhook events one app may have waiting (a slow receiver
-    /// and large client events must not grow memory without bound).
-    pub webhook_queue_bytes: usize,
     /// The cluster's broker (`[broker]`).
     pub broker: BrokerConfig,
-    /// The app backend some adapters call (see [`RpcConfig`]).
-    pub rpc: RpcConfig,
     /// Seconds between keep-alive messages on protocols that send them on
     /// a clock whatever the traffic (AppSync's `ka`).
     pub keepalive_interval: u64,
@@ -115,6 +96,11 @@ pub struct Config {
     /// proxy in front of Herald.
     pub address_limits_exempt: Vec<String>,
     pub apps: Vec<AppConfig>,
+    /// The adapters' keys (`webhook_*`, `[rpc]`, ...), raw: each adapter
+    /// parses and checks its own (see [`crate::adapter`]); a key no
+    /// adapter claims is refused at load.
+    #[serde(flatten)]
+    pub sections: toml::Table,
 }
 
 /// How log lines are written.
@@ -164,64 +150,6 @@ impl Default for BrokerConfig {
             ttl: 30,
             ready_needs_broker: true,
         }
-    }
-}
-
-/// The webhook event types an app may ask for.
-pub const WEBHOOK_EVENT_TYPES: [&str; 7] = [
-    "channel_occupied",
-    "channel_vacated",
-    "member_added",
-    "member_removed",
-    "client_event",
-    "cache_miss",
-    "subscription_count",
-];
-
-/// One webhook endpoint of an app, written as soketi and sockudo configs
-/// write it: `{ url, event_types, headers, filter }`.
-#[derive(Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct WebhookConfig {
-    pub url: String,
-    pub event_types: Vec<String>,
-    /// Extra request headers (e.g. a token for the receiver).
-    #[serde(default)]
-    pub headers: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    pub filter: WebhookFilter,
-}
-
-/// Only events on channels whose names match are sent.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct WebhookFilter {
-    pub channel_name_starts_with: Option<String>,
-    pub channel_name_ends_with: Option<String>,
-}
-
-impl WebhookFilter {
-    pub fn matches(&self, channel: &str) -> bool {
-        self.channel_name_starts_with
-            .as_deref()
-            .is_none_or(|p| channel.starts_with(p))
-            && self
-                .channel_name_ends_with
-                .as_deref()
-                .is_none_or(|p| channel.ends_with(p))
-    }
-}
-
-/// Header values and URL queries may hold credentials: Debug shows only
-/// the URL's origin and the header names.
-impl std::fmt::Debug for WebhookConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebhookConfig")
-            .field("url", &redact_url(&self.url))
-            .field("event_types", &self.event_types)
-            .field("headers", &self.headers.keys().collect::<Vec<_>>())
-            .field("filter", &self.filter)
-            .finish()
     }
 }
 
@@ -279,16 +207,7 @@ impl Default for Config {
             metrics_port: None,
             dashboard: false,
             dashboard_token: None,
-            webhook_batch_ms: 250,
-            webhook_batch_size: 20,
-            webhook_leave_delay_ms: 3000,
-            webhook_timeout_ms: 5000,
-            webhook_retry_ms: 1000,
-            webhook_retry_for: 300,
-            webhook_queue: 10_000,
-            webhook_queue_bytes: 16 * 1024 * 1024,
             broker: BrokerConfig::default(),
-            rpc: RpcConfig::default(),
             keepalive_interval: 60,
             // nginx waits 60 s for a request head and 75 s on an idle
             // keep-alive connection, Node.js 60 s and 5 s: a real client
@@ -299,215 +218,14 @@ impl Default for Config {
             max_connection_rate_per_address: 100,
             address_limits_exempt: vec!["127.0.0.0/8".into(), "::1/128".into()],
             apps: Vec::new(),
+            sections: toml::Table::new(),
         }
-    }
-}
-
-/// An app backend that adapters call over RPC (who a connecting client
-/// is, what its commands do, told when it leaves), and the HTTP broadcast
-/// endpoint that goes with it.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct RpcConfig {
-    /// Where the backend listens: an `http://` or `https://` URL means
-    /// JSON over HTTP; `host:port` or `grpc://host:port` means gRPC. Unset:
-    /// no backend.
-    pub host: Option<String>,
-    /// Bearer token sent to an HTTP backend.
-    pub secret: Option<String>,
-    /// Request headers passed to the backend when a client connects
-    /// (lowercase names).
-    pub headers: Vec<String>,
-    /// Milliseconds one call may take in all: waiting for a free slot,
-    /// retries and back-off included.
-    pub timeout_ms: u64,
-    /// How often a call the backend could not take (unreachable,
-    /// overloaded) is tried again within `timeout_ms`.
-    pub retries: u32,
-    /// Most calls in flight at once (over one multiplexed connection).
-    pub concurrency: usize,
-    /// Most calls per second telling the backend that clients left; on
-    /// shutdown the rest go out at once, bounded by `concurrency`.
-    pub disconnect_rate: u32,
-    /// Most Disconnect calls waiting for their turn, and their bytes in
-    /// all (clients that connect and leave faster than `disconnect_rate`
-    /// must not grow memory without bound); more are dropped and counted.
-    pub disconnect_queue: usize,
-    pub disconnect_queue_bytes: usize,
-    /// Id of the app whose channels these clients use (default: the first).
-    pub app: Option<String>,
-    /// The WebSocket path the adapter serves (unset: its own default).
-    pub path: Option<String>,
-    /// Bearer token the broadcast endpoint requires (unset: none).
-    pub broadcast_key: Option<String>,
-    /// Allow subscriptions to unsigned stream names without the backend.
-    pub public_streams: bool,
-    /// Key for signed stream names (unset: the app's secret).
-    pub streams_secret: Option<String>,
-    /// Key of HMAC-signed JSON Web Tokens that identify clients without a
-    /// backend call (unset: tokens are not accepted).
-    pub jwt_secret: Option<String>,
-    /// URL query parameter carrying the token (also read from the header
-    /// `x-<param>`).
-    pub jwt_param: String,
-    /// Refuse clients without a token.
-    pub jwt_force: bool,
-    /// Where the app's broadcasts come from besides `POST /_broadcast`:
-    /// `http` (only that), `redis` or `nats` (also the broker's server,
-    /// on `broadcast_channel`), `redisx` (a Redis stream of that name);
-    /// a comma-separated list, as AnyCable's.
-    pub broadcast_adapter: String,
-    /// The Redis channel, NATS subject or Redis stream of those broadcasts.
-    pub broadcast_channel: String,
-    /// gRPC over TLS to the backend (its certificate verified against the
-    /// system's roots and `tls_root_ca`).
-    pub tls: bool,
-    /// A PEM file of extra certificate authorities for the backend's TLS.
-    pub tls_root_ca: Option<String>,
-}
-
-impl Default for RpcConfig {
-    fn default() -> Self {
-        RpcConfig {
-            host: None,
-            secret: None,
-            headers: vec!["cookie".into()],
-            timeout_ms: 3000,
-            retries: 3,
-            concurrency: 28,
-            disconnect_rate: 100,
-            disconnect_queue: 50_000,
-            disconnect_queue_bytes: 64 * 1024 * 1024,
-            app: None,
-            path: None,
-            broadcast_key: None,
-            public_streams: false,
-            streams_secret: None,
-            jwt_secret: None,
-            jwt_param: "jid".into(),
-            jwt_force: false,
-            broadcast_adapter: "http".into(),
-            broadcast_channel: "__anycable__".into(),
-            tls: false,
-            tls_root_ca: None,
-        }
-    }
-}
-
-impl RpcConfig {
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-
-    fn validate(&self, apps: &[AppConfig]) -> Result<(), ConfigError> {
-        if let Some(h) = &self.host {
-            if h.trim().is_empty() || h.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(invalid(
-                    "rpc.host",
-                    "must be a URL or host:port without spaces",
-                ));
-            }
-        }
-        for h in &self.headers {
-            if h.is_empty()
-                || !h
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
-            {
-                return Err(invalid(
-                    "rpc.headers",
-                    format!("{h:?} is not a header name (letters, digits, '-', '_')"),
-                ));
-            }
-        }
-        if self.timeout_ms == 0 {
-            return Err(invalid("rpc.timeout_ms", "must be positive"));
-        }
-        if self.concurrency == 0 {
-            return Err(invalid("rpc.concurrency", "must be positive"));
-        }
-        if self.disconnect_rate == 0 {
-            return Err(invalid("rpc.disconnect_rate", "must be positive"));
-        }
-        if self.disconnect_queue == 0 {
-            return Err(invalid("rpc.disconnect_queue", "must be positive"));
-        }
-        if self.disconnect_queue_bytes < 64 * 1024 {
-            return Err(invalid(
-                "rpc.disconnect_queue_bytes",
-                "must be at least 65536 (it must hold the largest Disconnect call)",
-            ));
-        }
-        if let Some(app) = &self.app {
-            if !apps.iter().any(|a| &a.id == app) {
-                return Err(invalid(
-                    "rpc.app",
-                    format!("names no configured app ({app:?})"),
-                ));
-            }
-        }
-        if self.jwt_param.is_empty()
-            || !self
-                .jwt_param
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
-        {
-            return Err(invalid(
-                "rpc.jwt_param",
-                "must be a name of letters, digits, '-' and '_'",
-            ));
-        }
-        if self.jwt_force && self.jwt_secret.is_none() {
-            return Err(invalid("rpc.jwt_force", "needs rpc.jwt_secret"));
-        }
-        if let Some(p) = &self.path {
-            if !p.starts_with('/') || p.len() < 2 || p.chars().any(|c| c.is_whitespace()) {
-                return Err(invalid(
-                    "rpc.path",
-                    "must be a path such as /ws (a '/' and a name)",
-                ));
-            }
-        }
-        for a in self.broadcast_adapter.split(',').map(str::trim) {
-            if !["http", "redis", "redisx", "nats"].contains(&a) {
-                return Err(invalid(
-                    "rpc.broadcast_adapter",
-                    format!("{a:?}: expected http, redis, redisx or nats (comma-separated)"),
-                ));
-            }
-        }
-        if self.broadcast_channel.is_empty()
-            || self.broadcast_channel.len() > 256
-            || self
-                .broadcast_channel
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(invalid(
-                "rpc.broadcast_channel",
-                "must be 1 to 256 characters without spaces",
-            ));
-        }
-        if self.tls_root_ca.is_some() && !self.tls {
-            return Err(invalid("rpc.tls_root_ca", "needs rpc.tls = true"));
-        }
-        for (key, v) in [
-            ("rpc.secret", &self.secret),
-            ("rpc.broadcast_key", &self.broadcast_key),
-            ("rpc.streams_secret", &self.streams_secret),
-            ("rpc.jwt_secret", &self.jwt_secret),
-        ] {
-            if v.as_deref() == Some("") {
-                return Err(invalid(key, "must not be empty when set"));
-            }
-        }
-        Ok(())
     }
 }
 
 /// One tenant: its credentials and limits. Every limit has Pusher's default.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct AppConfig {
     pub id: String,
     pub key: String,
@@ -545,34 +263,10 @@ pub struct AppConfig {
     pub outbound_queue: usize,
     /// Bytes queued for one connection before it is closed as too slow.
     pub outbound_bytes: usize,
-    /// Where to send webhooks, and which events.
-    pub webhooks: Vec<WebhookConfig>,
-    /// Keys a client may present as its credential on protocols that
-    /// authorize with a shared key instead of a signature (AppSync's API
-    /// keys). Empty: such protocols are closed for this app, except the
-    /// development app, whose `key` is accepted.
-    pub api_keys: Vec<String>,
-    /// Channel namespaces (the first `/` segment of a channel path) and
-    /// who may publish and subscribe in each. Empty: every namespace is
-    /// open to the app's API keys.
-    pub namespaces: Vec<NamespaceConfig>,
-}
-
-/// One channel namespace of an app.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct NamespaceConfig {
-    /// 1-50 characters of `[A-Za-z0-9-]`.
-    pub name: String,
-    /// Keys allowed to publish here; `None`: the app's API keys.
-    pub publish_keys: Option<Vec<String>>,
-    /// Keys allowed to subscribe here; `None`: the app's API keys.
-    pub subscribe_keys: Option<Vec<String>>,
-}
-
-/// Whether `name` is a valid namespace (or channel path segment) name.
-pub fn is_namespace_name(name: &str) -> bool {
-    (1..=50).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    /// The adapters' keys of this app (`webhooks`, `api_keys`, ...), raw,
+    /// as [`Config::sections`].
+    #[serde(flatten)]
+    pub extra: toml::Table,
 }
 
 impl Default for AppConfig {
@@ -599,9 +293,7 @@ impl Default for AppConfig {
             max_cache_bytes: 64 * 1024 * 1024,
             outbound_queue: 1024,
             outbound_bytes: 1024 * 1024,
-            webhooks: Vec::new(),
-            api_keys: Vec::new(),
-            namespaces: Vec::new(),
+            extra: toml::Table::new(),
         }
     }
 }
@@ -619,16 +311,6 @@ impl AppConfig {
 
     pub fn is_development(&self) -> bool {
         self.secret == DEV_APP_SECRET
-    }
-
-    /// The API keys in force: the configured ones, or the development
-    /// app's own key when it has none.
-    pub fn effective_api_keys(&self) -> Vec<&str> {
-        if self.api_keys.is_empty() && self.is_development() {
-            vec![self.key.as_str()]
-        } else {
-            self.api_keys.iter().map(String::as_str).collect()
-        }
     }
 }
 
@@ -654,16 +336,11 @@ pub struct Overrides {
     pub dashboard_token: Option<String>,
     /// `broker.url`.
     pub broker: Option<String>,
-    pub rpc_host: Option<String>,
-    pub rpc_secret: Option<String>,
-    /// Comma-separated header names.
-    pub rpc_headers: Option<String>,
-    pub broadcast_key: Option<String>,
-    /// `rpc.broadcast_adapter`.
-    pub broadcast_adapter: Option<String>,
     pub keepalive_interval: Option<u64>,
-    /// Replace the single app's API keys.
-    pub api_keys: Option<Vec<String>>,
+    /// Adapters' settings from their environment variables and flags:
+    /// (key, the variable or flag's name for errors, value); see
+    /// [`crate::adapter::Setting`].
+    pub adapter: Vec<(String, String, toml::Value)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -679,81 +356,20 @@ pub enum ConfigError {
     Invalid { key: String, message: String },
 }
 
-fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+/// A key no part of Herald reads.
+pub fn unknown(key: &str) -> ConfigError {
+    invalid(
+        key,
+        "is not a setting (misspelt? docs/configuration.md lists every key)",
+    )
+}
+
+/// An error naming `key` (adapters' checks use it too).
+pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         message: message.into(),
     }
-}
-
-/// Check one webhook: an http(s) URL, known event types, sendable headers.
-/// Errors name the field (relative to the webhook) and what is wrong.
-fn validate_webhook(hook: &WebhookConfig) -> Result<(), (String, String)> {
-    let url = url::Url::parse(&hook.url)
-        .map_err(|e| (".url".to_string(), format!("is not a URL: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
-        return Err((
-            ".url".into(),
-            "must be an http:// or https:// URL with a host".into(),
-        ));
-    }
-    if hook.event_types.is_empty() {
-        return Err((
-            ".event_types".into(),
-            format!(
-                "must list at least one of {}",
-                WEBHOOK_EVENT_TYPES.join(", ")
-            ),
-        ));
-    }
-    for t in &hook.event_types {
-        if !WEBHOOK_EVENT_TYPES.contains(&t.as_str()) {
-            return Err((
-                ".event_types".into(),
-                format!(
-                    "has unknown event type {t:?} (known: {})",
-                    WEBHOOK_EVENT_TYPES.join(", ")
-                ),
-            ));
-        }
-    }
-    for (name, value) in &hook.headers {
-        let token = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-        if !token {
-            return Err((
-                format!(".headers.{name}"),
-                "is not a valid header name".into(),
-            ));
-        }
-        let lower = name.to_ascii_lowercase();
-        if matches!(lower.as_str(), "content-type" | "content-length" | "host") {
-            return Err((
-                format!(".headers.{name}"),
-                "is set by Herald and cannot be overridden".into(),
-            ));
-        }
-        if value.chars().any(|c| c.is_control()) {
-            return Err((
-                format!(".headers.{name}"),
-                "must not contain control characters".into(),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// An API key: 1-200 printable characters (it travels in HTTP headers).
-fn check_api_key(key: &str, value: &str) -> Result<(), ConfigError> {
-    if value.is_empty() || value.len() > 200 || !value.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(invalid(
-            key,
-            "must be 1-200 printable ASCII characters without spaces",
-        ));
-    }
-    Ok(())
 }
 
 impl Config {
@@ -834,25 +450,6 @@ impl Config {
         if let Some(v) = &o.broker {
             self.broker.url = v.clone();
         }
-        if let Some(v) = &o.rpc_host {
-            self.rpc.host = Some(v.clone());
-        }
-        if let Some(v) = &o.rpc_secret {
-            self.rpc.secret = Some(v.clone());
-        }
-        if let Some(v) = &o.rpc_headers {
-            self.rpc.headers = v
-                .split(',')
-                .map(|h| h.trim().to_ascii_lowercase())
-                .filter(|h| !h.is_empty())
-                .collect();
-        }
-        if let Some(v) = &o.broadcast_key {
-            self.rpc.broadcast_key = Some(v.clone());
-        }
-        if let Some(v) = &o.broadcast_adapter {
-            self.rpc.broadcast_adapter = v.clone();
-        }
         if let Some(v) = o.keepalive_interval {
             self.keepalive_interval = v;
         }
@@ -878,14 +475,48 @@ impl Config {
                 app.secret = v.clone();
             }
         }
-        if let Some(keys) = &o.api_keys {
-            if self.apps.len() != 1 {
-                return Err(invalid(
-                    "HERALD_API_KEYS",
-                    "can only be used with exactly one app; configure several apps in the file",
-                ));
+        for (key, name, value) in &o.adapter {
+            self.set(key, value.clone())
+                .map_err(|message| invalid(name, message))?;
+        }
+        Ok(())
+    }
+
+    /// Set an adapter's key, raw: `rpc.host` (a key of a table), `webhook_batch_ms`
+    /// (a top-level key) or `apps[0].api_keys` (a key of the only app; an
+    /// error with several). The adapter parses and checks it at load.
+    pub fn set(&mut self, key: &str, value: toml::Value) -> Result<(), String> {
+        if let Some(k) = key.strip_prefix("apps[0].") {
+            if self.apps.is_empty() {
+                self.apps.push(AppConfig::development());
             }
-            self.apps[0].api_keys = keys.clone();
+            return match self.apps.as_mut_slice() {
+                [one] => {
+                    one.extra.insert(k.to_owned(), value);
+                    Ok(())
+                }
+                _ => Err(
+                    "can only be used with exactly one app; configure several apps in the file"
+                        .into(),
+                ),
+            };
+        }
+        match key.split_once('.') {
+            None => {
+                self.sections.insert(key.to_owned(), value);
+            }
+            Some((table, k)) => {
+                let entry = self
+                    .sections
+                    .entry(table.to_owned())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                match entry {
+                    toml::Value::Table(t) => {
+                        t.insert(k.to_owned(), value);
+                    }
+                    _ => return Err(format!("`{table}` in the file is not a table")),
+                }
+            }
         }
         Ok(())
     }
@@ -964,7 +595,6 @@ impl Config {
         if b.ttl == 0 || b.ttl > 3600 {
             return Err(invalid("broker.ttl", "must be 1 to 3600 (seconds)"));
         }
-        self.rpc.validate(&self.apps)?;
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
             return Err(invalid("log", "is not a valid log filter"));
         }
@@ -987,33 +617,6 @@ impl Config {
                 }
                 Some(_) => {}
             }
-        }
-        let positive = [
-            ("webhook_batch_ms", self.webhook_batch_ms as usize),
-            ("webhook_batch_size", self.webhook_batch_size),
-            ("webhook_timeout_ms", self.webhook_timeout_ms as usize),
-            ("webhook_retry_ms", self.webhook_retry_ms as usize),
-            ("webhook_queue", self.webhook_queue),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(invalid(field, "must be positive"));
-            }
-        }
-        if self.webhook_batch_ms > 60_000 || self.webhook_leave_delay_ms > 60_000 {
-            return Err(invalid(
-                "webhook_batch_ms/webhook_leave_delay_ms",
-                "must be at most 60000 (a minute)",
-            ));
-        }
-        if self.webhook_queue_bytes < 64 * 1024 {
-            return Err(invalid(
-                "webhook_queue_bytes",
-                "must be at least 65536 (it must hold the largest client event)",
-            ));
-        }
-        if self.webhook_batch_size > 1000 {
-            return Err(invalid("webhook_batch_size", "must be at most 1000"));
         }
         let mut ids = std::collections::HashSet::new();
         let mut keys = std::collections::HashSet::new();
@@ -1079,37 +682,6 @@ impl Config {
             if app.max_frame_size < 1024 {
                 return Err(invalid(k("max_frame_size"), "must be at least 1024 bytes"));
             }
-            for (j, hook) in app.webhooks.iter().enumerate() {
-                validate_webhook(hook)
-                    .map_err(|(field, msg)| invalid(k(&format!("webhooks[{j}]{field}")), msg))?;
-            }
-            for (j, key) in app.api_keys.iter().enumerate() {
-                check_api_key(&k(&format!("api_keys[{j}]")), key)?;
-            }
-            let mut names = std::collections::HashSet::new();
-            for (j, ns) in app.namespaces.iter().enumerate() {
-                let field = |f: &str| k(&format!("namespaces[{j}].{f}"));
-                if !is_namespace_name(&ns.name) {
-                    return Err(invalid(
-                        field("name"),
-                        "must be 1-50 characters of A-Z, a-z, 0-9 and '-'",
-                    ));
-                }
-                if !names.insert(&ns.name) {
-                    return Err(invalid(
-                        field("name"),
-                        format!("duplicates namespace {:?}", ns.name),
-                    ));
-                }
-                for (f, keys) in [
-                    ("publish_keys", &ns.publish_keys),
-                    ("subscribe_keys", &ns.subscribe_keys),
-                ] {
-                    for (n, key) in keys.iter().flatten().enumerate() {
-                        check_api_key(&field(&format!("{f}[{n}]")), key)?;
-                    }
-                }
-            }
         }
         Ok(())
     }
@@ -1164,197 +736,5 @@ fn parse_net(s: &str) -> Option<ipnet::IpNet> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_serve_the_development_app() {
-        let c = Config::load(None, &Overrides::default()).unwrap();
-        assert_eq!(c.port, 8080);
-        assert_eq!(c.apps, vec![AppConfig::development()]);
-        assert!(c.apps[0].is_development());
-    }
-
-    #[test]
-    fn unknown_key_is_named() {
-        let err = Config::from_toml("prot = 1", "x.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("prot"), "{err}");
-        let err = Config::from_toml(
-            "[[apps]]\nid='a'\nkey='b'\nsecret='c'\nmax_conections=3",
-            "x.toml",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("max_conections"), "{err}");
-    }
-
-    #[test]
-    fn wrong_type_is_named() {
-        let err = Config::from_toml("port = \"eighty\"", "x.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("port"), "{err}");
-    }
-
-    #[test]
-    fn semantic_errors_name_the_key() {
-        let mut c = Config::from_toml(
-            "[[apps]]\nid='a'\nkey='k'\nsecret='s'\n[[apps]]\nid='b'\nkey='k'\nsecret='s'",
-            "x",
-        )
-        .unwrap();
-        c.apply(&Overrides::default()).unwrap();
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("apps[1].key"), "{err}");
-    }
-
-    #[test]
-    fn metrics_port_must_differ_from_port() {
-        let mut c = Config::from_toml("port = 9000\nmetrics_port = 9000", "x").unwrap();
-        c.apply(&Overrides::default()).unwrap();
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("metrics_port"), "{err}");
-    }
-
-    #[test]
-    fn broker_settings_are_checked() {
-        let c =
-            Config::from_toml("[broker]\nurl = 'nats://u:p@127.0.0.1:4222'\nttl = 3", "x").unwrap();
-        c.validate().unwrap();
-        assert_eq!(c.broker.shown_url(), "nats://***@127.0.0.1:4222");
-        assert_eq!(c.broker.prefix, "herald");
-        for (toml, key) in [
-            ("[broker]\nurl = 'http://x'", "broker.url"),
-            ("[broker]\nprefix = 'a.b'", "broker.prefix"),
-            ("[broker]\nttl = 0", "broker.ttl"),
-        ] {
-            let err = Config::from_toml(toml, "x")
-                .unwrap()
-                .validate()
-                .unwrap_err();
-            assert!(err.to_string().contains(key), "{err}");
-        }
-        let err = Config::from_toml("[broker]\nurll = 'x'", "x").unwrap_err();
-        assert!(err.to_string().contains("urll"), "{err}");
-    }
-
-    #[test]
-    fn api_keys_and_namespaces() {
-        let c = Config::load(None, &Overrides::default()).unwrap();
-        assert_eq!(c.apps[0].effective_api_keys(), vec![DEV_APP_KEY]);
-        let mut c = Config::from_toml(
-            "[[apps]]\nid='a'\nkey='k'\nsecret='s'\napi_keys=['da2-x']\n\
-             [[apps.namespaces]]\nname='chat'\npublish_keys=['backend']\n",
-            "x",
-        )
-        .unwrap();
-        c.apply(&Overrides::default()).unwrap();
-        c.validate().unwrap();
-        assert_eq!(c.apps[0].effective_api_keys(), vec!["da2-x"]);
-        assert_eq!(c.apps[0].namespaces[0].subscribe_keys, None);
-        // A configured app without API keys accepts none.
-        let mut c = Config::from_toml("[[apps]]\nid='a'\nkey='k'\nsecret='s'\n", "x").unwrap();
-        c.apply(&Overrides::default()).unwrap();
-        assert!(c.apps[0].effective_api_keys().is_empty());
-        for (toml, key) in [
-            ("api_keys=['has space']", "apps[0].api_keys[0]"),
-            (
-                "[[apps.namespaces]]\nname='a/b'",
-                "apps[0].namespaces[0].name",
-            ),
-            (
-                "[[apps.namespaces]]\nname='a'\n[[apps.namespaces]]\nname='a'",
-                "apps[0].namespaces[1].name",
-            ),
-            (
-                "[[apps.namespaces]]\nname='a'\nsubscribe_keys=['']",
-                "apps[0].namespaces[0].subscribe_keys[0]",
-            ),
-        ] {
-            let mut c = Config::from_toml(
-                &format!("[[apps]]\nid='a'\nkey='k'\nsecret='s'\n{toml}"),
-                "x",
-            )
-            .unwrap();
-            c.apply(&Overrides::default()).unwrap();
-            let err = c.validate().unwrap_err().to_string();
-            assert!(err.contains(key), "{toml}: {err}");
-        }
-        let err = Config::from_toml("keepalive_interval = 0", "x")
-            .unwrap()
-            .validate()
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("keepalive_interval"), "{err}");
-    }
-
-    #[test]
-    fn connection_deadlines_and_address_limits_are_checked() {
-        let c = Config::load(None, &Overrides::default()).unwrap();
-        assert_eq!(c.http_header_timeout(), Duration::from_secs(10));
-        assert_eq!(c.address_limits_exempt().len(), 2);
-        let c = Config::from_toml("address_limits_exempt = ['10.0.0.0/8', '192.168.1.7']", "x")
-            .unwrap();
-        c.validate().unwrap();
-        assert!(c.address_limits_exempt()[1]
-            .contains(&"192.168.1.7".parse::<std::net::IpAddr>().unwrap()));
-        for (toml, key) in [
-            ("http_header_timeout = 0", "http_header_timeout"),
-            ("http_header_timeout = 301", "http_header_timeout"),
-            ("ws_idle_timeout = 0", "ws_idle_timeout"),
-            (
-                "address_limits_exempt = ['nope']",
-                "address_limits_exempt[0]",
-            ),
-            (
-                "address_limits_exempt = ['10.0.0.0/33']",
-                "address_limits_exempt[0]",
-            ),
-        ] {
-            let err = Config::from_toml(toml, "x")
-                .unwrap()
-                .validate()
-                .unwrap_err();
-            assert!(err.to_string().contains(key), "{toml}: {err}");
-        }
-    }
-
-    #[test]
-    fn broadcast_adapters_are_checked() {
-        let c = Config::from_toml("[rpc]\nbroadcast_adapter = 'http, redis'", "x").unwrap();
-        assert_eq!(c.rpc.broadcast_channel, "__anycable__");
-        c.validate().unwrap();
-        for bad in [
-            "broadcast_adapter = 'kafka'",
-            "broadcast_adapter = ''",
-            "broadcast_channel = ''",
-            "broadcast_channel = 'a b'",
-        ] {
-            let c = Config::from_toml(&format!("[rpc]\n{bad}"), "x").unwrap();
-            let err = c.validate().unwrap_err().to_string();
-            assert!(err.contains("rpc.broadcast_"), "{bad}: {err}");
-        }
-        let c = Config::from_toml("[rpc]\ntls_root_ca = 'ca.pem'", "x").unwrap();
-        let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("rpc.tls_root_ca"), "{err}");
-        let c = Config::from_toml("[rpc]\ntls = true\ntls_root_ca = 'ca.pem'", "x").unwrap();
-        c.validate().unwrap();
-    }
-
-    #[test]
-    fn later_layers_override_earlier_ones() {
-        let mut c = Config::from_toml("port = 9000\nhost = '0.0.0.0'", "x").unwrap();
-        c.apply(&Overrides {
-            port: Some(9100),
-            app_secret: Some("s3cret".into()),
-            ..Overrides::default()
-        })
-        .unwrap();
-        assert_eq!(c.port, 9100);
-        assert_eq!(c.host, "0.0.0.0");
-        assert_eq!(c.apps[0].secret, "s3cret");
-        assert_eq!(c.apps[0].key, DEV_APP_KEY);
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

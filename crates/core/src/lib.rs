@@ -26,9 +26,12 @@
 //!
 //! Around them: `frame` (finished WebSocket frames, shared), `ws` (the
 //! upgrade and the client-frame decoder), `wire` (what an adapter
-//! implements to encode), `config`, `metrics`, `observer` (what the node
+//! implements to encode), `config` (the core's settings; adapters' keys
+//! kept raw for them), `adapter` (the seam: what a protocol crate hands the
+//! server: its keys, routes, tasks), `metrics`, `observer` (what the node
 //! decided about channels and members, for webhooks and the dashboard).
 
+pub mod adapter;
 pub mod broker;
 pub mod config;
 pub mod connection;

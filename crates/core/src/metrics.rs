@@ -8,9 +8,9 @@
 //!   shard, a thread always adding to its own shard, so worker threads never
 //!   contend on one atomic. Their totals are handed to the `metrics`
 //!   recorder when `/metrics` is scraped ([`render`]).
-//! - **Everything else** (API requests, client-event rejections, webhooks,
-//!   the fan-out time histogram, once per publication) records straight
-//!   into the `metrics` recorder.
+//! - **Everything else** (API requests, client-event rejections, the
+//!   fan-out time histogram, once per publication; adapters' own, such as
+//!   Pusher's webhooks) records straight into the `metrics` recorder.
 //!
 //! Labels are the app and the protocol (plus a bounded reason, endpoint or
 //! status), never a channel or a user: the number of series stays bounded.
@@ -444,27 +444,6 @@ fn describe() {
         "herald_api_requests_total",
         "HTTP API requests, by endpoint and status"
     );
-    describe_counter!(
-        "herald_webhook_deliveries_total",
-        "Webhook requests answered with 2xx"
-    );
-    describe_counter!(
-        "herald_webhook_failures_total",
-        "Webhook requests that failed (non-2xx, timeout, connection error), by whether they will be retried"
-    );
-    describe_counter!(
-        "herald_webhook_events_dropped_total",
-        "Webhook events dropped because the app's webhook queue was full (webhook_queue events or webhook_queue_bytes bytes)"
-    );
-    describe_gauge!(
-        "herald_webhook_queue_bytes",
-        Unit::Bytes,
-        "Bytes of webhook events waiting to be sent (at most webhook_queue_bytes per app)"
-    );
-    describe_gauge!(
-        "herald_webhook_queue_depth",
-        "Webhook events waiting to be sent (batched, delayed or retrying)"
-    );
     describe_gauge!(
         "herald_broker_up",
         "1 while the cluster broker is connected, else 0"
@@ -497,31 +476,6 @@ pub fn api_request(app: &str, protocol: &'static str, endpoint: &str, status: u1
         "app" => app.to_owned(), "protocol" => protocol,
         "endpoint" => endpoint.to_owned(), "status" => status.to_string())
     .increment(1);
-}
-
-/// Webhook requests: delivered (2xx), or failed (`retry`: it will be sent
-/// again).
-pub fn webhook_sent(app: &str, ok: bool, retry: bool) {
-    if ok {
-        ::metrics::counter!("herald_webhook_deliveries_total", "app" => app.to_owned())
-            .increment(1);
-    } else {
-        let r = if retry { "true" } else { "false" };
-        ::metrics::counter!("herald_webhook_failures_total", "app" => app.to_owned(), "retry" => r)
-            .increment(1);
-    }
-}
-
-/// `n` webhook events dropped for `app` (its queue was full).
-pub fn webhook_dropped(app: &str, n: u64) {
-    ::metrics::counter!("herald_webhook_events_dropped_total", "app" => app.to_owned())
-        .increment(n);
-}
-
-/// Webhook events waiting for `app`, and their bytes.
-pub fn webhook_queue(app: &str, depth: usize, bytes: usize) {
-    ::metrics::gauge!("herald_webhook_queue_depth", "app" => app.to_owned()).set(depth as f64);
-    ::metrics::gauge!("herald_webhook_queue_bytes", "app" => app.to_owned()).set(bytes as f64);
 }
 
 /// A connection the listener turned away (`reason`: a short fixed word).

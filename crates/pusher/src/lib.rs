@@ -11,10 +11,17 @@
 //!   └ auth           terminate) and its request signatures
 //! wire      parse/encode Pusher frames, error codes; the core's `Wire`
 //! webhooks  Pusher-compatible webhooks from the core's observers
+//!   ├ config       `webhook_*` and each app's `webhooks`, parsed and checked
+//!   └ metrics      webhook deliveries, failures, drops, queues
 //! ```
+//!
+//! [`Pusher`] is the adapter value the server lists (the core's
+//! `herald_core::adapter::Adapter`).
 
 pub mod api;
 pub mod auth;
+pub mod config;
+pub mod metrics;
 pub mod names;
 pub mod presence_data;
 pub mod session;
@@ -26,8 +33,43 @@ pub use herald_signing as signing;
 
 use axum::routing::get;
 use axum::Router;
+use herald_core::adapter::{Adapter, Context, Keys};
+use herald_core::config::{Config, ConfigError};
 use herald_core::node::Node;
 use std::sync::Arc;
+
+/// The Pusher Channels adapter: `/app/{key}`, the HTTP API, webhooks.
+pub struct Pusher;
+
+impl Adapter for Pusher {
+    fn name(&self) -> &'static str {
+        "pusher"
+    }
+
+    fn keys(&self) -> Keys {
+        Keys {
+            top: config::TOP_KEYS,
+            app: config::APP_KEYS,
+        }
+    }
+
+    fn config(&self, config: &Config) -> Result<serde_json::Value, ConfigError> {
+        Ok(config::PusherConfig::load(config)?.shown())
+    }
+
+    fn routes(&self, _node: &Arc<Node>) -> Router<Arc<Node>> {
+        metrics::describe();
+        router()
+    }
+
+    /// Webhooks: an observer on the node (flushed by the core on
+    /// shutdown, within the grace period) and a worker per app.
+    fn start(&self, node: &Arc<Node>, _cx: &Context<'_>) -> Result<(), String> {
+        let config = config::PusherConfig::load(&node.config).map_err(|e| e.to_string())?;
+        webhooks::start(node, &config);
+        Ok(())
+    }
+}
 
 /// The Pusher routes: the WebSocket endpoint and the HTTP API.
 pub fn router() -> Router<Arc<Node>> {

@@ -22,8 +22,9 @@
 //! - on graceful shutdown what waits is sent at once (delayed leaves too)
 //!   and the server waits for it within the grace period.
 
-use herald_core::config::{redact_url, AppConfig, Config, WebhookFilter};
-use herald_core::metrics;
+use crate::config::{redact_url, PusherConfig, WebhookConfig, WebhookFilter, WebhookSettings};
+use crate::metrics;
+use herald_core::config::AppConfig;
 use herald_core::node::Node;
 use herald_core::observer::{Change, Observer};
 use parking_lot::Mutex;
@@ -52,7 +53,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn from_config(c: &Config) -> Settings {
+    pub fn from_config(c: &WebhookSettings) -> Settings {
         Settings {
             batch: Duration::from_millis(c.webhook_batch_ms),
             batch_size: c.webhook_batch_size,
@@ -69,8 +70,8 @@ impl Settings {
 /// Start sending webhooks for every app that has some: registers an
 /// observer on `node` and one worker task per such app. `None` when no app
 /// has webhooks.
-pub fn start(node: &Arc<Node>) -> Option<Arc<Webhooks>> {
-    let settings = Arc::new(Settings::from_config(&node.config));
+pub fn start(node: &Arc<Node>, config: &PusherConfig) -> Option<Arc<Webhooks>> {
+    let settings = Arc::new(Settings::from_config(&config.webhook));
     let client = reqwest::Client::builder()
         .timeout(settings.timeout)
         .redirect(reqwest::redirect::Policy::none())
@@ -87,9 +88,15 @@ pub fn start(node: &Arc<Node>) -> Option<Arc<Webhooks>> {
         .config
         .apps
         .iter()
-        .filter(|a| !a.webhooks.is_empty())
-        .map(|a| {
-            let hooks = Arc::new(AppHooks::new(a, settings.clone(), client.clone()));
+        .zip(&config.apps)
+        .filter(|(_, p)| !p.webhooks.is_empty())
+        .map(|(a, p)| {
+            let hooks = Arc::new(AppHooks::new(
+                a,
+                &p.webhooks,
+                settings.clone(),
+                client.clone(),
+            ));
             tokio::spawn(hooks.clone().run());
             (a.id.clone(), hooks)
         })
@@ -210,9 +217,13 @@ struct AppHooks {
 }
 
 impl AppHooks {
-    fn new(app: &AppConfig, settings: Arc<Settings>, client: reqwest::Client) -> AppHooks {
-        let endpoints = app
-            .webhooks
+    fn new(
+        app: &AppConfig,
+        webhooks: &[WebhookConfig],
+        settings: Arc<Settings>,
+        client: reqwest::Client,
+    ) -> AppHooks {
+        let endpoints = webhooks
             .iter()
             .filter_map(|w| {
                 // The config was validated: URL and headers are sendable.
@@ -679,15 +690,15 @@ mod tests {
 
     #[tokio::test]
     async fn other_protocols_channels_send_nothing() {
-        let mut app = AppConfig::development();
-        app.webhooks = vec![herald_core::config::WebhookConfig {
+        let app = AppConfig::development();
+        let webhooks = [WebhookConfig {
             url: "http://127.0.0.1:9/hooks".into(),
             event_types: vec!["channel_occupied".into()],
             headers: Default::default(),
             filter: Default::default(),
         }];
-        let settings = Arc::new(Settings::from_config(&Config::default()));
-        let hooks = AppHooks::new(&app, settings, reqwest::Client::new());
+        let settings = Arc::new(Settings::from_config(&WebhookSettings::default()));
+        let hooks = AppHooks::new(&app, &webhooks, settings, reqwest::Client::new());
         for channel in ["cable:room", "/default/room", "graphql:room"] {
             hooks.changed(&Change::Occupied { channel });
         }

@@ -1,0 +1,328 @@
+//! Action Cable's settings: the `[rpc]` table (the app's RPC backend,
+//! `/_broadcast`, streams, JWT identification, the broadcast adapters),
+//! parsed and checked here (the core keeps it raw; see
+//! `herald_core::adapter`). Names and meanings as they always were;
+//! docs/configuration.md lists them.
+
+use herald_core::adapter::{section, text, Setting};
+use herald_core::config::{invalid, AppConfig, Config, ConfigError};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The table this adapter owns.
+pub const TOP_KEYS: &[&str] = &["rpc"];
+
+/// Parse and check `[rpc]`.
+pub fn load(config: &Config) -> Result<RpcConfig, ConfigError> {
+    let rpc: RpcConfig = section(config, "rpc")?;
+    rpc.validate(&config.apps)?;
+    Ok(rpc)
+}
+
+/// An app backend that adapters call over RPC (who a connecting client
+/// is, what its commands do, told when it leaves), and the HTTP broadcast
+/// endpoint that goes with it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RpcConfig {
+    /// Where the backend listens: an `http://` or `https://` URL means
+    /// JSON over HTTP; `host:port` or `grpc://host:port` means gRPC. Unset:
+    /// no backend.
+    pub host: Option<String>,
+    /// Bearer token sent to an HTTP backend.
+    pub secret: Option<String>,
+    /// Request headers passed to the backend when a client connects
+    /// (lowercase names).
+    pub headers: Vec<String>,
+    /// Milliseconds one call may take in all: waiting for a free slot,
+    /// retries and back-off included.
+    pub timeout_ms: u64,
+    /// How often a call the backend could not take (unreachable,
+    /// overloaded) is tried again within `timeout_ms`.
+    pub retries: u32,
+    /// Most calls in flight at once (over one multiplexed connection).
+    pub concurrency: usize,
+    /// Most calls per second telling the backend that clients left; on
+    /// shutdown the rest go out at once, bounded by `concurrency`.
+    pub disconnect_rate: u32,
+    /// Most Disconnect calls waiting for their turn, and their bytes in
+    /// all (clients that connect and leave faster than `disconnect_rate`
+    /// must not grow memory without bound); more are dropped and counted.
+    pub disconnect_queue: usize,
+    pub disconnect_queue_bytes: usize,
+    /// Id of the app whose channels these clients use (default: the first).
+    pub app: Option<String>,
+    /// The WebSocket path the adapter serves (unset: its own default).
+    pub path: Option<String>,
+    /// Bearer token the broadcast endpoint requires (unset: none).
+    pub broadcast_key: Option<String>,
+    /// Allow subscriptions to unsigned stream names without the backend.
+    pub public_streams: bool,
+    /// Key for signed stream names (unset: the app's secret).
+    pub streams_secret: Option<String>,
+    /// Key of HMAC-signed JSON Web Tokens that identify clients without a
+    /// backend call (unset: tokens are not accepted).
+    pub jwt_secret: Option<String>,
+    /// URL query parameter carrying the token (also read from the header
+    /// `x-<param>`).
+    pub jwt_param: String,
+    /// Refuse clients without a token.
+    pub jwt_force: bool,
+    /// Where the app's broadcasts come from besides `POST /_broadcast`:
+    /// `http` (only that), `redis` or `nats` (also the broker's server,
+    /// on `broadcast_channel`), `redisx` (a Redis stream of that name);
+    /// a comma-separated list, as AnyCable's.
+    pub broadcast_adapter: String,
+    /// The Redis channel, NATS subject or Redis stream of those broadcasts.
+    pub broadcast_channel: String,
+    /// gRPC over TLS to the backend (its certificate verified against the
+    /// system's roots and `tls_root_ca`).
+    pub tls: bool,
+    /// A PEM file of extra certificate authorities for the backend's TLS.
+    pub tls_root_ca: Option<String>,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            host: None,
+            secret: None,
+            headers: vec!["cookie".into()],
+            timeout_ms: 3000,
+            retries: 3,
+            concurrency: 28,
+            disconnect_rate: 100,
+            disconnect_queue: 50_000,
+            disconnect_queue_bytes: 64 * 1024 * 1024,
+            app: None,
+            path: None,
+            broadcast_key: None,
+            public_streams: false,
+            streams_secret: None,
+            jwt_secret: None,
+            jwt_param: "jid".into(),
+            jwt_force: false,
+            broadcast_adapter: "http".into(),
+            broadcast_channel: "__anycable__".into(),
+            tls: false,
+            tls_root_ca: None,
+        }
+    }
+}
+
+impl RpcConfig {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    fn validate(&self, apps: &[AppConfig]) -> Result<(), ConfigError> {
+        if let Some(h) = &self.host {
+            if h.trim().is_empty() || h.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    "rpc.host",
+                    "must be a URL or host:port without spaces",
+                ));
+            }
+        }
+        for h in &self.headers {
+            if h.is_empty()
+                || !h
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+            {
+                return Err(invalid(
+                    "rpc.headers",
+                    format!("{h:?} is not a header name (letters, digits, '-', '_')"),
+                ));
+            }
+        }
+        if self.timeout_ms == 0 {
+            return Err(invalid("rpc.timeout_ms", "must be positive"));
+        }
+        if self.concurrency == 0 {
+            return Err(invalid("rpc.concurrency", "must be positive"));
+        }
+        if self.disconnect_rate == 0 {
+            return Err(invalid("rpc.disconnect_rate", "must be positive"));
+        }
+        if self.disconnect_queue == 0 {
+            return Err(invalid("rpc.disconnect_queue", "must be positive"));
+        }
+        if self.disconnect_queue_bytes < 64 * 1024 {
+            return Err(invalid(
+                "rpc.disconnect_queue_bytes",
+                "must be at least 65536 (it must hold the largest Disconnect call)",
+            ));
+        }
+        if let Some(app) = &self.app {
+            if !apps.iter().any(|a| &a.id == app) {
+                return Err(invalid(
+                    "rpc.app",
+                    format!("names no configured app ({app:?})"),
+                ));
+            }
+        }
+        if self.jwt_param.is_empty()
+            || !self
+                .jwt_param
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+        {
+            return Err(invalid(
+                "rpc.jwt_param",
+                "must be a name of letters, digits, '-' and '_'",
+            ));
+        }
+        if self.jwt_force && self.jwt_secret.is_none() {
+            return Err(invalid("rpc.jwt_force", "needs rpc.jwt_secret"));
+        }
+        if let Some(p) = &self.path {
+            if !p.starts_with('/') || p.len() < 2 || p.chars().any(|c| c.is_whitespace()) {
+                return Err(invalid(
+                    "rpc.path",
+                    "must be a path such as /ws (a '/' and a name)",
+                ));
+            }
+        }
+        for a in self.broadcast_adapter.split(',').map(str::trim) {
+            if !["http", "redis", "redisx", "nats"].contains(&a) {
+                return Err(invalid(
+                    "rpc.broadcast_adapter",
+                    format!("{a:?}: expected http, redis, redisx or nats (comma-separated)"),
+                ));
+            }
+        }
+        if self.broadcast_channel.is_empty()
+            || self.broadcast_channel.len() > 256
+            || self
+                .broadcast_channel
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                "rpc.broadcast_channel",
+                "must be 1 to 256 characters without spaces",
+            ));
+        }
+        if self.tls_root_ca.is_some() && !self.tls {
+            return Err(invalid("rpc.tls_root_ca", "needs rpc.tls = true"));
+        }
+        for (key, v) in [
+            ("rpc.secret", &self.secret),
+            ("rpc.broadcast_key", &self.broadcast_key),
+            ("rpc.streams_secret", &self.streams_secret),
+            ("rpc.jwt_secret", &self.jwt_secret),
+        ] {
+            if v.as_deref() == Some("") {
+                return Err(invalid(key, "must not be empty when set"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `HERALD_RPC_HEADERS` / `--rpc-headers`: comma-separated, lowercased.
+fn header_list(v: &str) -> Result<toml::Value, String> {
+    Ok(toml::Value::Array(
+        v.split(',')
+            .map(|h| h.trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+            .map(toml::Value::String)
+            .collect(),
+    ))
+}
+
+/// The environment variables and flags of `herald serve` for `[rpc]`.
+pub static SETTINGS: &[Setting] = &[
+    Setting {
+        key: "rpc.host",
+        flag: "rpc-host",
+        env: "HERALD_RPC_HOST",
+        help: "The app's RPC server for /cable: http(s)://... = HTTP RPC, host:port \
+               or grpc://host:port = gRPC (AnyCable's convention)",
+        secret: false,
+        parse: text,
+    },
+    Setting {
+        key: "rpc.secret",
+        flag: "rpc-secret",
+        env: "HERALD_RPC_SECRET",
+        help: "Bearer token sent to an HTTP RPC server",
+        secret: true,
+        parse: text,
+    },
+    Setting {
+        key: "rpc.headers",
+        flag: "rpc-headers",
+        env: "HERALD_RPC_HEADERS",
+        help: "Request headers forwarded to the RPC Connect call, comma-separated \
+               (default cookie)",
+        secret: false,
+        parse: header_list,
+    },
+    Setting {
+        key: "rpc.broadcast_key",
+        flag: "broadcast-key",
+        env: "HERALD_BROADCAST_KEY",
+        help: "Bearer token required by POST /_broadcast (default: none)",
+        secret: true,
+        parse: text,
+    },
+    Setting {
+        key: "rpc.broadcast_adapter",
+        flag: "broadcast-adapter",
+        env: "HERALD_BROADCAST_ADAPTER",
+        help: "Broadcasts from the app also through the broker's server: redis \
+               or nats (AnyCable's --broadcast_adapter; default http, i.e. only \
+               POST /_broadcast)",
+        secret: false,
+        parse: text,
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(toml: &str) -> Result<RpcConfig, ConfigError> {
+        let mut c = Config::from_toml(toml, "x").unwrap();
+        c.apply(&Default::default()).unwrap();
+        load(&c)
+    }
+
+    #[test]
+    fn broadcast_adapters_are_checked() {
+        let c = parsed("[rpc]\nbroadcast_adapter = 'http, redis'").unwrap();
+        assert_eq!(c.broadcast_channel, "__anycable__");
+        for bad in [
+            "broadcast_adapter = 'kafka'",
+            "broadcast_adapter = ''",
+            "broadcast_channel = ''",
+            "broadcast_channel = 'a b'",
+        ] {
+            let err = parsed(&format!("[rpc]\n{bad}")).unwrap_err().to_string();
+            assert!(err.contains("rpc.broadcast_"), "{bad}: {err}");
+        }
+        let err = parsed("[rpc]\ntls_root_ca = 'ca.pem'")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rpc.tls_root_ca"), "{err}");
+        parsed("[rpc]\ntls = true\ntls_root_ca = 'ca.pem'").unwrap();
+    }
+
+    #[test]
+    fn wrong_types_and_unknown_keys_are_named() {
+        let err = parsed("[rpc]\ntimeout_ms = 'x'").unwrap_err().to_string();
+        assert!(err.contains("`rpc.timeout_ms`"), "{err}");
+        let err = parsed("[rpc]\nhots = 'x'").unwrap_err().to_string();
+        assert!(err.contains("`rpc.hots` unknown field"), "{err}");
+    }
+
+    #[test]
+    fn headers_from_the_environment_are_lowercased() {
+        assert_eq!(
+            header_list("Cookie, X-Api,").unwrap(),
+            toml::Value::Array(vec!["cookie".into(), "x-api".into()])
+        );
+    }
+}
