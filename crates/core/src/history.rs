@@ -165,6 +165,11 @@ impl MemoryHistory {
         Arc::from(format!("{:08x}{g:x}", self.nonce))
     }
 
+    /// Whether any stream keeps a history now (one atomic load).
+    pub fn any_reliable(&self) -> bool {
+        self.reliable.load(Ordering::Relaxed) > 0
+    }
+
     /// Bytes of data and overhead held now.
     pub fn bytes(&self) -> usize {
         self.inner.lock().bytes
@@ -632,7 +637,7 @@ mod tests {
                             }
                             Err(m) => {
                                 prop_assert_eq!(m, Miss::Evicted);
-                                prop_assert!(all.first().map_or(true, |x| x.offset > from + 1));
+                                prop_assert!(all.first().is_none_or(|x| x.offset > from + 1));
                             }
                         }
                     }
