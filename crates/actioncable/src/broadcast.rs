@@ -95,7 +95,12 @@ pub async fn handle(
         Err((status, message)) => return error(status, message),
     };
     for msg in messages {
-        node.publish(&cable.hub, publication(msg)).await;
+        let stream = channel_of(&msg.stream);
+        let p = publication(msg);
+        cable
+            .reliable
+            .publish(&node, &cable.hub, &stream, p, false)
+            .await;
     }
     StatusCode::CREATED.into_response()
 }

@@ -80,6 +80,19 @@ pub struct RpcConfig {
     pub tls: bool,
     /// A PEM file of extra certificate authorities for the backend's TLS.
     pub tls_root_ca: Option<String>,
+    // --- Reliable streams and resumable sessions (issue 19), AnyCable's names.
+    /// Most publications kept per reliable stream (0: no history).
+    pub history_limit: usize,
+    /// Seconds a publication stays in a stream's history (0: no history).
+    pub history_ttl: u64,
+    /// Most bytes all streams' histories hold together.
+    pub history_max_bytes: usize,
+    /// Seconds a closed session can be restored (0: no resumption).
+    pub sessions_ttl: u64,
+    /// Most sessions kept for restoring.
+    pub sessions_max: usize,
+    /// Most history requests per connection per second.
+    pub history_rate: u32,
 }
 
 impl Default for RpcConfig {
@@ -106,6 +119,12 @@ impl Default for RpcConfig {
             broadcast_channel: "__anycable__".into(),
             tls: false,
             tls_root_ca: None,
+            history_limit: 100,
+            history_ttl: 300,
+            history_max_bytes: 64 * 1024 * 1024,
+            sessions_ttl: 300,
+            sessions_max: 100_000,
+            history_rate: 100,
         }
     }
 }
@@ -172,6 +191,9 @@ impl RpcConfig {
                 "rpc.jwt_param",
                 "must be a name of letters, digits, '-' and '_'",
             ));
+        }
+        if self.history_rate == 0 {
+            return Err(invalid("rpc.history_rate", "must be positive"));
         }
         if self.jwt_force && self.jwt_secret.is_none() {
             return Err(invalid("rpc.jwt_force", "needs rpc.jwt_secret"));

@@ -30,10 +30,12 @@
 pub mod broadcast;
 pub mod config;
 pub mod disconnects;
+pub mod ext;
 pub mod jwt;
 pub mod metrics;
 /// AnyCable's RPC messages (a crate of their own, shared with the bench).
 pub use herald_anycable_proto as proto;
+pub mod reliable;
 pub mod rpc;
 pub mod session;
 pub mod streams;
@@ -77,6 +79,8 @@ pub struct Cable {
     /// JWT identification: the key, the query parameter, and whether a
     /// token is required.
     pub jwt: Option<Jwt>,
+    /// History and resumable sessions (`actioncable-v1-ext-json`).
+    pub reliable: Arc<reliable::Reliable>,
 }
 
 pub struct Jwt {
@@ -151,6 +155,11 @@ impl Cable {
                 header: format!("x-{}", config.jwt_param.to_ascii_lowercase()),
                 force: config.jwt_force,
             }),
+            reliable: {
+                let r = Arc::new(reliable::Reliable::new(config));
+                r.start_sweeper();
+                r
+            },
         })
     }
 }

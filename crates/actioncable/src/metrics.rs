@@ -49,6 +49,19 @@ pub static BROADCAST_ERRORS: Counter = Counter::new(
     "POST /_broadcast requests refused (bad key, bad body, too large)",
 );
 
+pub static CABLE_SESSIONS_RESTORED: Counter = Counter::new(
+    "herald_cable_sessions_restored_total",
+    "actioncable-v1-ext-json sessions restored from the sessions cache (no Connect call)",
+);
+pub static CABLE_HISTORY_REJECTED: Counter = Counter::new(
+    "herald_cable_history_rejected_total",
+    "History requests answered reject_history: unknown stream or epoch, offset evicted or ahead",
+);
+pub static CABLE_HISTORY_LIMITED: Counter = Counter::new(
+    "herald_cable_history_limited_total",
+    "History requests answered reject_history because the connection was over rpc.history_rate",
+);
+
 pub fn register_all() {
     for c in [
         &RPC_CALLS,
@@ -63,6 +76,9 @@ pub fn register_all() {
         &DISCONNECTS_SENT,
         &BROADCASTS,
         &BROADCAST_ERRORS,
+        &CABLE_SESSIONS_RESTORED,
+        &CABLE_HISTORY_REJECTED,
+        &CABLE_HISTORY_LIMITED,
     ] {
         register(c);
     }

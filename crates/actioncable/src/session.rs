@@ -9,6 +9,12 @@
 //! are kept here and sent with every call, as AnyCable does: a command
 //! carries its own subscription's state, a disconnect every subscription's
 //! (identifier → JSON object).
+//!
+//! A little over 800 lines: the connect path, the commands and their RPC
+//! answers share this one session state; the extended protocol's part
+//! lives in `session/ext.rs`.
+
+mod ext;
 
 use crate::metrics as m;
 use crate::proto::{
@@ -53,6 +59,9 @@ struct Request0 {
     headers: HashMap<String, String>,
     /// A JWT from the `x-<param>` header or the `<param>` query parameter.
     token: Option<String>,
+    /// Issue 19: the `sid` of a session to restore (`?sid=` or the
+    /// `x-anycable-restore-sid` header, as anycable-go reads them).
+    restore: Option<String>,
 }
 
 /// `/cable`: upgrade, then ask the app who this is.
@@ -69,8 +78,9 @@ pub async fn upgrade(
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
     let info = request_info(&node, &cable, req.headers(), req.uri(), peer);
-    herald_core::ws::upgrade(req, wire::PROTOCOLS, move |socket, _| async move {
-        open(node, cable, socket, info).await
+    herald_core::ws::upgrade(req, wire::PROTOCOLS, move |socket, protocol| async move {
+        let ext = protocol == Some(crate::ext::PROTOCOL);
+        open(node, cable, socket, info, ext).await
     })
 }
 
@@ -114,10 +124,21 @@ fn request_info(
             })
             .filter(|t| !t.is_empty())
     });
+    let restore = headers
+        .get("x-anycable-restore-sid")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| {
+            form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+                .find(|(k, _)| k == "sid")
+                .map(|(_, v)| v.into_owned())
+        })
+        .filter(|s| !s.is_empty() && s.len() <= 128);
     Request0 {
         url: format!("{scheme}://{host}{path}"),
         headers: forwarded,
         token,
+        restore,
     }
 }
 
@@ -133,13 +154,20 @@ fn text_frames(transmissions: &[String]) -> Vec<Frame> {
     transmissions.iter().map(|t| Frame::text(t)).collect()
 }
 
-async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0) {
+async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0, ext: bool) {
     let hub = cable.hub.clone();
     if hub.admit().is_err() {
         let bye = Frame::text(&wire::disconnect(reason::OVER_CAPACITY, true));
         return refuse(socket, vec![bye], 1013, "Over capacity").await;
     }
     let (id, sid) = node.next_connection();
+    // Issue 19: a resumable session's sid carries a random part, so a
+    // session cannot be restored by guessing its number.
+    let sid = if ext {
+        format!("{sid}.{:032x}", rand::random::<u128>())
+    } else {
+        sid
+    };
     let mut env = SessionEnv {
         url: info.url,
         headers: info.headers,
@@ -150,7 +178,24 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     let mut welcome = Vec::new();
     let mut authenticated = false;
     let mut identified = false;
-    if let Some(j) = &cable.jwt {
+    // Issue 19: a session restored from the cache skips JWT and Connect.
+    let restored = if ext && cable.reliable.sessions.enabled() {
+        info.restore
+            .as_deref()
+            .and_then(|prev| cable.reliable.sessions.take(prev))
+    } else {
+        None
+    };
+    if let Some(snap) = &restored {
+        identifiers = snap.identifiers.clone();
+        env.cstate = snap.cstate.clone();
+        env.istate = snap.istate.clone();
+        authenticated = snap.authenticated && cable.rpc.is_some();
+        identified = true;
+        metrics::count(&m::CABLE_SESSIONS_RESTORED);
+        let ids: Vec<&str> = snap.subs.iter().map(|(i, _)| i.as_str()).collect();
+        welcome.push(Frame::text(&crate::ext::welcome_restored(&sid, &ids)));
+    } else if let Some(j) = &cable.jwt {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -233,13 +278,18 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
         frames: hub.app.outbound_queue,
         bytes: hub.app.outbound_bytes,
     };
-    let conn = Arc::new(Connection::new(id, sid, &WIRE, limit));
+    let wire: &'static dyn herald_core::wire::Wire =
+        if ext { &crate::ext::EXT_WIRE } else { &WIRE };
+    let conn = Arc::new(Connection::new(id, sid, wire, limit));
+    if ext {
+        conn.with_gate();
+    }
     for f in welcome {
         conn.send(f);
     }
     let settings = Settings::new(&node.config, &hub.app);
     let shutdown = node.shutdown.clone();
-    let s = CableSession {
+    let mut s = CableSession {
         node,
         hub,
         cable,
@@ -249,7 +299,14 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
         subs: Vec::new(),
         streams: 0,
         authenticated,
+        ext,
+        hold: false,
+        history_tokens: (0.0, std::time::Instant::now()),
     };
+    s.history_tokens.0 = f64::from(s.cable.reliable.history_rate);
+    if let Some(snap) = restored {
+        s.restore(snap).await;
+    }
     session::run(socket, conn, s, settings, shutdown).await;
 }
 
@@ -326,6 +383,14 @@ struct CableSession {
     streams: usize,
     /// Connected through the app: it hears of the disconnect.
     authenticated: bool,
+    // --- Issue 19 (`actioncable-v1-ext-json`).
+    /// Speaks the extended protocol: positions, history, resumption.
+    ext: bool,
+    /// Hold live publications of streams added now (a history answer
+    /// follows): see `herald_core::history::Gate`.
+    hold: bool,
+    /// History requests left (token bucket at `history_rate` per second).
+    history_tokens: (f64, std::time::Instant),
 }
 
 impl Handler for CableSession {
@@ -346,7 +411,12 @@ impl Handler for CableSession {
             }
         };
         match command {
+            Command::Subscribe { identifier } if self.ext => {
+                self.subscribe_with_history(identifier, &text).await
+            }
             Command::Subscribe { identifier } => self.subscribe(identifier).await,
+            Command::History { identifier } => self.history(&identifier, &text),
+            Command::Pong => Next::Continue,
             Command::Unsubscribe { identifier } => self.unsubscribe(&identifier).await,
             Command::Message { identifier, data } => self.perform(&identifier, data).await,
         }
@@ -651,20 +721,32 @@ impl CableSession {
             return;
         }
         let tag = Some(self.subs[at].identifier.clone());
+        let channel = channel_of(&stream);
+        if self.ext {
+            herald_core::history::History::retain(&*self.cable.reliable.history, &channel);
+            if self.hold {
+                self.conn.with_gate().hold(&channel);
+            }
+        }
         let opts = SubscribeOptions {
             tag,
             ..SubscribeOptions::default()
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, &channel_of(&stream), opts)
+            .subscribe(&self.hub, &self.conn, &channel, opts)
             .await
         {
             Ok(_) => {
                 self.subs[at].streams.push(stream);
                 self.streams += 1;
             }
-            Err(e) => tracing::warn!(sid = %self.conn.socket_id, error = %e, "stream refused"),
+            Err(e) => {
+                if let Some(g) = self.conn.gate() {
+                    g.forget(&channel);
+                }
+                tracing::warn!(sid = %self.conn.socket_id, error = %e, "stream refused")
+            }
         }
     }
 
@@ -680,13 +762,17 @@ impl CableSession {
     }
 
     fn leave(&mut self, identifier: &Arc<str>, stream: &str) {
+        let channel = channel_of(stream);
         self.node.unsubscribe(
             &self.hub,
             &self.conn,
-            &channel_of(stream),
+            &channel,
             &Some(identifier.clone()),
             false,
         );
+        if let Some(g) = self.conn.gate() {
+            g.forget(&channel);
+        }
         self.streams = self.streams.saturating_sub(1);
     }
 
@@ -694,6 +780,23 @@ impl CableSession {
     /// Disconnect call. Idempotent: runs when the loop ends and on drop.
     fn cleanup(&mut self) {
         let subs = std::mem::take(&mut self.subs);
+        // Issue 19: keep what a reconnecting client restores (once).
+        if std::mem::take(&mut self.ext) && self.cable.reliable.sessions.enabled() {
+            let snap = crate::reliable::Snapshot {
+                identifiers: self.identifiers.clone(),
+                cstate: self.env.cstate.clone(),
+                istate: self.env.istate.clone(),
+                subs: subs
+                    .iter()
+                    .map(|s| (s.identifier.to_string(), s.streams.clone()))
+                    .collect(),
+                authenticated: self.authenticated,
+            };
+            self.cable
+                .reliable
+                .sessions
+                .store(&self.conn.socket_id, snap);
+        }
         for sub in &subs {
             for s in &sub.streams {
                 self.leave(&sub.identifier, s);

@@ -11,7 +11,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// The subprotocols Herald accepts, in its order of preference.
-pub const PROTOCOLS: &[&str] = &["actioncable-v1-json", "actioncable-unsupported"];
+pub const PROTOCOLS: &[&str] = &[
+    "actioncable-v1-json",
+    crate::ext::PROTOCOL,
+    "actioncable-unsupported",
+];
 
 /// Longest subscription identifier accepted, in bytes.
 pub const MAX_IDENTIFIER: usize = 1024;
@@ -45,6 +49,13 @@ pub enum Command {
         identifier: String,
         data: String,
     },
+    /// `actioncable-v1-ext-json`: missed publications of a subscription's
+    /// streams (the request itself: [`crate::ext::history_request`]).
+    History {
+        identifier: String,
+    },
+    /// `actioncable-v1-ext-json`: the client's answer to a ping.
+    Pong,
 }
 
 #[derive(Deserialize)]
@@ -72,6 +83,9 @@ pub fn parse(text: &str) -> Result<Command, String> {
         }
     })?;
     let command = string(raw.command, "command")?;
+    if command == "pong" {
+        return Ok(Command::Pong);
+    }
     let identifier = string(raw.identifier, "identifier")?;
     if identifier.is_empty() {
         return Err("`identifier` is empty".into());
@@ -84,6 +98,7 @@ pub fn parse(text: &str) -> Result<Command, String> {
     match command.as_str() {
         "subscribe" => Ok(Command::Subscribe { identifier }),
         "unsubscribe" => Ok(Command::Unsubscribe { identifier }),
+        "history" => Ok(Command::History { identifier }),
         "message" => Ok(Command::Message {
             identifier,
             data: string(raw.data, "data")?,

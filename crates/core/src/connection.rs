@@ -96,6 +96,10 @@ pub struct Connection {
     waker: AtomicWaker,
     /// 0 while open; otherwise the packed [`Reason`] asked for (first wins).
     close: AtomicU32,
+    /// Reliable streams (issue 19): set once for connections whose
+    /// protocol resumes streams; fan-out consults it for positioned
+    /// publications only.
+    gate: std::sync::OnceLock<Box<crate::history::Gate>>,
 }
 
 impl Connection {
@@ -113,7 +117,18 @@ impl Connection {
             limit,
             waker: AtomicWaker::new(),
             close: AtomicU32::new(0),
+            gate: std::sync::OnceLock::new(),
         }
+    }
+
+    /// This connection's history gate, if it has one.
+    pub fn gate(&self) -> Option<&crate::history::Gate> {
+        self.gate.get().map(|g| &**g)
+    }
+
+    /// Give this connection a history gate (once; later calls return it).
+    pub fn with_gate(&self) -> &crate::history::Gate {
+        self.gate.get_or_init(Box::default)
     }
 
     /// Queue a frame without waiting. A full queue (in frames or bytes)

@@ -63,6 +63,11 @@ pub struct Publication {
     /// there, if it names one of that node's (see [`Publication::resolve`]).
     #[serde(skip)]
     exclude_conn: Option<ConnId>,
+    /// Reliable streams (issue 19): the publication's place in its
+    /// stream's history, set by the adapter that appended it. Not carried
+    /// between nodes yet (the cluster engines come in a later slice).
+    #[serde(skip)]
+    pub position: Option<crate::history::Position>,
     #[serde(skip)]
     frames: Frames,
 }
@@ -99,6 +104,7 @@ impl Publication {
             origin: 0,
             id: 0,
             exclude_conn: None,
+            position: None,
             frames: Frames::default(),
         }
     }
@@ -168,6 +174,8 @@ impl Publication {
     pub fn resolve(&mut self, node: NodeId) {
         self.exclude_conn = self.exclude.as_deref().and_then(|sid| {
             let (n, c) = sid.split_once('.')?;
+            // "node.conn" or, for resumable sessions, "node.conn.secret".
+            let c = c.split('.').next()?;
             (n.parse::<NodeId>().ok()? == node).then(|| c.parse().ok())?
         });
     }
@@ -210,6 +218,11 @@ pub struct Target {
 /// (wire, tag) frame is remembered, so a run of subscribers with the same
 /// protocol and tag costs one comparison each.
 pub fn deliver(p: &Publication, targets: &[Target]) -> u64 {
+    // Reliable streams (issue 19): positioned publications go through each
+    // connection's gate; the at-most-once path below is unchanged.
+    if let Some(pos) = &p.position {
+        return deliver_positioned(p, pos, targets);
+    }
     let mut delivered = 0;
     let mut last: Option<(&'static dyn Wire, &Tag, Frame)> = None;
     for t in targets {
@@ -230,6 +243,28 @@ pub fn deliver(p: &Publication, targets: &[Target]) -> u64 {
             }
         };
         if conn.send(frame) {
+            delivered += 1;
+        }
+    }
+    delivered
+}
+
+/// [`deliver`] for a publication with a position: a connection with a
+/// [`crate::history::Gate`] decides whether the frame goes now, waits, or
+/// was already sent in a history answer.
+fn deliver_positioned(p: &Publication, pos: &crate::history::Position, targets: &[Target]) -> u64 {
+    let mut delivered = 0;
+    for t in targets {
+        let conn = &t.conn;
+        if p.excludes(conn.id) {
+            continue;
+        }
+        let frame = p.frame(conn.wire, &t.tag);
+        let sent = match conn.gate() {
+            Some(gate) => gate.pass(conn, &p.channel, pos, frame),
+            None => conn.send(frame),
+        };
+        if sent {
             delivered += 1;
         }
     }

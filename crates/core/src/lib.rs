@@ -37,6 +37,7 @@ pub mod config;
 pub mod connection;
 pub mod fanout;
 pub mod frame;
+pub mod history;
 pub mod hub;
 pub mod metrics;
 pub mod node;

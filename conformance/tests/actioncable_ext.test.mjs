@@ -1,0 +1,96 @@
+// AnyCable's extended protocol (actioncable-v1-ext-json) on one herald:
+// the real @anycable/web client whose socket is cut while the app keeps
+// broadcasting comes back with every message exactly once, in order,
+// restored without a new Connect; a history request for an unknown epoch
+// is rejected and the client stays connected.
+import { test, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { startHerald } from '../lib/herald.mjs';
+import { chatApp, httpRpcServer, rawCable, until } from '../lib/cable.mjs';
+
+const EXT = 'actioncable-v1-ext-json';
+
+async function setup() {
+  const chat = chatApp();
+  const rpc = await httpRpcServer(chat.app);
+  const herald = await startHerald({ rpc: { host: rpc.url } });
+  const broadcast = (stream, data) =>
+    fetch(`${herald.base}/_broadcast`, {
+      method: 'POST',
+      body: JSON.stringify({ stream, data: JSON.stringify(data) }),
+    }).then((r) => assert.equal(r.status, 201));
+  return { chat, rpc, herald, broadcast };
+}
+
+describe('actioncable-v1-ext-json with @anycable/web', () => {
+  test('a dropped client restores without Connect and gets every missed message once, in order', async () => {
+    const { createCable } = await import('@anycable/web');
+    const { default: WebSocket } = await import('ws');
+    const { chat, rpc, herald, broadcast } = await setup();
+    const cable = createCable(`ws://127.0.0.1:${herald.port}/cable`, {
+      websocketImplementation: WebSocket,
+      websocketOptions: { headers: { cookie: 'user=gap' } },
+      protocol: EXT,
+      logLevel: 'error',
+    });
+    const events = [];
+    cable.on('connect', (e) => events.push(e));
+    try {
+      const channel = cable.subscribeTo('ChatChannel', { room: 'gap' });
+      await channel.ensureSubscribed();
+      const got = [];
+      channel.on('message', (m) => got.push(m.n));
+      const N = 80;
+      let dropped = false;
+      for (let n = 1; n <= N; n++) {
+        await broadcast('room:gap', { n });
+        if (n === 20) {
+          await until(() => got.length >= 20, 'the first 20 messages live');
+          // Cut the socket under the client (no close handshake).
+          cable.transport.ws.terminate();
+          dropped = true;
+        }
+        await new Promise((r) => setTimeout(r, 15));
+      }
+      assert.ok(dropped);
+      await until(() => got.length >= N, `all ${N} messages (got ${got.length})`, 15000);
+      await new Promise((r) => setTimeout(r, 200));
+      assert.deepEqual(got, Array.from({ length: N }, (_, i) => i + 1), 'each message once, in order');
+      assert.ok(events.some((e) => e.restored), `the session was restored: ${JSON.stringify(events)}`);
+      assert.equal(chat.calls.connect.length, 1, 'no second Connect for the restored session');
+    } finally {
+      cable.disconnect();
+      await herald.stop();
+      await rpc.close();
+    }
+  });
+
+  test('reject_history for an unknown epoch leaves the client connected', async () => {
+    const { rpc, herald, broadcast } = await setup();
+    try {
+      const c = await rawCable(herald, { cookie: 'user=r', protocols: [EXT] });
+      assert.equal(c.ws.protocol, EXT);
+      const welcome = await c.next();
+      assert.equal(welcome.type, 'welcome');
+      assert.ok(welcome.sid, 'the welcome carries a sid');
+      const identifier = JSON.stringify({ channel: 'ChatChannel', room: 'r' });
+      c.send({
+        command: 'subscribe',
+        identifier,
+        history: { since: 0, streams: { 'room:r': { epoch: 'bogus', offset: 3 } } },
+      });
+      assert.equal((await c.next()).type, 'confirm_subscription');
+      assert.deepEqual(await c.next(), { type: 'reject_history', identifier });
+      await broadcast('room:r', { after: true });
+      const m = await c.next();
+      assert.deepEqual(m.message, { after: true });
+      assert.equal(m.stream_id, 'room:r');
+      assert.equal(m.offset, 1);
+      assert.equal(typeof m.epoch, 'string');
+      c.close();
+    } finally {
+      await herald.stop();
+      await rpc.close();
+    }
+  });
+});

@@ -1,0 +1,197 @@
+//! AnyCable's extended protocol, `actioncable-v1-ext-json`, as far as this
+//! slice goes (issue 19): stream positions on messages of reliable streams,
+//! `history` requests and their `confirm_history` / `reject_history`
+//! answers, and the restored welcome. The frames are the ones
+//! anycable-go 1.6.16 sends (docs/actioncable.md, "Extended protocol").
+
+use crate::wire::json_string;
+use herald_core::fanout::Publication;
+use herald_core::frame::Frame;
+use herald_core::history::Entry;
+use herald_core::wire::{Event, Wire};
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// The subprotocol's name.
+pub const PROTOCOL: &str = "actioncable-v1-ext-json";
+
+/// Most streams one history request may name (more is a bad request).
+pub const MAX_REQUEST_STREAMS: usize = 1000;
+
+/// A stream position as the client gives it.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+pub struct ClientPosition {
+    #[serde(default)]
+    pub epoch: String,
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// What a client asks of a subscription's history: since a Unix time in
+/// seconds, and/or after given positions per stream.
+#[derive(Debug, Deserialize, Default, Clone, PartialEq, Eq)]
+pub struct HistoryRequest {
+    #[serde(default)]
+    pub since: u64,
+    #[serde(default)]
+    pub streams: HashMap<String, ClientPosition>,
+}
+
+impl HistoryRequest {
+    /// AnyCable answers nothing to a request without either.
+    pub fn is_empty(&self) -> bool {
+        self.since == 0 && self.streams.is_empty()
+    }
+}
+
+#[derive(Deserialize)]
+struct WithHistory {
+    #[serde(default)]
+    history: Option<HistoryRequest>,
+}
+
+/// The `history` field of a client command (`subscribe` or `history`):
+/// `Ok(None)` when absent, `Err` when present and malformed or too large.
+pub fn history_request(text: &str) -> Result<Option<HistoryRequest>, String> {
+    let w: WithHistory =
+        serde_json::from_str(text).map_err(|e| format!("`history` is malformed: {e}"))?;
+    if let Some(h) = &w.history {
+        if h.streams.len() > MAX_REQUEST_STREAMS {
+            return Err(format!(
+                "`history` names more than {MAX_REQUEST_STREAMS} streams"
+            ));
+        }
+    }
+    Ok(w.history)
+}
+
+fn typed(kind: &str, identifier: &str) -> String {
+    format!(
+        r#"{{"type":{},"identifier":{}}}"#,
+        json_string(kind),
+        json_string(identifier)
+    )
+}
+
+pub fn confirm_history(identifier: &str) -> String {
+    typed("confirm_history", identifier)
+}
+
+pub fn reject_history(identifier: &str) -> String {
+    typed("reject_history", identifier)
+}
+
+/// The welcome of a restored session: its new `sid` and the identifiers
+/// of the subscriptions it has back.
+pub fn welcome_restored(sid: &str, identifiers: &[&str]) -> String {
+    let ids: Vec<String> = identifiers.iter().map(|i| json_string(i)).collect();
+    format!(
+        r#"{{"type":"welcome","sid":{},"restored":true,"restored_ids":[{}]}}"#,
+        json_string(sid),
+        ids.join(",")
+    )
+}
+
+/// A message of a reliable stream: the identifier, the message (JSON
+/// text), and its position.
+pub fn positioned(
+    identifier: &str,
+    message: &str,
+    stream: &str,
+    epoch: &str,
+    offset: u64,
+) -> String {
+    let id = json_string(identifier);
+    let stream = json_string(stream);
+    let epoch = json_string(epoch);
+    let mut s = String::with_capacity(64 + id.len() + message.len() + stream.len());
+    s.push_str(r#"{"identifier":"#);
+    s.push_str(&id);
+    s.push_str(r#","message":"#);
+    s.push_str(message);
+    s.push_str(r#","stream_id":"#);
+    s.push_str(&stream);
+    s.push_str(r#","epoch":"#);
+    s.push_str(&epoch);
+    s.push_str(r#","offset":"#);
+    s.push_str(&offset.to_string());
+    s.push('}');
+    s
+}
+
+/// A history entry as the client gets it.
+pub fn entry_frame(identifier: &str, stream: &str, epoch: &str, e: &Entry) -> Frame {
+    Frame::text(&positioned(identifier, &e.data, stream, epoch, e.offset))
+}
+
+/// The core's encoder for `actioncable-v1-ext-json` connections: like
+/// [`crate::wire::CableWire`], plus the position on reliable streams. A
+/// wire of its own so `actioncable-v1-json` clients get exactly the
+/// frames they always did.
+pub struct ExtWire;
+
+pub static EXT_WIRE: ExtWire = ExtWire;
+
+impl Wire for ExtWire {
+    fn name(&self) -> &'static str {
+        "actioncable-ext"
+    }
+
+    fn publication(&self, p: &Publication, tag: &str) -> Frame {
+        match &p.position {
+            Some(pos) => {
+                let stream = p
+                    .channel
+                    .strip_prefix(crate::STREAM_PREFIX)
+                    .unwrap_or(&p.channel);
+                Frame::text(&positioned(
+                    tag,
+                    p.data.get(),
+                    stream,
+                    &pos.epoch,
+                    pos.offset,
+                ))
+            }
+            None => crate::wire::WIRE.publication(p, tag),
+        }
+    }
+
+    fn event(&self, _e: &Event<'_>, _tag: &str) -> Option<Frame> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_match_anycable() {
+        assert_eq!(
+            positioned(r#"{"channel":"C"}"#, r#"{"n":1}"#, "chat", "zowb", 1),
+            r#"{"identifier":"{\"channel\":\"C\"}","message":{"n":1},"stream_id":"chat","epoch":"zowb","offset":1}"#
+        );
+        assert_eq!(
+            confirm_history("i"),
+            r#"{"type":"confirm_history","identifier":"i"}"#
+        );
+        assert_eq!(
+            welcome_restored("s", &["a"]),
+            r#"{"type":"welcome","sid":"s","restored":true,"restored_ids":["a"]}"#
+        );
+    }
+
+    #[test]
+    fn history_requests() {
+        let r = history_request(
+            r#"{"command":"history","identifier":"i","history":{"since":5,"streams":{"a":{"epoch":"e","offset":3}}}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.since, 5);
+        assert_eq!(r.streams["a"].offset, 3);
+        assert_eq!(history_request(r#"{"command":"subscribe"}"#), Ok(None));
+        assert!(history_request(r#"{"history":{"since":"x"}}"#).is_err());
+        assert!(history_request(r#"{"history":{"streams":{"a":{"offset":-1}}}}"#).is_err());
+    }
+}

@@ -1,0 +1,131 @@
+//! Issue 19: the `actioncable-v1-ext-json` part of a session: restoring a
+//! session from the cache, `subscribe` with a history request, and
+//! `history` answers (a child of `session`, which it extends).
+
+use super::*;
+
+/// Issue 19: `actioncable-v1-ext-json` history and resumption.
+impl CableSession {
+    /// Put a restored session's subscriptions back, holding their live
+    /// publications until the client's history requests are answered.
+    pub(super) async fn restore(&mut self, snap: crate::reliable::Snapshot) {
+        self.hold = true;
+        for (identifier, streams) in snap.subs {
+            self.subs.push(Sub {
+                identifier: Arc::from(identifier.as_str()),
+                streams: Vec::new(),
+            });
+            for s in streams {
+                self.add_stream(&identifier, s).await;
+            }
+        }
+        self.hold = false;
+    }
+
+    /// A `subscribe` that may carry a `history` request: the streams the
+    /// subscription gets are held until it is answered, after the
+    /// confirmation, as anycable-go answers it.
+    pub(super) async fn subscribe_with_history(&mut self, identifier: String, text: &str) -> Next {
+        let request = crate::ext::history_request(text).ok().flatten();
+        if request.is_none() || self.find(&identifier).is_some() {
+            return self.subscribe(identifier).await;
+        }
+        self.hold = true;
+        let next = self.subscribe(identifier.clone()).await;
+        self.hold = false;
+        if let (Some(at), Some(req)) = (self.find(&identifier), request) {
+            self.answer_history(at, &identifier, &req);
+        }
+        next
+    }
+
+    pub(super) fn history(&mut self, identifier: &str, text: &str) -> Next {
+        let Some(at) = self.find(identifier).filter(|_| self.ext) else {
+            metrics::count(&metrics::BAD_MESSAGES);
+            tracing::debug!(sid = %self.conn.socket_id, "history for an unknown identifier");
+            return Next::Continue;
+        };
+        match crate::ext::history_request(text) {
+            Ok(Some(req)) => self.answer_history(at, identifier, &req),
+            other => {
+                metrics::count(&metrics::BAD_MESSAGES);
+                if let Err(e) = other {
+                    tracing::debug!(sid = %self.conn.socket_id, error = %e, "bad history request");
+                }
+                self.release_all(at);
+                self.send(&crate::ext::reject_history(identifier));
+            }
+        }
+        Next::Continue
+    }
+
+    /// Take one history request from the bucket.
+    fn history_allowed(&mut self) -> bool {
+        let rate = f64::from(self.cable.reliable.history_rate);
+        let (tokens, at) = &mut self.history_tokens;
+        let now = std::time::Instant::now();
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn release_all(&self, at: usize) {
+        let gate = self.conn.with_gate();
+        for s in &self.subs[at].streams {
+            gate.release(&self.conn, &channel_of(s), None, |_, _| unreachable!());
+        }
+    }
+
+    /// Answer a history request for the subscription at `at`: every missed
+    /// publication of each of its streams then `confirm_history`, or
+    /// `reject_history` when any stream cannot be answered exactly (the
+    /// client stays connected). Held live publications follow the answer.
+    fn answer_history(&mut self, at: usize, identifier: &str, req: &crate::ext::HistoryRequest) {
+        use herald_core::history::{History, Miss};
+        if req.is_empty() {
+            // anycable-go answers nothing to an empty request.
+            return self.release_all(at);
+        }
+        if !self.history_allowed() {
+            metrics::count(&m::CABLE_HISTORY_LIMITED);
+            tracing::debug!(sid = %self.conn.socket_id, "history request over rpc.history_rate");
+            self.release_all(at);
+            return self.send(&crate::ext::reject_history(identifier));
+        }
+        let history = &self.cable.reliable.history;
+        let mut answers = Vec::with_capacity(self.subs[at].streams.len());
+        for stream in &self.subs[at].streams {
+            let channel = channel_of(stream);
+            let read = match req.streams.get(stream) {
+                Some(p) => Some(history.after(&channel, &p.epoch, p.offset)),
+                None if req.since > 0 => match history.since(&channel, req.since) {
+                    Err(Miss::UnknownStream) => None,
+                    r => Some(r),
+                },
+                None => None,
+            };
+            match read {
+                Some(Ok(b)) => answers.push((stream, channel, Some(b))),
+                None => answers.push((stream, channel, None)),
+                Some(Err(miss)) => {
+                    metrics::count(&m::CABLE_HISTORY_REJECTED);
+                    tracing::debug!(sid = %self.conn.socket_id, ?miss, "history rejected");
+                    self.release_all(at);
+                    return self.send(&crate::ext::reject_history(identifier));
+                }
+            }
+        }
+        let gate = self.conn.with_gate();
+        for (stream, channel, backlog) in &answers {
+            gate.release(&self.conn, channel, backlog.as_ref(), |e, epoch| {
+                crate::ext::entry_frame(identifier, stream, epoch, e)
+            });
+        }
+        self.send(&crate::ext::confirm_history(identifier));
+    }
+}
