@@ -128,26 +128,7 @@ async fn metrics_text(State(node): State<Arc<Node>>) -> Response {
 /// 1024, which would cap a server at about a thousand clients. Returns the
 /// limit now in force, if it could be read.
 pub fn raise_open_file_limit() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return None;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return Some(raised.rlim_cur);
-            }
-        }
-    }
-    Some(lim.rlim_cur)
+    rlimit::increase_nofile_limit(u64::MAX).ok()
 }
 
 /// Bind with a large listen backlog so a connection avalanche queues

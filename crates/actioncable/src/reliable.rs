@@ -7,8 +7,8 @@
 //! ([`History::retain`]); streams only `actioncable-v1-json` clients follow
 //! keep no history and publish exactly as before.
 
+use crate::config::RpcConfig;
 use crate::session::MAX_STREAMS;
-use herald_core::config::RpcConfig;
 use herald_core::fanout::Publication;
 use herald_core::history::{History, Limits, MemoryHistory};
 use herald_core::hub::Hub;

@@ -220,42 +220,17 @@ pub fn now_us() -> u64 {
 pub fn raise_nofile(needed: u64) -> Option<String> {
     // Sockets plus stdio, the runtime's epoll and eventfd, and some slack.
     let want = needed + 64;
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let Ok(now) = rlimit::increase_nofile_limit(u64::MAX) else {
+        return Some("cannot read the open-file limit (getrlimit failed)".into());
     };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return Some("cannot read the open-file limit (getrlimit failed)".into());
-        }
-        if lim.rlim_cur >= want {
-            return None;
-        }
-        if lim.rlim_max >= want {
-            lim.rlim_cur = lim.rlim_max;
-        } else {
-            // Needs privilege (CAP_SYS_RESOURCE); try, then fall back to the hard limit.
-            let raised = libc::rlimit {
-                rlim_cur: want,
-                rlim_max: want,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return None;
-            }
-            lim.rlim_cur = lim.rlim_max;
-        }
-        let ok = libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0;
-        if lim.rlim_cur >= want && ok {
-            None
-        } else {
-            Some(format!(
-                "open-file limit is {} but {needed} connections need about {want}; \
-                 raise it (ulimit -n {want}) or expect connection errors",
-                lim.rlim_cur
-            ))
-        }
+    // Past the hard limit only with privilege (CAP_SYS_RESOURCE): try.
+    if now >= want || rlimit::Resource::NOFILE.set(want, want).is_ok() {
+        return None;
     }
+    Some(format!(
+        "open-file limit is {now} but {needed} connections need about {want}; \
+         raise it (ulimit -n {want}) or expect connection errors"
+    ))
 }
 
 /// The open-file limit of another process, from `/proc/<pid>/limits`.
