@@ -19,6 +19,14 @@ pub struct MemberRef<'a> {
 }
 
 /// Events the core produces, described independently of any wire format.
+///
+/// They are outcomes of the hub's own features (subscriptions, presence,
+/// counts, the last-event cache, watched users), not one protocol's
+/// messages: Pusher encodes every one; AppSync encodes `Subscribed` as its
+/// `start_ack`/`subscribe_success` and answers `None` to the rest (its
+/// protocols have no such messages); Action Cable answers `None` to all
+/// today, and its extended protocol's presence (issue 19) is what the
+/// member events are for. Hence they stay in the core, under neutral names.
 #[derive(Debug, Clone, Copy)]
 pub enum Event<'a> {
     /// A subscription was accepted; presence channels list their members.
