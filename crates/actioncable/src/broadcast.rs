@@ -14,7 +14,7 @@
 use crate::metrics as m;
 use crate::session::MAX_STREAM_NAME;
 use crate::wire::message_value;
-use crate::{channel_of, Cable};
+use crate::{Cable, NAMESPACE};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -131,7 +131,8 @@ fn publication(msg: Message) -> Publication {
         .and_then(|m| m.exclude_socket)
         .filter(|s| !s.is_empty());
     Publication::new(
-        channel_of(&msg.stream),
+        NAMESPACE,
+        msg.stream,
         String::new(),
         message_value(&msg.data),
     )

@@ -18,7 +18,7 @@ use crate::proto::{
 use crate::rpc::RpcError;
 use crate::streams::{self, Request as StreamRequest};
 use crate::wire::{self, reason, Command, WIRE};
-use crate::{channel_of, Cable};
+use crate::{Cable, NAMESPACE};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -657,7 +657,7 @@ impl CableSession {
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, &channel_of(&stream), opts)
+            .subscribe(&self.hub, &self.conn, NAMESPACE, &stream, opts)
             .await
         {
             Ok(_) => {
@@ -683,7 +683,8 @@ impl CableSession {
         self.node.unsubscribe(
             &self.hub,
             &self.conn,
-            &channel_of(stream),
+            NAMESPACE,
+            stream,
             &Some(identifier.clone()),
             false,
         );

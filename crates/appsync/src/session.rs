@@ -13,6 +13,7 @@ use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::Tag;
 use herald_core::frame::Frame;
 use herald_core::hub::{Hub, Refused, SubscribeOptions};
+use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::session::{self, Closing, Settings, Why};
 use herald_core::wire::Wire;
@@ -182,6 +183,7 @@ async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket, key: String, api: A
 
 /// One subscription of a connection.
 struct Sub {
+    ns: Namespace,
     channel: String,
     pattern: bool,
     tag: Tag,
@@ -220,6 +222,7 @@ impl Base {
     pub async fn subscribe(
         &mut self,
         id: &str,
+        ns: Namespace,
         channel: String,
         pattern: bool,
         tag: String,
@@ -245,13 +248,14 @@ impl Base {
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, &channel, opts)
+            .subscribe(&self.hub, &self.conn, ns, &channel, opts)
             .await
         {
             Ok(_) => {
                 self.subs.insert(
                     id.to_owned(),
                     Sub {
+                        ns,
                         channel,
                         pattern,
                         tag,
@@ -280,8 +284,9 @@ impl Base {
     pub fn unsubscribe(&mut self, id: &str) -> bool {
         match self.subs.remove(id) {
             Some(s) => {
+                let (hub, conn) = (&self.hub, &self.conn);
                 self.node
-                    .unsubscribe(&self.hub, &self.conn, &s.channel, &s.tag, s.pattern);
+                    .unsubscribe(hub, conn, s.ns, &s.channel, &s.tag, s.pattern);
                 true
             }
             None => false,
@@ -292,8 +297,9 @@ impl Base {
     /// again on drop.
     pub fn cleanup(&mut self) {
         for (_, s) in std::mem::take(&mut self.subs) {
+            let (hub, conn) = (&self.hub, &self.conn);
             self.node
-                .unsubscribe(&self.hub, &self.conn, &s.channel, &s.tag, s.pattern);
+                .unsubscribe(hub, conn, s.ns, &s.channel, &s.tag, s.pattern);
         }
     }
 

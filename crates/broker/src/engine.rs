@@ -35,6 +35,7 @@ use herald_core::broker::{BoxFuture, Broker, Control, Inbox, PresenceChange, Rem
 use herald_core::fanout::{NodeId, Publication};
 use herald_core::hub::{prefixes, ChannelStats, StatsFilter};
 use herald_core::metrics;
+use herald_core::namespace::{ChannelId, Namespace};
 use herald_core::observer::Change;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -67,6 +68,7 @@ pub enum Out {
 #[derive(Clone)]
 pub struct Want {
     pub app: String,
+    pub ns: Namespace,
     pub channel: String,
     pub pattern: bool,
 }
@@ -186,15 +188,15 @@ impl Shared {
         subject::node(&self.prefix, self.me())
     }
 
-    fn channel_subject(&self, app: &str, channel: &str) -> String {
-        subject::channel(&self.prefix, app, channel)
+    fn channel_subject(&self, app: &str, ns: Namespace, channel: &str) -> String {
+        subject::channel(&self.prefix, app, ns, channel)
     }
 
-    fn want_subject(&self, app: &str, channel: &str, pattern: bool) -> String {
+    fn want_subject(&self, app: &str, ns: Namespace, channel: &str, pattern: bool) -> String {
         if pattern {
-            subject::pattern(&self.prefix, app, channel, self.wildcard)
+            subject::pattern(&self.prefix, app, ns, channel, self.wildcard)
         } else {
-            self.channel_subject(app, channel)
+            self.channel_subject(app, ns, channel)
         }
     }
 
@@ -512,7 +514,7 @@ impl Shared {
             }
             match msg {
                 Msg::Pub { a, p, .. } => {
-                    if p.to_user.is_none() && !self.canonical(&s, via, &a, &p.channel) {
+                    if p.to_user.is_none() && !self.canonical(&s, via, &a, p.ns, &p.channel) {
                         return;
                     }
                     drop(s);
@@ -593,10 +595,10 @@ impl Shared {
                     };
                     drop(s);
                     let r = match q {
-                        Query::Stats(filter) => Answer::Stats(inbox.stats(&a, &filter)),
+                        Query::Stats(ns, filter) => Answer::Stats(inbox.stats(&a, ns, &filter)),
                         Query::Members(_) => Answer::Members(own),
-                        Query::Cached(channel) => {
-                            Answer::Cached(inbox.cached(&a, &channel).map(|(p, age)| {
+                        Query::Cached(ChannelId(ns, channel)) => {
+                            Answer::Cached(inbox.cached(&a, ns, &channel).map(|(p, age)| {
                                 (now_ms().saturating_sub(age.as_millis() as u64), p)
                             }))
                         }
@@ -614,12 +616,12 @@ impl Shared {
                     self.answered(n, id, r);
                     return;
                 }
-                Msg::Count { n, a, ch, c } => {
-                    if !s.wanted.contains_key(&self.channel_subject(&a, &ch)) {
+                Msg::Count { n, a, ns, ch, c } => {
+                    if !s.wanted.contains_key(&self.channel_subject(&a, ns, &ch)) {
                         return;
                     }
                     drop(s);
-                    inbox.count(&a, &ch, n, c);
+                    inbox.count(&a, ns, &ch, n, c);
                     return;
                 }
                 Msg::StateBegin { n } => {
@@ -668,13 +670,13 @@ impl Shared {
     /// delivers: through its exact subscription if it has one, else through
     /// the shortest matching pattern (a node with several matching
     /// subscriptions receives one copy through each).
-    fn canonical(&self, s: &State, via: &str, app: &str, channel: &str) -> bool {
-        let exact = self.channel_subject(app, channel);
+    fn canonical(&self, s: &State, via: &str, app: &str, ns: Namespace, channel: &str) -> bool {
+        let exact = self.channel_subject(app, ns, channel);
         if s.wanted.contains_key(&exact) {
             return via == exact;
         }
         for prefix in prefixes(channel) {
-            let p = subject::pattern(&self.prefix, app, prefix, self.wildcard);
+            let p = subject::pattern(&self.prefix, app, ns, prefix, self.wildcard);
             if s.wanted.contains_key(&p) {
                 return via == p;
             }
@@ -865,7 +867,9 @@ impl Shared {
 fn wants_scope(s: &State, shared: &Shared, app: &str, scope: &Scope) -> bool {
     match scope {
         Scope::Users => true,
-        Scope::Channel(c) => s.wanted.contains_key(&shared.channel_subject(app, c)),
+        Scope::Channel(ChannelId(ns, c)) => {
+            s.wanted.contains_key(&shared.channel_subject(app, *ns, c))
+        }
     }
 }
 
@@ -922,15 +926,15 @@ fn run(inbox: &Arc<dyn Inbox>, acts: Vec<Act>) {
             Act::Presence(app, change) => inbox.presence(&app, &change),
             Act::Gone(n) => inbox.node_gone(n),
             Act::Connections(app, c) => inbox.remote_connections(&app, c),
-            Act::Observed(f) => inbox.observed(&f.key.0, &change_of(&f)),
-            Act::Seen(f) => inbox.seen(&f.key.0, &change_of(&f)),
+            Act::Observed(f) => inbox.observed(&f.key.0, f.key.1 .0, &change_of(&f)),
+            Act::Seen(f) => inbox.seen(&f.key.0, f.key.1 .0, &change_of(&f)),
         }
     }
 }
 
 /// What a flip of the tally means for observers.
 fn change_of(f: &Flip) -> Change<'_> {
-    let (_, channel, user) = &f.key;
+    let (_, ChannelId(_, channel), user) = &f.key;
     match (user, f.on) {
         (None, true) => Change::Occupied { channel },
         (None, false) => Change::Vacated { channel },
@@ -1023,7 +1027,7 @@ impl Broker for Engine {
         let subject = if p.to_user.is_some() {
             sh.all()
         } else {
-            sh.channel_subject(app_id, &p.channel)
+            sh.channel_subject(app_id, p.ns, &p.channel)
         };
         let bytes = serde_json::to_vec(&PubRef::Pub {
             n: sh.me(),
@@ -1034,9 +1038,17 @@ impl Broker for Engine {
         sh.send(subject, bytes);
     }
 
-    fn interest(&self, _node: NodeId, app_id: &str, channel: &str, pattern: bool, on: bool) {
+    fn interest(
+        &self,
+        _node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+        on: bool,
+    ) {
         let sh = &self.shared;
-        let subject = sh.want_subject(app_id, channel, pattern);
+        let subject = sh.want_subject(app_id, ns, channel, pattern);
         {
             let mut s = sh.state.lock();
             if on {
@@ -1047,6 +1059,7 @@ impl Broker for Engine {
                     subject.clone(),
                     Want {
                         app: app_id.to_owned(),
+                        ns,
                         channel: channel.to_owned(),
                         pattern,
                     },
@@ -1056,7 +1069,8 @@ impl Broker for Engine {
                     return;
                 }
                 if !pattern {
-                    let key = (app_id.to_owned(), Scope::Channel(channel.to_owned()));
+                    let channel = ChannelId(ns, channel.to_owned());
+                    let key = (app_id.to_owned(), Scope::Channel(channel));
                     for scopes in s.remote.values_mut() {
                         scopes.remove(&key);
                     }
@@ -1071,10 +1085,11 @@ impl Broker for Engine {
         &self,
         _node: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
         occupied: bool,
     ) -> BoxFuture<bool> {
-        let key = (app_id.to_owned(), channel.to_owned(), None);
+        let key = (app_id.to_owned(), ChannelId(ns, channel.to_owned()), None);
         Box::pin(std::future::ready(self.shared.hold(key, occupied)))
     }
 
@@ -1082,13 +1097,14 @@ impl Broker for Engine {
         &self,
         _node: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
         user_id: &str,
         joined: bool,
     ) -> BoxFuture<bool> {
         let key = (
             app_id.to_owned(),
-            channel.to_owned(),
+            ChannelId(ns, channel.to_owned()),
             Some(user_id.to_owned()),
         );
         Box::pin(std::future::ready(self.shared.hold(key, joined)))
@@ -1118,7 +1134,7 @@ impl Broker for Engine {
         }
         let subject = match &change.scope {
             Scope::Users => sh.all(),
-            Scope::Channel(c) => sh.channel_subject(app_id, c),
+            Scope::Channel(ChannelId(ns, c)) => sh.channel_subject(app_id, *ns, c),
         };
         let (j, i) = match change.joined {
             Some(i) => (true, i),
@@ -1179,12 +1195,13 @@ impl Broker for Engine {
         &self,
         _from: NodeId,
         app_id: &str,
+        ns: Option<Namespace>,
         filter: StatsFilter,
     ) -> BoxFuture<Vec<ChannelStats>> {
         let sh = self.shared.clone();
         let app = app_id.to_owned();
         Box::pin(async move {
-            sh.ask(app, Query::Stats(filter), None)
+            sh.ask(app, Query::Stats(ns, filter), None)
                 .await
                 .into_iter()
                 .flat_map(|(_, a)| match a {
@@ -1225,11 +1242,12 @@ impl Broker for Engine {
         &self,
         _from: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
     ) -> BoxFuture<Option<(Publication, Duration)>> {
         let sh = self.shared.clone();
         let app = app_id.to_owned();
-        let channel = channel.to_owned();
+        let channel = ChannelId(ns, channel.to_owned());
         Box::pin(async move {
             let now = now_ms();
             sh.ask(app, Query::Cached(channel), None)
@@ -1244,13 +1262,14 @@ impl Broker for Engine {
         })
     }
 
-    fn counts(&self, node: NodeId, app_id: &str, counts: Vec<(String, usize)>) {
+    fn counts(&self, node: NodeId, app_id: &str, ns: Namespace, counts: Vec<(String, usize)>) {
         let sh = &self.shared;
         for (channel, c) in counts {
-            let subject = sh.channel_subject(app_id, &channel);
+            let subject = sh.channel_subject(app_id, ns, &channel);
             let msg = Msg::Count {
                 n: node,
                 a: app_id.to_owned(),
+                ns,
                 ch: channel,
                 c,
             };

@@ -36,6 +36,7 @@ pub mod fanout;
 pub mod frame;
 pub mod hub;
 pub mod metrics;
+pub mod namespace;
 pub mod node;
 pub mod observer;
 pub mod session;

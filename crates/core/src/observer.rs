@@ -29,9 +29,11 @@
 
 use crate::broker::BoxFuture;
 use crate::fanout::Publication;
+use crate::namespace::Namespace;
 use std::time::Instant;
 
-/// Something that happened in one app.
+/// Something that happened in one app, in one namespace (observers are
+/// told which, beside the change).
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
     Occupied {
@@ -63,13 +65,13 @@ pub enum Change<'a> {
 
 /// Hears about changes in every app of a node.
 pub trait Observer: Send + Sync {
-    fn changed(&self, app_id: &str, change: &Change<'_>);
+    fn changed(&self, app_id: &str, ns: Namespace, change: &Change<'_>);
 
     /// A channel occupied or vacated, or a member added or removed, in the
     /// cluster, that another node reports: for displays of the whole
     /// cluster (a dashboard's console), never for notifications (those go
     /// out once, from the node that reports it, through `changed`).
-    fn seen(&self, _app_id: &str, _change: &Change<'_>) {}
+    fn seen(&self, _app_id: &str, _ns: Namespace, _change: &Change<'_>) {}
 
     /// Graceful shutdown: finish pending work before `deadline`.
     fn flush(&self, _deadline: Instant) -> BoxFuture<()> {

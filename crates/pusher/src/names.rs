@@ -2,6 +2,11 @@
 //! presence, cache, encryption) and which names are valid. The core never
 //! parses names; the session and the HTTP API decide with these rules.
 
+/// The hub namespace of Pusher channels: Pusher's queries, webhooks and
+/// the dashboard's Pusher list see these channels and no other protocol's.
+pub const NAMESPACE: herald_core::namespace::Namespace =
+    herald_core::namespace::Namespace::new("pusher");
+
 /// What a channel's name makes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelKind {

@@ -10,6 +10,7 @@
 use super::{BoxFuture, Broker, Control, Inbox, PresenceChange, RemoteMember, Scope};
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
+use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
@@ -26,14 +27,14 @@ type Members = HashMap<String, HashMap<NodeId, Option<Box<RawValue>>>>;
 struct State {
     inboxes: HashMap<NodeId, Arc<dyn Inbox>>,
     /// (app, channel or prefix, is a pattern) → interested nodes.
-    interest: HashMap<(String, String, bool), HashSet<NodeId>>,
+    interest: HashMap<(String, ChannelId, bool), HashSet<NodeId>>,
     /// (app, scope) → user → node → info.
     presence: HashMap<(String, Scope), Members>,
     /// (app, channel) → nodes with subscribers to it.
-    occupied: HashMap<(String, String), HashSet<NodeId>>,
+    occupied: HashMap<(String, ChannelId), HashSet<NodeId>>,
     /// (app, channel, user) → nodes where the member has a socket, as
     /// [`Broker::member`] reported them.
-    joined: HashMap<(String, String, String), HashSet<NodeId>>,
+    joined: HashMap<(String, ChannelId, String), HashSet<NodeId>>,
     heartbeats: HashMap<NodeId, Instant>,
 }
 
@@ -71,11 +72,12 @@ impl LocalBroker {
     }
 
     /// Nodes interested in an exact channel (tests and diagnostics).
-    pub fn interested(&self, app_id: &str, channel: &str) -> Vec<NodeId> {
+    pub fn interested(&self, app_id: &str, ns: Namespace, channel: &str) -> Vec<NodeId> {
         let s = self.state.lock();
+        let key = ChannelId(ns, channel.to_owned());
         let mut v: Vec<NodeId> = s
             .interest
-            .get(&(app_id.to_owned(), channel.to_owned(), false))
+            .get(&(app_id.to_owned(), key, false))
             .map(|n| n.iter().copied().collect())
             .unwrap_or_default();
         v.sort_unstable();
@@ -162,12 +164,12 @@ impl LocalBroker {
             }
         }
         if let Some(inbox) = reporter {
-            for (app, channel, user) in &emptied {
+            for (app, ChannelId(ns, channel), user) in &emptied {
                 let change = match user {
                     None => Change::Vacated { channel },
                     Some(user_id) => Change::MemberRemoved { channel, user_id },
                 };
-                inbox.observed(app, &change);
+                inbox.observed(app, *ns, &change);
             }
         }
         let others: Vec<Arc<dyn Inbox>> = self.state.lock().inboxes.values().cloned().collect();
@@ -228,15 +230,11 @@ impl Broker for LocalBroker {
             let nodes: HashSet<NodeId> = if p.to_user.is_some() {
                 s.inboxes.keys().copied().collect()
             } else {
-                let exact = s
-                    .interest
-                    .get(&(app_id.to_owned(), p.channel.clone(), false));
+                let key = |c: &str| ChannelId(p.ns, c.to_owned());
+                let exact = s.interest.get(&(app_id.to_owned(), key(&p.channel), false));
                 let mut nodes: HashSet<NodeId> = exact.cloned().unwrap_or_default();
                 for prefix in prefixes(&p.channel) {
-                    if let Some(n) = s
-                        .interest
-                        .get(&(app_id.to_owned(), prefix.to_owned(), true))
-                    {
+                    if let Some(n) = s.interest.get(&(app_id.to_owned(), key(prefix), true)) {
                         nodes.extend(n);
                     }
                 }
@@ -260,9 +258,21 @@ impl Broker for LocalBroker {
         }
     }
 
-    fn interest(&self, node: NodeId, app_id: &str, channel: &str, pattern: bool, on: bool) {
+    fn interest(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+        on: bool,
+    ) {
         let mut s = self.state.lock();
-        let key = (app_id.to_owned(), channel.to_owned(), pattern);
+        let key = (
+            app_id.to_owned(),
+            ChannelId(ns, channel.to_owned()),
+            pattern,
+        );
         if on {
             s.interest.entry(key).or_default().insert(node);
         } else if let Some(nodes) = s.interest.get_mut(&key) {
@@ -277,11 +287,12 @@ impl Broker for LocalBroker {
         &self,
         node: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
         occupied: bool,
     ) -> BoxFuture<bool> {
         let mut s = self.state.lock();
-        let key = (app_id.to_owned(), channel.to_owned());
+        let key = (app_id.to_owned(), ChannelId(ns, channel.to_owned()));
         let flipped = if occupied {
             let nodes = s.occupied.entry(key).or_default();
             nodes.insert(node) && nodes.len() == 1
@@ -304,12 +315,14 @@ impl Broker for LocalBroker {
         &self,
         node: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
         user_id: &str,
         joined: bool,
     ) -> BoxFuture<bool> {
         let mut s = self.state.lock();
-        let key = (app_id.to_owned(), channel.to_owned(), user_id.to_owned());
+        let channel = ChannelId(ns, channel.to_owned());
+        let key = (app_id.to_owned(), channel, user_id.to_owned());
         let flipped = if joined {
             let nodes = s.joined.entry(key).or_default();
             nodes.insert(node) && nodes.len() == 1
@@ -410,12 +423,13 @@ impl Broker for LocalBroker {
         &self,
         from: NodeId,
         app_id: &str,
+        ns: Option<Namespace>,
         filter: StatsFilter,
     ) -> BoxFuture<Vec<ChannelStats>> {
         let others = self.others(from);
         let answers = others
             .iter()
-            .flat_map(|i| i.stats(app_id, &filter))
+            .flat_map(|i| i.stats(app_id, ns, &filter))
             .collect();
         Box::pin(std::future::ready(answers))
     }
@@ -424,24 +438,26 @@ impl Broker for LocalBroker {
         &self,
         from: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
     ) -> BoxFuture<Option<(Publication, Duration)>> {
         let others = self.others(from);
         let newest = others
             .iter()
-            .filter_map(|i| i.cached(app_id, channel))
+            .filter_map(|i| i.cached(app_id, ns, channel))
             .min_by_key(|(_, age)| *age);
         Box::pin(std::future::ready(newest))
     }
 
-    fn counts(&self, node: NodeId, app_id: &str, counts: Vec<(String, usize)>) {
+    fn counts(&self, node: NodeId, app_id: &str, ns: Namespace, counts: Vec<(String, usize)>) {
         for (channel, count) in counts {
             let to = {
                 let s = self.state.lock();
-                Self::audience(&s, app_id, &Scope::Channel(channel.clone()), node)
+                let scope = Scope::Channel(ChannelId(ns, channel.clone()));
+                Self::audience(&s, app_id, &scope, node)
             };
             for inbox in to {
-                inbox.count(app_id, &channel, node, count);
+                inbox.count(app_id, ns, &channel, node, count);
             }
         }
     }

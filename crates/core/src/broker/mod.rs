@@ -32,6 +32,7 @@ pub mod local;
 
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{ChannelStats, StatsFilter};
+use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
 use serde_json::value::RawValue;
 use std::future::Future;
@@ -45,7 +46,7 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// signed-in users.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Scope {
-    Channel(String),
+    Channel(ChannelId),
     Users,
 }
 
@@ -75,11 +76,14 @@ pub trait Inbox: Send + Sync {
     fn presence(&self, app_id: &str, change: &PresenceChange);
     fn control(&self, app_id: &str, control: &Control);
     /// Answer a query with this node's own figures.
-    fn stats(&self, app_id: &str, filter: &StatsFilter) -> Vec<ChannelStats>;
+    /// (`ns` `None`: every namespace.)
+    fn stats(&self, app_id: &str, ns: Option<Namespace>, filter: &StatsFilter)
+        -> Vec<ChannelStats>;
     /// This node's last cached publication of `channel`, and its age.
-    fn cached(&self, app_id: &str, channel: &str) -> Option<(Publication, Duration)>;
+    fn cached(&self, app_id: &str, ns: Namespace, channel: &str)
+        -> Option<(Publication, Duration)>;
     /// Node `node` has `count` subscriptions to `channel` (0: none left).
-    fn count(&self, app_id: &str, channel: &str, node: NodeId, count: usize);
+    fn count(&self, app_id: &str, ns: Namespace, channel: &str, node: NodeId, count: usize);
     /// This node's open connections per app (sent with heartbeats).
     fn connections(&self) -> Vec<(String, u32)>;
     /// The other nodes hold `count` connections of the app in total.
@@ -91,10 +95,10 @@ pub trait Inbox: Send + Sync {
     /// vacated, member added or removed) for the whole cluster, though it
     /// did not come from this node's own call to [`Broker::occupancy`] or
     /// [`Broker::member`]: another node's subscriber, or a node gone.
-    fn observed(&self, _app_id: &str, _change: &Change<'_>) {}
+    fn observed(&self, _app_id: &str, _ns: Namespace, _change: &Change<'_>) {}
     /// A cluster-wide change another node reports (for
     /// [`crate::observer::Observer::seen`]).
-    fn seen(&self, _app_id: &str, _change: &Change<'_>) {}
+    fn seen(&self, _app_id: &str, _ns: Namespace, _change: &Change<'_>) {}
 }
 
 /// A cluster engine connecting nodes.
@@ -110,7 +114,15 @@ pub trait Broker: Send + Sync {
     fn publish(&self, app_id: &str, publication: &Publication);
     /// Node `node` starts (`on`) or stops receiving `channel`'s
     /// publications; `pattern` marks a prefix subscription.
-    fn interest(&self, node: NodeId, app_id: &str, channel: &str, pattern: bool, on: bool);
+    fn interest(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+        on: bool,
+    );
     /// Node `node`'s first subscriber to `channel` joined (`occupied`) or
     /// its last one left. Resolves to whether that changed whether the
     /// channel has subscribers anywhere in the cluster: the one node that
@@ -124,10 +136,11 @@ pub trait Broker: Send + Sync {
         &self,
         node: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
         occupied: bool,
     ) -> BoxFuture<bool> {
-        let _ = (node, app_id, channel, occupied);
+        let _ = (node, app_id, ns, channel, occupied);
         Box::pin(std::future::ready(true))
     }
     /// Node `node`'s first socket of member `user_id` in presence channel
@@ -140,11 +153,12 @@ pub trait Broker: Send + Sync {
         &self,
         node: NodeId,
         app_id: &str,
+        ns: Namespace,
         channel: &str,
         user_id: &str,
         joined: bool,
     ) -> BoxFuture<bool> {
-        let _ = (node, app_id, channel, user_id, joined);
+        let _ = (node, app_id, ns, channel, user_id, joined);
         Box::pin(std::future::ready(true))
     }
     /// Record a presence change and tell the other interested nodes.
@@ -155,11 +169,13 @@ pub trait Broker: Send + Sync {
     /// are declared gone and their members removed everywhere.
     fn heartbeat(&self, node: NodeId);
     fn ttl(&self) -> Duration;
-    /// Every other node's figures for `filter`.
+    /// Every other node's figures for `filter` in namespace `ns` (every
+    /// namespace for `None`).
     fn query(
         &self,
         from: NodeId,
         app_id: &str,
+        ns: Option<Namespace>,
         filter: StatsFilter,
     ) -> BoxFuture<Vec<ChannelStats>>;
     /// Send a control message to every other node.
@@ -180,11 +196,12 @@ pub trait Broker: Send + Sync {
         &self,
         _from: NodeId,
         _app_id: &str,
+        _ns: Namespace,
         _channel: &str,
     ) -> BoxFuture<Option<(Publication, Duration)>> {
         Box::pin(std::future::ready(None))
     }
     /// Node `node`'s subscription counts of these channels changed: tell
     /// the other nodes interested in each.
-    fn counts(&self, _node: NodeId, _app_id: &str, _counts: Vec<(String, usize)>) {}
+    fn counts(&self, _node: NodeId, _app_id: &str, _ns: Namespace, _counts: Vec<(String, usize)>) {}
 }
