@@ -12,6 +12,9 @@ pub mod nats;
 pub mod redis;
 pub mod subject;
 pub mod tally;
+/// Test helpers: only with the `testing` feature (dev-dependencies) or in
+/// the crate's own unit tests.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 use herald_core::broker::local::LocalBroker;

@@ -40,6 +40,9 @@ pub mod namespace;
 pub mod node;
 pub mod observer;
 pub mod session;
+/// Test helpers: only with the `testing` feature (dev-dependencies) or in
+/// the crate's own unit tests.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod wire;
 pub mod ws;
