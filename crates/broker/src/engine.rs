@@ -31,7 +31,10 @@ use crate::msg::{Answer, Entry, Info, Msg, PubRef, Query};
 use crate::subject;
 use crate::tally::{Flip, Key, Tally};
 use bytes::Bytes;
-use herald_core::broker::{BoxFuture, Broker, Control, Inbox, PresenceChange, RemoteMember, Scope};
+use herald_core::broker::{
+    BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
+    PubSub, Queries, RemoteMember, Scope,
+};
 use herald_core::fanout::{NodeId, Publication};
 use herald_core::hub::{prefixes, ChannelStats, StatsFilter};
 use herald_core::metrics;
@@ -991,7 +994,7 @@ impl Engine {
     }
 }
 
-impl Broker for Engine {
+impl Cluster for Engine {
     fn name(&self) -> &'static str {
         self.shared.name
     }
@@ -1018,6 +1021,39 @@ impl Broker for Engine {
             .send_msg(self.shared.all(), &Msg::Bye { n: node });
     }
 
+    fn heartbeat(&self, node: NodeId) {
+        if node != self.shared.me() {
+            return;
+        }
+        if self.shared.is_up() {
+            self.shared.beat(false);
+            self.shared.judge();
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    fn connected(&self) -> bool {
+        self.shared.is_settled()
+    }
+
+    fn flush(&self) -> BoxFuture<()> {
+        let sh = self.shared.clone();
+        Box::pin(async move {
+            if !sh.is_up() {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            if sh.out.send(Out::Flush(tx)).await.is_ok() {
+                let _ = rx.await;
+            }
+        })
+    }
+}
+
+impl PubSub for Engine {
     fn publish(&self, app_id: &str, p: &Publication) {
         let sh = &self.shared;
         if !sh.is_up() {
@@ -1080,36 +1116,9 @@ impl Broker for Engine {
         }
         sh.wake.notify_one();
     }
+}
 
-    fn occupancy(
-        &self,
-        _node: NodeId,
-        app_id: &str,
-        ns: Namespace,
-        channel: &str,
-        occupied: bool,
-    ) -> BoxFuture<bool> {
-        let key = (app_id.to_owned(), ChannelId(ns, channel.to_owned()), None);
-        Box::pin(std::future::ready(self.shared.hold(key, occupied)))
-    }
-
-    fn member(
-        &self,
-        _node: NodeId,
-        app_id: &str,
-        ns: Namespace,
-        channel: &str,
-        user_id: &str,
-        joined: bool,
-    ) -> BoxFuture<bool> {
-        let key = (
-            app_id.to_owned(),
-            ChannelId(ns, channel.to_owned()),
-            Some(user_id.to_owned()),
-        );
-        Box::pin(std::future::ready(self.shared.hold(key, joined)))
-    }
-
+impl Presence for Engine {
     fn presence(&self, app_id: &str, change: PresenceChange) {
         let sh = &self.shared;
         let key = (app_id.to_owned(), change.scope.clone());
@@ -1176,21 +1185,40 @@ impl Broker for Engine {
                 .collect()
         })
     }
+}
 
-    fn heartbeat(&self, node: NodeId) {
-        if node != self.shared.me() {
-            return;
-        }
-        if self.shared.is_up() {
-            self.shared.beat(false);
-            self.shared.judge();
-        }
+impl Occupancy for Engine {
+    fn occupancy(
+        &self,
+        _node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        occupied: bool,
+    ) -> BoxFuture<bool> {
+        let key = (app_id.to_owned(), ChannelId(ns, channel.to_owned()), None);
+        Box::pin(std::future::ready(self.shared.hold(key, occupied)))
     }
 
-    fn ttl(&self) -> Duration {
-        self.shared.ttl
+    fn member(
+        &self,
+        _node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        user_id: &str,
+        joined: bool,
+    ) -> BoxFuture<bool> {
+        let key = (
+            app_id.to_owned(),
+            ChannelId(ns, channel.to_owned()),
+            Some(user_id.to_owned()),
+        );
+        Box::pin(std::future::ready(self.shared.hold(key, joined)))
     }
+}
 
+impl Queries for Engine {
     fn query(
         &self,
         _from: NodeId,
@@ -1220,24 +1248,9 @@ impl Broker for Engine {
         };
         self.shared.send_msg(self.shared.all(), &msg);
     }
+}
 
-    fn connected(&self) -> bool {
-        self.shared.is_settled()
-    }
-
-    fn flush(&self) -> BoxFuture<()> {
-        let sh = self.shared.clone();
-        Box::pin(async move {
-            if !sh.is_up() {
-                return;
-            }
-            let (tx, rx) = oneshot::channel();
-            if sh.out.send(Out::Flush(tx)).await.is_ok() {
-                let _ = rx.await;
-            }
-        })
-    }
-
+impl LastEvent for Engine {
     fn cached(
         &self,
         _from: NodeId,
@@ -1261,7 +1274,9 @@ impl Broker for Engine {
                 .map(|(at, p)| (p, Duration::from_millis(now.saturating_sub(at))))
         })
     }
+}
 
+impl Counts for Engine {
     fn counts(&self, node: NodeId, app_id: &str, ns: Namespace, counts: Vec<(String, usize)>) {
         let sh = &self.shared;
         for (channel, c) in counts {

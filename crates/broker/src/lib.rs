@@ -1,7 +1,7 @@
 //! Herald's cluster engines: several `herald serve` processes behave as
 //! one server through a Redis server (pub/sub) or a NATS server (core
 //! subjects, no JetStream). Both implement herald-core's
-//! [`Broker`](herald_core::broker::Broker) with the same cluster logic
+//! [`Broker`](herald_core::broker::Broker) traits with the same cluster logic
 //! ([`engine`]); [`redis`] and [`nats`] only move bytes. See
 //! docs/cluster.md.
 

@@ -6,7 +6,7 @@
 
 use herald_broker::engine::Engine;
 use herald_broker::testing::{BrokerServer, Kind};
-use herald_core::broker::Broker;
+use herald_core::broker::Cluster as _;
 use herald_core::config::{AppConfig, BrokerConfig, Config};
 use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::{json_string, Publication};

@@ -5,7 +5,7 @@
 //! What is reported, and who decides it:
 //!
 //! - `Occupied` / `Vacated`: a channel's first subscriber joined, its last
-//!   left. The node asks the broker ([`crate::broker::Broker::occupancy`])
+//!   left. The node asks the broker ([`crate::broker::Occupancy::occupancy`])
 //!   whether that changed the channel for the whole cluster, so exactly one
 //!   node reports it; with one node the node's own count decides. An
 //!   engine may have another node report it instead
@@ -13,7 +13,7 @@
 //!   channels.
 //! - `MemberAdded` / `MemberRemoved`: a presence member's first socket
 //!   anywhere joined, its last one anywhere left, decided the same way
-//!   ([`crate::broker::Broker::member`]).
+//!   ([`crate::broker::Occupancy::member`]).
 //! - `CacheMiss`: a subscriber asked for a channel's last event and there
 //!   was none.
 //! - `SubscriptionCount`: a counted channel's count changed (coalesced, as

@@ -5,7 +5,7 @@
 //! members removed everywhere.
 
 use herald_core::broker::local::LocalBroker;
-use herald_core::broker::Broker;
+use herald_core::broker::Presence as _;
 use herald_core::config::{AppConfig, Config};
 use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::{json_string, Publication};

@@ -7,7 +7,10 @@
 //! Nothing is called while the engine's lock is held: inboxes call back
 //! into hubs, which may call the broker again.
 
-use super::{BoxFuture, Broker, Control, Inbox, PresenceChange, RemoteMember, Scope};
+use super::{
+    BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
+    PubSub, Queries, RemoteMember, Scope,
+};
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
 use crate::namespace::{ChannelId, Namespace};
@@ -206,7 +209,7 @@ impl LocalBroker {
     }
 }
 
-impl Broker for LocalBroker {
+impl Cluster for LocalBroker {
     fn name(&self) -> &'static str {
         "local"
     }
@@ -221,6 +224,32 @@ impl Broker for LocalBroker {
         self.forget(node);
     }
 
+    fn heartbeat(&self, node: NodeId) {
+        let expired: Vec<NodeId> = {
+            let mut s = self.state.lock();
+            let now = Instant::now();
+            if s.inboxes.contains_key(&node) {
+                s.heartbeats.insert(node, now);
+            }
+            s.heartbeats
+                .iter()
+                .filter(|(_, at)| now.duration_since(**at) > self.ttl)
+                .map(|(n, _)| *n)
+                .collect()
+        };
+        for n in expired {
+            tracing::warn!(node = n, "node missed its heartbeats; removing its members");
+            self.forget(n);
+        }
+        self.share_connections();
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+impl PubSub for LocalBroker {
     fn publish(&self, app_id: &str, p: &Publication) {
         let to: Vec<Arc<dyn Inbox>> = {
             let s = self.state.lock();
@@ -282,7 +311,65 @@ impl Broker for LocalBroker {
             }
         }
     }
+}
 
+impl Presence for LocalBroker {
+    fn presence(&self, app_id: &str, change: PresenceChange) {
+        let to = {
+            let mut s = self.state.lock();
+            let key = (app_id.to_owned(), change.scope.clone());
+            match &change.joined {
+                Some(info) => {
+                    s.presence
+                        .entry(key)
+                        .or_default()
+                        .entry(change.user_id.clone())
+                        .or_default()
+                        .insert(change.node, info.clone());
+                }
+                None => {
+                    if let Some(users) = s.presence.get_mut(&key) {
+                        if let Some(nodes) = users.get_mut(&change.user_id) {
+                            nodes.remove(&change.node);
+                            if nodes.is_empty() {
+                                users.remove(&change.user_id);
+                            }
+                        }
+                        if users.is_empty() {
+                            s.presence.remove(&key);
+                        }
+                    }
+                }
+            }
+            Self::audience(&s, app_id, &change.scope, change.node)
+        };
+        for inbox in to {
+            inbox.presence(app_id, &change);
+        }
+    }
+
+    fn members(&self, app_id: &str, scope: &Scope, except: NodeId) -> BoxFuture<Vec<RemoteMember>> {
+        let s = self.state.lock();
+        let list: Vec<RemoteMember> = s
+            .presence
+            .get(&(app_id.to_owned(), scope.clone()))
+            .map(|users| {
+                users
+                    .iter()
+                    .flat_map(|(user, nodes)| {
+                        nodes
+                            .iter()
+                            .filter(|(n, _)| **n != except)
+                            .map(move |(n, info)| (*n, user.clone(), info.clone()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Box::pin(std::future::ready(list))
+    }
+}
+
+impl Occupancy for LocalBroker {
     fn occupancy(
         &self,
         node: NodeId,
@@ -340,85 +427,9 @@ impl Broker for LocalBroker {
         };
         Box::pin(std::future::ready(flipped))
     }
+}
 
-    fn presence(&self, app_id: &str, change: PresenceChange) {
-        let to = {
-            let mut s = self.state.lock();
-            let key = (app_id.to_owned(), change.scope.clone());
-            match &change.joined {
-                Some(info) => {
-                    s.presence
-                        .entry(key)
-                        .or_default()
-                        .entry(change.user_id.clone())
-                        .or_default()
-                        .insert(change.node, info.clone());
-                }
-                None => {
-                    if let Some(users) = s.presence.get_mut(&key) {
-                        if let Some(nodes) = users.get_mut(&change.user_id) {
-                            nodes.remove(&change.node);
-                            if nodes.is_empty() {
-                                users.remove(&change.user_id);
-                            }
-                        }
-                        if users.is_empty() {
-                            s.presence.remove(&key);
-                        }
-                    }
-                }
-            }
-            Self::audience(&s, app_id, &change.scope, change.node)
-        };
-        for inbox in to {
-            inbox.presence(app_id, &change);
-        }
-    }
-
-    fn members(&self, app_id: &str, scope: &Scope, except: NodeId) -> BoxFuture<Vec<RemoteMember>> {
-        let s = self.state.lock();
-        let list: Vec<RemoteMember> = s
-            .presence
-            .get(&(app_id.to_owned(), scope.clone()))
-            .map(|users| {
-                users
-                    .iter()
-                    .flat_map(|(user, nodes)| {
-                        nodes
-                            .iter()
-                            .filter(|(n, _)| **n != except)
-                            .map(move |(n, info)| (*n, user.clone(), info.clone()))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        Box::pin(std::future::ready(list))
-    }
-
-    fn heartbeat(&self, node: NodeId) {
-        let expired: Vec<NodeId> = {
-            let mut s = self.state.lock();
-            let now = Instant::now();
-            if s.inboxes.contains_key(&node) {
-                s.heartbeats.insert(node, now);
-            }
-            s.heartbeats
-                .iter()
-                .filter(|(_, at)| now.duration_since(**at) > self.ttl)
-                .map(|(n, _)| *n)
-                .collect()
-        };
-        for n in expired {
-            tracing::warn!(node = n, "node missed its heartbeats; removing its members");
-            self.forget(n);
-        }
-        self.share_connections();
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
+impl Queries for LocalBroker {
     fn query(
         &self,
         from: NodeId,
@@ -434,6 +445,15 @@ impl Broker for LocalBroker {
         Box::pin(std::future::ready(answers))
     }
 
+    fn control(&self, from: NodeId, app_id: &str, control: Control) {
+        let others = self.others(from);
+        for inbox in others {
+            inbox.control(app_id, &control);
+        }
+    }
+}
+
+impl LastEvent for LocalBroker {
     fn cached(
         &self,
         from: NodeId,
@@ -448,7 +468,9 @@ impl Broker for LocalBroker {
             .min_by_key(|(_, age)| *age);
         Box::pin(std::future::ready(newest))
     }
+}
 
+impl Counts for LocalBroker {
     fn counts(&self, node: NodeId, app_id: &str, ns: Namespace, counts: Vec<(String, usize)>) {
         for (channel, count) in counts {
             let to = {
@@ -459,13 +481,6 @@ impl Broker for LocalBroker {
             for inbox in to {
                 inbox.count(app_id, ns, &channel, node, count);
             }
-        }
-    }
-
-    fn control(&self, from: NodeId, app_id: &str, control: Control) {
-        let others = self.others(from);
-        for inbox in others {
-            inbox.control(app_id, &control);
         }
     }
 }
