@@ -93,12 +93,6 @@ pub fn validate_publish_name(name: &str, max_len: usize) -> Result<(), NameError
     validate_name(name, max_len)
 }
 
-/// Whether `name` is made of the characters Pusher channel names may hold
-/// (whatever its length): the hub's channels of other protocols are not.
-pub fn is_channel_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(is_name_byte)
-}
-
 fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'=' | b'@' | b',' | b'.' | b';')
 }
