@@ -5,6 +5,8 @@
 //!
 //! Run: `cargo bench --bench hot_path`
 
+/// The channels' namespace (Pusher's: the benchmark's default protocol).
+const NS: herald_core::namespace::Namespace = herald_pusher::names::NAMESPACE;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use herald::config::AppConfig;
 use herald::connection::{Connection, QueueLimit};
@@ -51,7 +53,7 @@ fn hub_with(
                 tag: tag(i).map(Arc::from),
                 ..SubscribeOptions::default()
             };
-            hub.subscribe(&conn, "news", opts).unwrap();
+            hub.subscribe(&conn, NS, "news", opts).unwrap();
             conn.take(&mut Vec::new(), 64); // the subscription's acknowledgement
             conn
         })
@@ -96,6 +98,7 @@ fn publish(c: &mut Criterion) {
                 let mut sink = Vec::new();
                 for _ in 0..iters {
                     let p = Arc::new(Publication::new(
+                        NS,
                         "news".into(),
                         "headline".into(),
                         data.clone(),

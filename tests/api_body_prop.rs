@@ -84,7 +84,11 @@ impl Harness {
                 cache: herald::names::ChannelKind::of(c).cache,
                 ..SubscribeOptions::default()
             };
-            assert!(hub.subscribe(&conn, c, opts).unwrap().new);
+            assert!(
+                hub.subscribe(&conn, herald_pusher::names::NAMESPACE, c, opts)
+                    .unwrap()
+                    .new
+            );
         }
         // Drop the confirmations (and the cache channel's cache_miss).
         conn.take(&mut Vec::new(), usize::MAX);

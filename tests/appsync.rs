@@ -1015,11 +1015,15 @@ async fn shutdown_closes_appsync_sockets_with_going_away() {
     assert!(server.wait_exit().await.success());
 }
 
-/// The Pusher HTTP API's channel list holds Pusher channels only, though
-/// the app's hub also has AppSync's (`/…`, `graphql:…`) and Action
-/// Cable's (`cable:…`) channels.
+/// Each protocol's channels are a namespace of their own in the app's hub:
+/// a Pusher channel, an Action Cable stream and a GraphQL channel all named
+/// `room` are three channels. A publication to one never reaches another's
+/// subscriber, and Pusher's HTTP API lists and counts Pusher channels only.
+/// (Merge the namespaces and each of the `next frame` assertions below
+/// fails: publications on one worker are delivered in order, so a leaked
+/// one arrives before the marker that follows it.)
 #[tokio::test]
-async fn the_pusher_channel_list_leaves_out_other_protocols() {
+async fn protocols_channels_of_one_name_never_meet() {
     let server = Server::start_with("[rpc]\npublic_streams = true", APP).await;
     let mut e = events(&server, API_KEY).await;
     assert_eq!(
@@ -1043,35 +1047,92 @@ async fn the_pusher_channel_list_leaves_out_other_protocols() {
         .await
         .expect("connect timed out")
         .expect("connect");
-    let public = json!({ "channel": "$pubsub", "stream_name": "room" }).to_string();
-    cable
-        .send(Message::text(
-            json!({ "command": "subscribe", "identifier": public }).to_string(),
-        ))
-        .await
-        .unwrap();
-    loop {
-        match next(&mut cable).await {
-            Next::Frame(f) if f["type"] == "confirm_subscription" => break,
-            Next::Frame(f) => assert!(f["type"] == "welcome" || f["type"] == "ping", "{f}"),
-            Next::Close(c) => panic!("cable closed: {c:?}"),
+    // Two streams: `room` (a Pusher channel has the same name) and
+    // `cable-only` (a valid Pusher name no Pusher client uses).
+    for stream in ["room", "cable-only"] {
+        let id = json!({ "channel": "$pubsub", "stream_name": stream }).to_string();
+        let cmd = json!({ "command": "subscribe", "identifier": id }).to_string();
+        cable.send(Message::text(cmd)).await.unwrap();
+        loop {
+            match next(&mut cable).await {
+                Next::Frame(f) if f["type"] == "confirm_subscription" => break,
+                Next::Frame(f) => assert!(f["type"] == "welcome" || f["type"] == "ping", "{f}"),
+                Next::Close(c) => panic!("cable closed: {c:?}"),
+            }
         }
     }
     let mut p = server.client().await;
-    p.subscribe("news").await;
+    p.subscribe("room").await;
 
+    // Pusher's channel list and figures: its own channels only.
     let (status, body) = server.api("GET", "/apps/test-app/channels", "").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body, json!({ "channels": { "news": {} } }));
-    for other in ["cable:room", "graphql:room"] {
-        let (status, body) = server
-            .api("GET", &format!("/apps/test-app/channels/{other}"), "")
-            .await;
-        assert_eq!((status, body), (200, json!({ "occupied": false })));
+    assert_eq!(body, json!({ "channels": { "room": {} } }));
+    let (status, body) = server
+        .api("GET", "/apps/test-app/channels/cable-only", "")
+        .await;
+    assert_eq!((status, body), (200, json!({ "occupied": false })));
+
+    // The next message an Action Cable client gets, past pings.
+    async fn cable_message(ws: &mut common::Ws) -> Value {
+        loop {
+            match next(ws).await {
+                Next::Frame(f) if f["type"] == "ping" => continue,
+                Next::Frame(f) => return f,
+                Next::Close(c) => panic!("cable closed: {c:?}"),
+            }
+        }
     }
-    // The other protocols' channels are there, just not listed.
+    async fn pusher_event(server: &Server, name: &str) {
+        let body = json!({ "name": name, "channel": "room", "data": "\"p\"" }).to_string();
+        let (status, reply) = server.api("POST", "/apps/test-app/events", &body).await;
+        assert_eq!(status, 200, "{reply}");
+    }
+    async fn cable_broadcast(server: &Server, n: u32) {
+        let body = json!({ "stream": "room", "data": json!({ "n": n }).to_string() });
+        let resp = reqwest::Client::new()
+            .post(server.url("/_broadcast"))
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+    }
+
+    // Pusher, then Action Cable, then GraphQL, then a marker on each: every
+    // subscriber's next message is its own protocol's.
+    pusher_event(&server, "first").await;
+    cable_broadcast(&server, 1).await;
+    publish_graphql(&server, "room", "{\"g\":1}").await;
+    pusher_event(&server, "marker").await;
+    cable_broadcast(&server, 2).await;
+
+    p.expect("first", Some("room")).await;
+    p.expect("marker", Some("room")).await;
+    for n in [1, 2] {
+        let f = cable_message(&mut cable).await;
+        assert_eq!(f["message"], json!({ "n": n }), "{f}");
+    }
+    let d = g.expect("data").await;
+    assert_eq!(
+        d["payload"]["data"]["subscribe"]["data"], "{\"g\":1}",
+        "{d}"
+    );
+    // The Events subscriber of `/default/room` got none of them: its next
+    // message is an Events publication.
+    let (status, reply, _) = post_event(&server, "/default/room", json!(["\"e\""])).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(e.expect("data").await["event"], "\"e\"");
+    // And GraphQL's next is its own again.
+    publish_graphql(&server, "room", "{\"g\":2}").await;
+    let d = g.expect("data").await;
+    assert_eq!(
+        d["payload"]["data"]["subscribe"]["data"], "{\"g\":2}",
+        "{d}"
+    );
+    // The hub holds all five channels, each in its namespace.
     let metric = server.metric("herald_channels").await;
-    assert!(metric >= 4, "herald_channels {metric}");
+    assert!(metric >= 5, "herald_channels {metric}");
 }
 
 /// Every place a GraphQL document can nest, each 2,000 deep in about 4 KiB

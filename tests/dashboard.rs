@@ -74,6 +74,11 @@ async fn the_api_wants_the_token_and_reports_the_app() {
     assert_eq!(app["connections"], 1);
     assert_eq!(app["channels"], 1);
     assert_eq!(app["subscriptions"], 1);
+    // Figures per protocol namespace too.
+    assert_eq!(
+        app["namespaces"],
+        json!([{"namespace": "pusher", "channels": 1, "subscriptions": 1}])
+    );
     let (_, body) = get(
         &server,
         &format!("/dashboard/api/apps/{APP_ID}/channels"),
@@ -83,7 +88,7 @@ async fn the_api_wants_the_token_and_reports_the_app() {
     let channels: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         channels["channels"],
-        json!([{"name": "dash", "subscriptions": 1, "users": 0}])
+        json!([{"namespace": "pusher", "name": "dash", "subscriptions": 1, "users": 0}])
     );
     let (status, _) = get(&server, "/dashboard/api/apps/nope/channels", Some(TOKEN)).await;
     assert_eq!(status, 404);

@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use herald_core::metrics;
+use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::observer::{Change, Observer};
 use serde_json::{json, Value};
@@ -183,7 +184,12 @@ async fn stats(State(dash): State<Dash>) -> Json<Value> {
         .node
         .hubs()
         .map(|hub| {
+            let spaces = hub.namespace_figures();
             let (channels, subscriptions) = hub.channel_figures();
+            let namespaces: Vec<Value> = spaces
+                .iter()
+                .map(|(ns, c, s)| json!({ "namespace": ns.as_str(), "channels": c, "subscriptions": s }))
+                .collect();
             let mine = traffic.iter().filter(|t| *t.app == *hub.app.id);
             let (received, sent) = mine.fold((0, 0), |(r, s), t| {
                 (r + t.messages_received(), s + t.messages_sent())
@@ -193,6 +199,7 @@ async fn stats(State(dash): State<Dash>) -> Json<Value> {
                 "connections": hub.connection_count(),
                 "channels": channels,
                 "subscriptions": subscriptions,
+                "namespaces": namespaces,
                 "messages_received": received,
                 "messages_sent": sent,
             })
@@ -213,12 +220,21 @@ async fn channels(State(dash): State<Dash>, Path(app): Path<String>) -> Response
     };
     let list: Vec<Value> = dash
         .node
-        .stats(&hub, herald_core::hub::StatsFilter::Prefix(String::new()))
+        .stats(
+            &hub,
+            None,
+            herald_core::hub::StatsFilter::Prefix(String::new()),
+        )
         .await
         .into_iter()
-        .map(
-            |c| json!({ "name": c.name, "subscriptions": c.subscriptions, "users": c.users.len() }),
-        )
+        .map(|c| {
+            json!({
+                "namespace": c.ns.as_str(),
+                "name": c.name,
+                "subscriptions": c.subscriptions,
+                "users": c.users.len(),
+            })
+        })
         .collect();
     Json(json!({ "channels": list })).into_response()
 }
@@ -315,11 +331,11 @@ fn shown(raw: &str) -> String {
 impl Observer for Feed {
     /// The console shows the cluster's occupancy and members on every
     /// node, though only one node reports each (for webhooks).
-    fn seen(&self, app_id: &str, change: &Change<'_>) {
-        self.changed(app_id, change);
+    fn seen(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        self.changed(app_id, ns, change);
     }
 
-    fn changed(&self, app_id: &str, change: &Change<'_>) {
+    fn changed(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
         if self.0.receiver_count() == 0 {
             return;
         }
@@ -352,6 +368,8 @@ impl Observer for Feed {
             // publications: neither needs a line of its own.
             Change::SubscriptionCount { .. } | Change::ClientEvent(_) => return,
         };
+        let mut line = line;
+        line["namespace"] = json!(ns.as_str());
         let _ = self.0.send(Arc::new((app_id.to_owned(), line)));
     }
 }

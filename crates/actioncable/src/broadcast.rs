@@ -15,7 +15,7 @@ use crate::config::RpcConfig;
 use crate::metrics as m;
 use crate::session::MAX_STREAM_NAME;
 use crate::wire::message_value;
-use crate::{channel_of, Cable};
+use crate::{Cable, NAMESPACE};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -95,7 +95,7 @@ pub async fn handle(
         Err((status, message)) => return error(status, message),
     };
     for msg in messages {
-        let stream = channel_of(&msg.stream);
+        let stream = msg.stream.clone();
         let p = publication(msg);
         cable
             .reliable
@@ -137,7 +137,8 @@ fn publication(msg: Message) -> Publication {
         .and_then(|m| m.exclude_socket)
         .filter(|s| !s.is_empty());
     Publication::new(
-        channel_of(&msg.stream),
+        NAMESPACE,
+        msg.stream,
         String::new(),
         message_value(&msg.data),
     )

@@ -140,10 +140,7 @@ impl Wire for ExtWire {
     fn publication(&self, p: &Publication, tag: &str) -> Frame {
         match &p.position {
             Some(pos) => {
-                let stream = p
-                    .channel
-                    .strip_prefix(crate::STREAM_PREFIX)
-                    .unwrap_or(&p.channel);
+                let stream = &p.channel;
                 Frame::text(&positioned(
                     tag,
                     p.data.get(),

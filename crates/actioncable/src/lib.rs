@@ -23,9 +23,10 @@
 //! `herald_core::adapter::Adapter`): its routes, the broadcast ingest from
 //! the broker's server as a background task, its settings.
 //!
-//! Streams live in the app's hub under the prefix [`STREAM_PREFIX`], a
-//! name no other adapter accepts, so clients of another protocol on the
-//! same app never see them.
+//! Streams live in the app's hub in their own namespace, [`NAMESPACE`],
+//! so clients of another protocol on the same app never see them, and a
+//! stream may have any name (another protocol's channel of the same name
+//! is another channel).
 
 pub mod broadcast;
 pub mod config;
@@ -47,23 +48,15 @@ use config::RpcConfig;
 use herald_core::adapter::{Adapter, Context, Keys};
 use herald_core::config::{Config, ConfigError};
 use herald_core::hub::Hub;
+use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use std::sync::Arc;
 
 /// The WebSocket path unless `rpc.path` says otherwise.
 pub const DEFAULT_PATH: &str = "/cable";
 
-/// Hub channel names of streams begin with this (Pusher names cannot hold
-/// a ':'; AppSync's begin with '/').
-pub const STREAM_PREFIX: &str = "cable:";
-
-/// The hub channel of a stream.
-pub fn channel_of(stream: &str) -> String {
-    let mut c = String::with_capacity(STREAM_PREFIX.len() + stream.len());
-    c.push_str(STREAM_PREFIX);
-    c.push_str(stream);
-    c
-}
+/// The hub namespace of streams (a stream's hub channel is its name).
+pub const NAMESPACE: Namespace = Namespace::new("actioncable");
 
 /// The adapter's shared state.
 pub struct Cable {

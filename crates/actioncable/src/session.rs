@@ -24,7 +24,7 @@ use crate::proto::{
 use crate::rpc::RpcError;
 use crate::streams::{self, Request as StreamRequest};
 use crate::wire::{self, reason, Command, WIRE};
-use crate::{channel_of, Cable};
+use crate::{Cable, NAMESPACE};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -721,7 +721,7 @@ impl CableSession {
             return;
         }
         let tag = Some(self.subs[at].identifier.clone());
-        let channel = channel_of(&stream);
+        let channel = stream.clone();
         if self.ext {
             herald_core::history::History::retain(&*self.cable.reliable.history, &channel);
             if self.hold {
@@ -734,7 +734,7 @@ impl CableSession {
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, &channel, opts)
+            .subscribe(&self.hub, &self.conn, NAMESPACE, &stream, opts)
             .await
         {
             Ok(_) => {
@@ -762,11 +762,12 @@ impl CableSession {
     }
 
     fn leave(&mut self, identifier: &Arc<str>, stream: &str) {
-        let channel = channel_of(stream);
+        let channel = stream.to_owned();
         self.node.unsubscribe(
             &self.hub,
             &self.conn,
-            &channel,
+            NAMESPACE,
+            stream,
             &Some(identifier.clone()),
             false,
         );

@@ -223,7 +223,12 @@ mod tests {
 
     #[test]
     fn publication_frames_carry_the_identifier() {
-        let p = Publication::new("s".into(), String::new(), message_value(r#"{"text":"hi"}"#));
+        let p = Publication::new(
+            crate::NAMESPACE,
+            "s".into(),
+            String::new(),
+            message_value(r#"{"text":"hi"}"#),
+        );
         let f = WIRE.publication(&p, r#"{"channel":"Chat"}"#);
         assert_eq!(
             f.payload_text(),
@@ -255,7 +260,12 @@ mod tests {
                 tag: Some(tag.clone()),
             })
             .collect();
-        let p = Publication::new("s".into(), String::new(), message_value("1"));
+        let p = Publication::new(
+            crate::NAMESPACE,
+            "s".into(),
+            String::new(),
+            message_value("1"),
+        );
         assert_eq!(deliver(&p, &targets), 3);
         let frames: Vec<_> = conns
             .iter()

@@ -14,11 +14,16 @@ use herald_core::fanout::Publication;
 use herald_core::frame::Frame;
 use herald_core::hub::Hub;
 use herald_core::metrics;
+use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::session::{Closing, Handler, KeepAlive, Next, Why};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
+
+/// The hub namespace of Events channels (`/ns/a/b`): their own, apart
+/// from the GraphQL API's names and every other protocol's.
+pub const NAMESPACE: Namespace = Namespace::new("appsync-events");
 
 /// Most events in one publish (AWS's fixed limit).
 pub const MAX_EVENTS: usize = 5;
@@ -80,7 +85,11 @@ impl EventsSession {
             return self.subscribe_error(Some(&id), d.error_type, &d.message);
         }
         let tag = wire::events_tag(&id);
-        if let Err(e) = self.base.subscribe(&id, ch.name, ch.wildcard, tag).await {
+        if let Err(e) = self
+            .base
+            .subscribe(&id, NAMESPACE, ch.name, ch.wildcard, tag)
+            .await
+        {
             self.subscribe_error(Some(&id), e.error_type, &e.message);
         }
     }
@@ -253,7 +262,12 @@ pub async fn publish(node: &Node, hub: &Hub, req: &PublishRequest) -> (Vec<Value
         let identifier = uuid();
         match check_event(raw) {
             Ok(()) => {
-                let p = Publication::new(req.channel.name.clone(), String::new(), raw.clone());
+                let p = Publication::new(
+                    NAMESPACE,
+                    req.channel.name.clone(),
+                    String::new(),
+                    raw.clone(),
+                );
                 node.publish(hub, p).await;
                 successful.push(json!({ "identifier": identifier, "index": index }));
             }

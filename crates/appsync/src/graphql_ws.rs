@@ -12,16 +12,15 @@ use crate::session::{check_id, parse_message, Base};
 use crate::wire;
 use herald_core::frame::Frame;
 use herald_core::metrics;
+use herald_core::namespace::Namespace;
 use herald_core::session::{Closing, Handler, KeepAlive, Next, Why};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// The core channel a GraphQL `subscribe(name)` / `publish(name)` uses.
-/// The prefix keeps these names apart from Events paths (which start with
-/// `/`) and from Pusher channel names (which cannot contain `:`).
-pub fn channel_name(name: &str) -> String {
-    format!("graphql:{name}")
-}
+/// The hub namespace of the GraphQL API's channels (`subscribe(name)` /
+/// `publish(name)`): their own, so a name never meets an Events path or
+/// another protocol's channel of the same name.
+pub const NAMESPACE: Namespace = Namespace::new("appsync-graphql");
 
 #[derive(Deserialize)]
 struct Message {
@@ -120,7 +119,7 @@ impl GraphqlSession {
         let tag = wire::graphql_tag(&id, &sub.root, &sub.name, &sub.fields);
         if let Err(e) = self
             .base
-            .subscribe(&id, channel_name(&sub.name), false, tag)
+            .subscribe(&id, NAMESPACE, sub.name.clone(), false, tag)
             .await
         {
             fail(self, e.error_type, &e.message);

@@ -13,7 +13,7 @@ use crate::auth;
 use crate::config::{AppKeys, Keys};
 use crate::events::{self, MAX_EVENTS, MAX_EVENT_BYTES};
 use crate::graphql::{self, channel_json, Operation, Request, RootField};
-use crate::graphql_ws::channel_name;
+use crate::graphql_ws::NAMESPACE;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -294,8 +294,8 @@ async fn graphql_request(
                 data: payload,
                 fields,
             } => {
-                let p =
-                    Publication::new(channel_name(&name), "publish".into(), json_string(&payload));
+                let body = json_string(&payload);
+                let p = Publication::new(NAMESPACE, name.clone(), "publish".into(), body);
                 node.publish(&hub, p).await;
                 data.insert(key, channel_json(&name, &payload, &fields));
             }

@@ -15,6 +15,7 @@ use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::Tag;
 use herald_core::frame::Frame;
 use herald_core::hub::{Hub, Refused, SubscribeOptions};
+use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::session::{self, Closing, Settings, Why};
 use herald_core::wire::Wire;
@@ -200,6 +201,7 @@ async fn run(
 
 /// One subscription of a connection.
 struct Sub {
+    ns: Namespace,
     channel: String,
     pattern: bool,
     tag: Tag,
@@ -240,6 +242,7 @@ impl Base {
     pub async fn subscribe(
         &mut self,
         id: &str,
+        ns: Namespace,
         channel: String,
         pattern: bool,
         tag: String,
@@ -265,13 +268,14 @@ impl Base {
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, &channel, opts)
+            .subscribe(&self.hub, &self.conn, ns, &channel, opts)
             .await
         {
             Ok(_) => {
                 self.subs.insert(
                     id.to_owned(),
                     Sub {
+                        ns,
                         channel,
                         pattern,
                         tag,
@@ -300,8 +304,9 @@ impl Base {
     pub fn unsubscribe(&mut self, id: &str) -> bool {
         match self.subs.remove(id) {
             Some(s) => {
+                let (hub, conn) = (&self.hub, &self.conn);
                 self.node
-                    .unsubscribe(&self.hub, &self.conn, &s.channel, &s.tag, s.pattern);
+                    .unsubscribe(hub, conn, s.ns, &s.channel, &s.tag, s.pattern);
                 true
             }
             None => false,
@@ -312,8 +317,9 @@ impl Base {
     /// again on drop.
     pub fn cleanup(&mut self) {
         for (_, s) in std::mem::take(&mut self.subs) {
+            let (hub, conn) = (&self.hub, &self.conn);
             self.node
-                .unsubscribe(&self.hub, &self.conn, &s.channel, &s.tag, s.pattern);
+                .unsubscribe(hub, conn, s.ns, &s.channel, &s.tag, s.pattern);
         }
     }
 

@@ -249,7 +249,12 @@ mod tests {
     use std::sync::Arc;
 
     fn publication(data: &str) -> Publication {
-        Publication::new("/ns/a".into(), String::new(), json_string(data))
+        Publication::new(
+            crate::events::NAMESPACE,
+            "/ns/a".into(),
+            String::new(),
+            json_string(data),
+        )
     }
 
     fn target(id: u64, wire: &'static dyn Wire, tag: String) -> Target {
@@ -365,6 +370,7 @@ mod tests {
     #[test]
     fn non_string_payloads_are_stringified() {
         let p = Publication::new(
+            crate::events::NAMESPACE,
             "/ns/a".into(),
             String::new(),
             serde_json::value::RawValue::from_string("{\"x\":2}".into()).unwrap(),

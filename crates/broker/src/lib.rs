@@ -1,9 +1,25 @@
 //! Herald's cluster engines: several `herald serve` processes behave as
 //! one server through a Redis server (pub/sub) or a NATS server (core
-//! subjects, no JetStream). Both implement herald-core's
-//! [`Broker`](herald_core::broker::Broker) with the same cluster logic
-//! ([`engine`]); [`redis`] and [`nats`] only move bytes. See
+//! subjects, no JetStream). Both implement herald-core's broker traits
+//! (one per concern, together [`Broker`](herald_core::broker::Broker))
+//! with the same cluster logic; the transports only move bytes. See
 //! docs/cluster.md.
+//!
+//! ```text
+//! engine/     the cluster logic, by concern:
+//!   mod         shared state, the engine handle
+//!   pubsub      subjects, publications, interest, counts
+//!   presence    members per node, reconciliation, occupancy decisions
+//!   liveness    heartbeats, the leader, burying silent nodes, reconnects
+//!   queries     request/reply: figures, members, a cache's last event
+//!   inbound     messages from the transport, dispatched by kind
+//! subject     subject / Redis channel names (namespace included)
+//! msg         the messages on the wire
+//! tally       cluster-wide first/last holders (occupied, member added)
+//! redis, nats the transports
+//! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
+//! testing     real redis-server / nats-server for tests (feature `testing`)
+//! ```
 
 pub mod engine;
 pub mod ingress;
@@ -12,6 +28,9 @@ pub mod nats;
 pub mod redis;
 pub mod subject;
 pub mod tally;
+/// Test helpers: only with the `testing` feature (dev-dependencies) or in
+/// the crate's own unit tests.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 use herald_core::broker::local::LocalBroker;

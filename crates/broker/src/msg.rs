@@ -5,6 +5,7 @@ use crate::tally::Key;
 use herald_core::broker::{Control, Scope};
 use herald_core::fanout::{NodeId, Publication};
 use herald_core::hub::{ChannelStats, StatsFilter};
+use herald_core::namespace::{ChannelId, Namespace};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -72,6 +73,7 @@ pub enum Msg {
     Count {
         n: NodeId,
         a: String,
+        ns: Namespace,
         ch: String,
         c: usize,
     },
@@ -89,7 +91,7 @@ pub enum Msg {
     Held {
         n: NodeId,
         a: String,
-        ch: String,
+        ch: ChannelId,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         u: Option<String>,
         j: bool,
@@ -136,9 +138,9 @@ pub enum PubRef<'a> {
 
 #[derive(Serialize, Deserialize)]
 pub enum Query {
-    Stats(StatsFilter),
+    Stats(Option<Namespace>, StatsFilter),
     Members(Scope),
-    Cached(String),
+    Cached(ChannelId),
 }
 
 // Answers are built once per query and serialized at once: the cached
@@ -159,7 +161,13 @@ mod tests {
 
     #[test]
     fn publication_roundtrip_borrowed_and_owned() {
-        let p = Publication::new("c".into(), "e".into(), json_string("x")).cached(true);
+        let p = Publication::new(
+            Namespace::new("n"),
+            "c".into(),
+            "e".into(),
+            json_string("x"),
+        )
+        .cached(true);
         let bytes = serde_json::to_vec(&PubRef::Pub {
             n: 3,
             a: "app",
@@ -183,7 +191,7 @@ mod tests {
         let m = Msg::Member {
             n: 1,
             a: "a".into(),
-            s: Scope::Channel("presence-x".into()),
+            s: Scope::Channel(ChannelId(Namespace::new("n"), "presence-x".into())),
             u: "u".into(),
             j: true,
             i: Some(RawValue::from_string("{\"k\":1}".into()).unwrap()),

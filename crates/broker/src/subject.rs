@@ -5,8 +5,9 @@
 //! {prefix}.all                  every node: heartbeats, leaving, control,
 //!                               requests, signed-in users, user events, state
 //! {prefix}.node.{id}            one node: replies, a heartbeat for a newcomer
-//! {prefix}.c.{app}.{channel}    nodes with subscribers to that channel:
-//!                               its publications, members, counts
+//! {prefix}.c.{app}.{ns}.{channel}  nodes with subscribers to that channel
+//!                               of namespace `ns` (the protocol's): its
+//!                               publications, members, counts
 //! ```
 //!
 //! App ids and channel names are escaped into tokens made of letters,
@@ -16,6 +17,8 @@
 //! subscription `….%.ns.a.>` (NATS) or `….%.ns.a.*` (Redis): a node that
 //! watches a pattern receives the matching channels' traffic without
 //! anyone else knowing about patterns.
+
+use herald_core::namespace::Namespace;
 
 /// Append `s` escaped as one token.
 fn token(out: &mut String, s: &str) {
@@ -42,11 +45,16 @@ fn channel_tokens(out: &mut String, channel: &str) {
     }
 }
 
-fn app_base(prefix: &str, app: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + app.len() + 48);
+/// `{prefix}.c.{app}.{namespace}.`: a namespace is plain lowercase
+/// letters, digits and `-` (see herald-core's `namespace`), one token.
+fn app_base(prefix: &str, app: &str, ns: Namespace) -> String {
+    let ns = ns.as_str();
+    let mut s = String::with_capacity(prefix.len() + app.len() + ns.len() + 48);
     s.push_str(prefix);
     s.push_str(".c.");
     token(&mut s, app);
+    s.push('.');
+    s.push_str(ns);
     s.push('.');
     s
 }
@@ -62,16 +70,16 @@ pub fn node(prefix: &str, node: u64) -> String {
 }
 
 /// The subject of an exact channel.
-pub fn channel(prefix: &str, app: &str, channel: &str) -> String {
-    let mut s = app_base(prefix, app);
+pub fn channel(prefix: &str, app: &str, ns: Namespace, channel: &str) -> String {
+    let mut s = app_base(prefix, app, ns);
     channel_tokens(&mut s, channel);
     s
 }
 
 /// The wildcard subscription for a trailing-wildcard pattern (a prefix
 /// ending at `/`), with the engine's multi-token `wildcard`.
-pub fn pattern(prefix: &str, app: &str, pattern: &str, wildcard: &str) -> String {
-    let mut s = app_base(prefix, app);
+pub fn pattern(prefix: &str, app: &str, ns: Namespace, pattern: &str, wildcard: &str) -> String {
+    let mut s = app_base(prefix, app, ns);
     channel_tokens(&mut s, pattern.strip_suffix('/').unwrap_or(pattern));
     s.push('.');
     s.push_str(wildcard);
@@ -81,29 +89,30 @@ pub fn pattern(prefix: &str, app: &str, pattern: &str, wildcard: &str) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
+    const N: Namespace = Namespace::new("n");
 
     #[test]
     fn tokens_are_escaped() {
-        assert_eq!(channel("h", "app-id", "news"), "h.c.app-id.news");
+        assert_eq!(channel("h", "app-id", N, "news"), "h.c.app-id.n.news");
         assert_eq!(
-            channel("h", "a.b", "private-x.y z"),
-            "h.c.a%2Eb.private-x%2Ey%20z"
+            channel("h", "a.b", N, "private-x.y z"),
+            "h.c.a%2Eb.n.private-x%2Ey%20z"
         );
-        assert_eq!(channel("h", "a", "/ns/a/b"), "h.c.a.%.ns.a.b");
-        assert_eq!(channel("h", "a", "/ns//"), "h.c.a.%.ns.%.%");
-        assert_eq!(channel("h", "a", "é*>"), "h.c.a.%C3%A9%2A%3E");
+        assert_eq!(channel("h", "a", N, "/ns/a/b"), "h.c.a.n.%.ns.a.b");
+        assert_eq!(channel("h", "a", N, "/ns//"), "h.c.a.n.%.ns.%.%");
+        assert_eq!(channel("h", "a", N, "é*>"), "h.c.a.n.%C3%A9%2A%3E");
     }
 
     #[test]
     fn patterns_cover_their_channels_at_segment_boundaries() {
-        let p = pattern("h", "a", "/ns/a/", ">");
-        assert_eq!(p, "h.c.a.%.ns.a.>");
+        let p = pattern("h", "a", N, "/ns/a/", ">");
+        assert_eq!(p, "h.c.a.n.%.ns.a.>");
         let base = p.trim_end_matches('>');
-        assert!(channel("h", "a", "/ns/a/b").starts_with(base));
-        assert!(channel("h", "a", "/ns/a/b/c").starts_with(base));
-        assert!(channel("h", "a", "/ns/a/").starts_with(base));
-        assert!(!channel("h", "a", "/ns/ab").starts_with(base));
-        assert_eq!(pattern("h", "a", "/", "*"), "h.c.a.%.*");
+        assert!(channel("h", "a", N, "/ns/a/b").starts_with(base));
+        assert!(channel("h", "a", N, "/ns/a/b/c").starts_with(base));
+        assert!(channel("h", "a", N, "/ns/a/").starts_with(base));
+        assert!(!channel("h", "a", N, "/ns/ab").starts_with(base));
+        assert_eq!(pattern("h", "a", N, "/", "*"), "h.c.a.n.%.*");
     }
 
     #[test]
@@ -111,7 +120,10 @@ mod tests {
         let names = ["a.b", "a/b", "a%2Eb", "a%2Fb", "a", "a/", "/a", ""];
         let mut seen = std::collections::HashSet::new();
         for n in names {
-            assert!(seen.insert(channel("h", "x", n)), "{n}");
+            assert!(seen.insert(channel("h", "x", N, n)), "{n}");
         }
+        // The same name in two namespaces: two subjects.
+        let other = Namespace::new("m");
+        assert_ne!(channel("h", "x", N, "a"), channel("h", "x", other, "a"));
     }
 }

@@ -25,10 +25,11 @@
 //! each journaled key: what the old leader may not have lived to report.
 
 use herald_core::fanout::NodeId;
+use herald_core::namespace::ChannelId;
 use std::collections::{HashMap, HashSet};
 
 /// App, channel, and the user for a member (`None`: the channel itself).
-pub type Key = (String, String, Option<String>);
+pub type Key = (String, ChannelId, Option<String>);
 
 /// Most keys the journal holds; changes beyond it are not replayed (only
 /// reached while no leader speaks for a long time, e.g. a broker outage).
@@ -178,7 +179,8 @@ mod tests {
     use super::*;
 
     fn k(c: &str) -> Key {
-        ("a".into(), c.into(), None)
+        let ns = herald_core::namespace::Namespace::new("n");
+        ("a".into(), ChannelId(ns, c.into()), None)
     }
 
     #[test]

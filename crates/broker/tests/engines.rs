@@ -6,14 +6,14 @@
 
 use herald_broker::engine::Engine;
 use herald_broker::testing::{BrokerServer, Kind};
-use herald_core::broker::Broker;
+use herald_core::broker::Cluster as _;
 use herald_core::config::{AppConfig, BrokerConfig, Config};
 use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::presence::Member;
 use herald_core::hub::{Hub, StatsFilter, SubscribeOptions};
 use herald_core::node::Node;
-use herald_core::testing::TestWire;
+use herald_core::testing::{TestWire, NS};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,11 +131,13 @@ async fn join(node: &Node, c: &Arc<Connection>, channel: &str, user: Option<&str
         max_members: 100,
         ..SubscribeOptions::default()
     };
-    node.subscribe(&app(node), c, channel, opts).await.unwrap();
+    node.subscribe(&app(node), c, NS, channel, opts)
+        .await
+        .unwrap();
 }
 
 fn publication(channel: &str, data: &str) -> Publication {
-    Publication::new(channel.into(), "e".into(), json_string(data))
+    Publication::new(NS, channel.into(), "e".into(), json_string(data))
 }
 
 async fn until(what: &str, mut f: impl FnMut() -> bool) {
@@ -311,16 +313,20 @@ async fn presence_is_the_clusters(kind: Kind) {
     // The API's list agrees on every node.
     for node in n {
         let stats = node
-            .stats(&app(node), StatsFilter::Exact("presence-room".into()))
+            .stats(
+                &app(node),
+                Some(NS),
+                StatsFilter::Exact("presence-room".into()),
+            )
             .await;
         assert_eq!(stats[0].users, ["obs", "u1"]);
         assert_eq!(stats[0].subscriptions, 3);
     }
 
-    n[1].unsubscribe(&app(&n[1]), &s1, "presence-room", &None, false);
+    n[1].unsubscribe(&app(&n[1]), &s1, NS, "presence-room", &None, false);
     let extra = quiet(&n[1], &obs, "presence-room").await;
     assert!(extra.is_empty(), "{extra:?}");
-    n[2].unsubscribe(&app(&n[2]), &s2, "presence-room", &None, false);
+    n[2].unsubscribe(&app(&n[2]), &s2, NS, "presence-room", &None, false);
     assert_eq!(
         frames(&obs, 1).await,
         vec!["|member_removed|presence-room|u1"]
@@ -360,7 +366,9 @@ async fn patterns_once_at_segment_boundaries(kind: Kind) {
             tag: Some(Arc::from(ch)),
             ..SubscribeOptions::default()
         };
-        n[1].subscribe(&app(&n[1]), &sub, ch, opts).await.unwrap();
+        n[1].subscribe(&app(&n[1]), &sub, NS, ch, opts)
+            .await
+            .unwrap();
     }
     queued(&sub);
     for ch in ["/ns/a/b", "/ns/a/b/c", "/ns/ab", "/other/a/b"] {
@@ -405,7 +413,11 @@ async fn silent_node_is_removed_within_the_ttl(kind: Kind) {
     let took = t0.elapsed();
     assert!(took <= Duration::from_millis(2000 + 1500), "{took:?}");
     let stats = n[0]
-        .stats(&app(&n[0]), StatsFilter::Exact("presence-room".into()))
+        .stats(
+            &app(&n[0]),
+            Some(NS),
+            StatsFilter::Exact("presence-room".into()),
+        )
         .await;
     assert_eq!(stats[0].users, ["obs"]);
 }
@@ -440,7 +452,7 @@ async fn cache_channels_share_their_last_event(kind: Kind) {
         cache: true,
         ..SubscribeOptions::default()
     };
-    n[1].subscribe(&app(&n[1]), &s, "cache-x", opts)
+    n[1].subscribe(&app(&n[1]), &s, NS, "cache-x", opts)
         .await
         .unwrap();
     assert_eq!(
@@ -461,7 +473,7 @@ async fn subscription_counts_are_cluster_totals(kind: Kind) {
     for (i, node) in n.iter().enumerate() {
         for _ in 0..=i {
             let s = conn(node);
-            node.subscribe(&app(node), &s, "counted", opts())
+            node.subscribe(&app(node), &s, NS, "counted", opts())
                 .await
                 .unwrap();
             conns.push(s);
@@ -532,7 +544,7 @@ async fn broker_restart_resumes_delivery_and_reconciles(kind: Kind) {
     assert!(frames(&obs, 1).await[0].contains("during"));
     assert!(herald_core::metrics::BROKER_DROPPED.get() > dropped);
     // u7 leaves while the broker is away.
-    n[1].unsubscribe(&app(&n[1]), &s, "presence-room", &None, false);
+    n[1].unsubscribe(&app(&n[1]), &s, NS, "presence-room", &None, false);
 
     c.broker.restart();
     c.wait_connected().await;
@@ -549,7 +561,11 @@ async fn broker_restart_resumes_delivery_and_reconciles(kind: Kind) {
         .await;
     wait_for(&t, "back").await;
     let stats = n[0]
-        .stats(&app(&n[0]), StatsFilter::Exact("presence-room".into()))
+        .stats(
+            &app(&n[0]),
+            Some(NS),
+            StatsFilter::Exact("presence-room".into()),
+        )
         .await;
     assert_eq!(stats[0].users, ["obs", "u8"]);
 }
@@ -570,13 +586,23 @@ fn line(change: &herald_core::observer::Change<'_>) -> String {
 }
 
 impl herald_core::observer::Observer for Heard {
-    fn changed(&self, _app: &str, change: &herald_core::observer::Change<'_>) {
+    fn changed(
+        &self,
+        _app: &str,
+        _ns: herald_core::namespace::Namespace,
+        change: &herald_core::observer::Change<'_>,
+    ) {
         let l = line(change);
         if !l.is_empty() {
             self.0.lock().push(("changed", l));
         }
     }
-    fn seen(&self, _app: &str, change: &herald_core::observer::Change<'_>) {
+    fn seen(
+        &self,
+        _app: &str,
+        _ns: herald_core::namespace::Namespace,
+        change: &herald_core::observer::Change<'_>,
+    ) {
         self.0.lock().push(("seen", line(change)));
     }
 }
@@ -617,7 +643,7 @@ async fn the_oldest_node_reports_the_others_see(kind: Kind) {
             && heard[other].has("seen", "added:presence-r:u1")
     })
     .await;
-    c.nodes[other].unsubscribe(&app(&c.nodes[other]), &s, "presence-r", &None, false);
+    c.nodes[other].unsubscribe(&app(&c.nodes[other]), &s, NS, "presence-r", &None, false);
     until("the leader reports the leave", || {
         heard[leader].has("changed", "vacated:presence-r")
             && heard[leader].has("changed", "removed:presence-r:u1")

@@ -14,6 +14,7 @@
 use crate::connection::{ConnId, Connection};
 use crate::frame::Frame;
 use crate::metrics;
+use crate::namespace::Namespace;
 use crate::wire::{same, Wire};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,9 @@ pub type Tag = Option<Arc<str>>;
 /// An event published on a channel.
 #[derive(Serialize, Deserialize)]
 pub struct Publication {
+    /// The namespace of the protocol whose channel this is.
+    #[serde(rename = "n")]
+    pub ns: Namespace,
     #[serde(rename = "c")]
     pub channel: String,
     /// The event's name (protocols without names leave it empty).
@@ -75,6 +79,7 @@ pub struct Publication {
 impl std::fmt::Debug for Publication {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publication")
+            .field("ns", &self.ns)
             .field("channel", &self.channel)
             .field("event", &self.event)
             .field("origin", &self.origin)
@@ -92,8 +97,9 @@ struct Frames {
 }
 
 impl Publication {
-    pub fn new(channel: String, event: String, data: Box<RawValue>) -> Publication {
+    pub fn new(ns: Namespace, channel: String, event: String, data: Box<RawValue>) -> Publication {
         Publication {
+            ns,
             channel,
             event,
             data,
@@ -337,7 +343,9 @@ impl Fanout {
         for worker in &self.workers {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let job = Job {
+                // A marker job: no channel, no subscriber.
                 publication: Arc::new(Publication::new(
+                    Namespace::new("settle"),
                     String::new(),
                     String::new(),
                     json_string(""),
@@ -403,7 +411,12 @@ mod tests {
     }
 
     fn publication() -> Publication {
-        Publication::new("room".into(), "e".into(), json_string("hi"))
+        Publication::new(
+            crate::testing::NS,
+            "room".into(),
+            "e".into(),
+            json_string("hi"),
+        )
     }
 
     #[test]

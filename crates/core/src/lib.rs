@@ -5,15 +5,18 @@
 //!
 //! ```text
 //! adapter      parses a client frame or an HTTP publish, decides what the
-//!   │          channel name means, calls the node
+//!   │          channel name means, calls the node with its namespace
 //!   ▼
 //! node         routes: this node's subscribers at once (fan-out), other
 //!   │  │       nodes through the broker; tells the cluster about interest
 //!   │  │       and presence; answers queries for the whole cluster
-//!   │  └────► broker     the cluster's interface (local engine in-process)
+//!   │  └────► broker     the cluster's interface, small traits by concern
+//!   │                     (pub/sub, presence, occupancy, queries, last
+//!   │                     event, counts); local engine in-process
 //!   ▼
-//! hub          per app: channels and patterns → subscriptions (connection,
-//!   │          tag), presence members, cache slots, users, counts
+//! hub          per app: one space per namespace (channels and patterns →
+//!   │          subscriptions (connection, tag), presence members, counts),
+//!   │          cache slots, users, the app's connections
 //!   ▼
 //! fanout       a worker builds each frame once per (wire, tag) and queues
 //!   │          the same bytes to every subscriber
@@ -24,12 +27,16 @@
 //!              vectored writes of queued frames, close handshake
 //! ```
 //!
-//! Around them: `frame` (finished WebSocket frames, shared), `ws` (the
-//! upgrade and the client-frame decoder), `wire` (what an adapter
-//! implements to encode), `config` (the core's settings; adapters' keys
-//! kept raw for them), `adapter` (the seam: what a protocol crate hands the
-//! server: its keys, routes, tasks), `metrics`, `observer` (what the node
-//! decided about channels and members, for webhooks and the dashboard).
+//! Around them: `namespace` (each protocol's own space of channel names),
+//! `frame` (finished WebSocket frames, shared), `ws` (the upgrade and the
+//! client-frame decoder), `wire` (what an adapter implements to encode),
+//! `config` (the core's settings; adapters' keys kept raw for them),
+//! `adapter` (the seam: what a protocol crate hands the server: its keys,
+//! routes, tasks), `history` (positions and bounded stream history for
+//! protocols that resume), `metrics`, `observer` (what the node decided
+//! about channels and members, for webhooks and the dashboard), and
+//! `testing` (wires for tests; only with the `testing` feature, which
+//! dev-dependencies enable).
 
 pub mod adapter;
 pub mod broker;
@@ -40,9 +47,13 @@ pub mod frame;
 pub mod history;
 pub mod hub;
 pub mod metrics;
+pub mod namespace;
 pub mod node;
 pub mod observer;
 pub mod session;
+/// Test helpers: only with the `testing` feature (dev-dependencies) or in
+/// the crate's own unit tests.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod wire;
 pub mod ws;

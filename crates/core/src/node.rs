@@ -15,6 +15,7 @@ use crate::connection::{ConnId, Connection};
 use crate::fanout::{Fanout, Job, NodeId, Publication, Tag};
 use crate::hub::{ChannelStats, Hub, Joined, Refused, StatsFilter, SubscribeOptions};
 use crate::metrics;
+use crate::namespace::{ChannelId, Namespace};
 use crate::observer::{Change, Observer};
 use futures_util::FutureExt;
 use parking_lot::RwLock;
@@ -161,25 +162,25 @@ impl Node {
 
     /// Tell every observer about `change` in `hub`'s app. Adapters report
     /// their own happenings (a client event) this way too.
-    pub fn notify(&self, hub: &Hub, change: &Change<'_>) {
+    pub fn notify(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
         if !self.observed.load(Ordering::Acquire) {
             return;
         }
         // Observers only queue work: calling them under the read lock
         // holds nobody up.
         for o in self.observers.read().iter() {
-            o.changed(&hub.app.id, change);
+            o.changed(&hub.app.id, ns, change);
         }
     }
 
     /// Tell every observer about a cluster-wide change another node
     /// reports ([`Observer::seen`]).
-    pub fn notify_seen(&self, hub: &Hub, change: &Change<'_>) {
+    pub fn notify_seen(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
         if !self.observed.load(Ordering::Acquire) {
             return;
         }
         for o in self.observers.read().iter() {
-            o.seen(&hub.app.id, change);
+            o.seen(&hub.app.id, ns, change);
         }
     }
 
@@ -209,25 +210,27 @@ impl Node {
 
     /// Publish: queue delivery to this node's subscribers (on a fan-out
     /// worker) and hand the publication to the broker for the other nodes.
-    pub async fn publish(&self, hub: &Hub, mut publication: Publication) {
-        publication.origin = self.id;
-        publication.id = self.next_message.fetch_add(1, Ordering::Relaxed);
-        if self.publication_watchers.load(Ordering::Relaxed) > 0 {
-            self.notify(hub, &Change::Published(&publication));
-        }
-        self.broker.publish(&hub.app.id, &publication);
-        publication.resolve(self.id);
-        self.deliver_local(hub, Arc::new(publication)).await;
+    pub async fn publish(&self, hub: &Hub, publication: Publication) {
+        self.route(hub, publication, true).await
     }
 
     /// Deliver to this node's subscribers only, never through the broker:
     /// for publications every node of the cluster receives by itself (an
     /// ingress each node subscribes to), so each subscriber gets one copy.
-    pub async fn publish_here(&self, hub: &Hub, mut publication: Publication) {
+    pub async fn publish_here(&self, hub: &Hub, publication: Publication) {
+        self.route(hub, publication, false).await
+    }
+
+    /// The one publishing path: number the publication, show it to
+    /// watching observers, hand it to the broker (`cluster`), deliver here.
+    async fn route(&self, hub: &Hub, mut publication: Publication, cluster: bool) {
         publication.origin = self.id;
         publication.id = self.next_message.fetch_add(1, Ordering::Relaxed);
         if self.publication_watchers.load(Ordering::Relaxed) > 0 {
-            self.notify(hub, &Change::Published(&publication));
+            self.notify(hub, publication.ns, &Change::Published(&publication));
+        }
+        if cluster {
+            self.broker.publish(&hub.app.id, &publication);
         }
         publication.resolve(self.id);
         self.deliver_local(hub, Arc::new(publication)).await;
@@ -254,6 +257,7 @@ impl Node {
         &self,
         hub: &Hub,
         conn: &Arc<Connection>,
+        ns: Namespace,
         channel: &str,
         opts: SubscribeOptions,
     ) -> Result<Joined, Refused> {
@@ -264,79 +268,99 @@ impl Node {
         // members: wait for them (bounded), so this one's list is whole too.
         if opts.member.is_some() {
             let mut waited = 0;
-            while hub.is_syncing(channel) && waited < 400 {
+            while hub.is_syncing(ns, channel) && waited < 400 {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 waited += 1;
             }
         }
-        let new_here = !hub.has_channel(channel);
+        let new_here = !hub.has_channel(ns, channel);
         if opts.member.is_some() && new_here {
-            hub.begin_sync(channel);
-            self.broker.interest(self.id, app, channel, false, true);
-            let scope = Scope::Channel(channel.to_owned());
+            hub.begin_sync(ns, channel);
+            self.broker.interest(self.id, app, ns, channel, false, true);
+            let scope = Scope::Channel(ChannelId(ns, channel.to_owned()));
             let members = self.broker.members(app, &scope, self.id).await;
-            hub.seed_members(channel, members);
+            hub.seed_members(ns, channel, members);
             seeded = true;
         }
         if opts.cache && new_here {
-            if let Some((p, age)) = self.broker.cached(self.id, app, channel).await {
-                hub.seed_cache(channel, p, age);
+            if let Some((p, age)) = self.broker.cached(self.id, app, ns, channel).await {
+                if p.ns == ns && p.channel == channel {
+                    hub.seed_cache(p, age);
+                }
             }
         }
         // A channel new to this node: its interest is in effect at the
         // broker before the subscriber is confirmed, so it receives
         // everything published anywhere after its confirmation.
         let mut registered = false;
-        if !seeded && !hub.has_subscribers(channel, pattern) {
-            self.broker.interest(self.id, app, channel, pattern, true);
+        if !seeded && !hub.has_subscribers(ns, channel, pattern) {
+            self.broker
+                .interest(self.id, app, ns, channel, pattern, true);
             self.broker.flush().await;
             registered = true;
         }
-        let joined = match hub.subscribe(conn, channel, opts) {
+        let joined = match hub.subscribe(conn, ns, channel, opts) {
             Ok(j) => j,
             Err(e) => {
-                if seeded && hub.drop_if_unused(channel) {
-                    self.broker.interest(self.id, app, channel, false, false);
+                if seeded && hub.drop_if_unused(ns, channel) {
+                    self.broker
+                        .interest(self.id, app, ns, channel, false, false);
                 }
-                if registered && !hub.has_subscribers(channel, pattern) {
-                    self.broker.interest(self.id, app, channel, pattern, false);
+                if registered && !hub.has_subscribers(ns, channel, pattern) {
+                    self.broker
+                        .interest(self.id, app, ns, channel, pattern, false);
                 }
                 return Err(e);
             }
         };
+        self.joined(hub, ns, channel, pattern, &joined).await;
+        Ok(joined)
+    }
+
+    /// Tell the cluster (and observers) what a subscribe changed.
+    async fn joined(
+        &self,
+        hub: &Hub,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+        joined: &Joined,
+    ) {
+        let app = &hub.app.id;
         let observed = self.observed.load(Ordering::Acquire);
         if joined.first_here {
-            self.broker.interest(self.id, app, channel, pattern, true);
-            if !pattern && observed && self.broker.occupancy(self.id, app, channel, true).await {
-                self.notify(hub, &Change::Occupied { channel });
+            self.broker
+                .interest(self.id, app, ns, channel, pattern, true);
+            if !pattern && observed && self.broker.occupancy(self.id, app, ns, channel, true).await
+            {
+                self.notify(hub, ns, &Change::Occupied { channel });
             }
         }
         if joined.cache_miss {
-            self.notify(hub, &Change::CacheMiss { channel });
+            self.notify(hub, ns, &Change::CacheMiss { channel });
         }
         if let (true, Some((user_id, _))) = (observed, &joined.member_joined) {
             // The member's first socket here: the broker decides whether
             // that added it to the cluster, and who says so.
             if self
                 .broker
-                .member(self.id, app, channel, user_id, true)
+                .member(self.id, app, ns, channel, user_id, true)
                 .await
             {
-                self.notify(hub, &Change::MemberAdded { channel, user_id });
+                self.notify(hub, ns, &Change::MemberAdded { channel, user_id });
             }
         }
         if let Some((user_id, info)) = &joined.member_joined {
             self.broker.presence(
                 app,
                 PresenceChange {
-                    scope: Scope::Channel(channel.to_owned()),
+                    scope: Scope::Channel(ChannelId(ns, channel.to_owned())),
                     node: self.id,
                     user_id: user_id.clone(),
                     joined: Some(info.clone()),
                 },
             );
         }
-        Ok(joined)
     }
 
     /// Unsubscribe through the hub and tell the cluster what changed.
@@ -345,22 +369,25 @@ impl Node {
         &self,
         hub: &Hub,
         conn: &Connection,
+        ns: Namespace,
         channel: &str,
         tag: &Tag,
         pattern: bool,
     ) -> bool {
-        let left = hub.unsubscribe(conn, channel, tag, pattern);
+        let left = hub.unsubscribe(conn, ns, channel, tag, pattern);
         let app = &hub.app.id;
         let observed = self.observed.load(Ordering::Acquire);
         if let (true, Some(user_id)) = (observed, &left.member_left) {
-            let answer = self.broker.member(self.id, app, channel, user_id, false);
-            self.report_if(hub, answer, channel, Some(user_id));
+            let answer = self
+                .broker
+                .member(self.id, app, ns, channel, user_id, false);
+            self.report_if(hub, answer, ns, channel, Some(user_id));
         }
         if let Some(user_id) = left.member_left {
             self.broker.presence(
                 app,
                 PresenceChange {
-                    scope: Scope::Channel(channel.to_owned()),
+                    scope: Scope::Channel(ChannelId(ns, channel.to_owned())),
                     node: self.id,
                     user_id,
                     joined: None,
@@ -368,10 +395,11 @@ impl Node {
             );
         }
         if left.last_here {
-            self.broker.interest(self.id, app, channel, pattern, false);
+            self.broker
+                .interest(self.id, app, ns, channel, pattern, false);
             if !pattern && observed {
-                let answer = self.broker.occupancy(self.id, app, channel, false);
-                self.report_if(hub, answer, channel, None);
+                let answer = self.broker.occupancy(self.id, app, ns, channel, false);
+                self.report_if(hub, answer, ns, channel, None);
             }
         }
         left.was_subscribed
@@ -385,6 +413,7 @@ impl Node {
         &self,
         hub: &Hub,
         mut answer: crate::broker::BoxFuture<bool>,
+        ns: Namespace,
         channel: &str,
         user: Option<&str>,
     ) {
@@ -395,7 +424,7 @@ impl Node {
             }
         }
         match (&mut answer).now_or_never() {
-            Some(true) => self.notify(hub, &change(channel, user)),
+            Some(true) => self.notify(hub, ns, &change(channel, user)),
             Some(false) => {}
             None => {
                 let observers = self.observers.read().clone();
@@ -405,7 +434,7 @@ impl Node {
                     if answer.await {
                         let c = change(&channel, user.as_deref());
                         for o in observers.iter() {
-                            o.changed(&app, &c);
+                            o.changed(&app, ns, &c);
                         }
                     }
                 });
@@ -463,24 +492,33 @@ impl Node {
 
     // ----- queries -------------------------------------------------------------
 
-    /// Channel figures for the whole cluster: subscriptions summed, users
+    /// Channel figures of namespace `ns` (of every namespace for `None`:
+    /// the dashboard) for the whole cluster: subscriptions summed, users
     /// counted once however many nodes they are on.
-    pub async fn stats(&self, hub: &Hub, filter: StatsFilter) -> Vec<ChannelStats> {
-        let mut all = hub.stats(&filter);
-        all.extend(self.broker.query(self.id, &hub.app.id, filter).await);
-        let mut merged: BTreeMap<String, (usize, BTreeSet<String>)> = BTreeMap::new();
+    pub async fn stats(
+        &self,
+        hub: &Hub,
+        ns: Option<Namespace>,
+        filter: StatsFilter,
+    ) -> Vec<ChannelStats> {
+        let mut all = hub.stats(ns, &filter);
+        all.extend(self.broker.query(self.id, &hub.app.id, ns, filter).await);
+        let mut merged: BTreeMap<ChannelId, (usize, BTreeSet<String>)> = BTreeMap::new();
         for s in all {
-            let e = merged.entry(s.name).or_default();
+            let e = merged.entry(ChannelId(s.ns, s.name)).or_default();
             e.0 += s.subscriptions;
             e.1.extend(s.users);
         }
         merged
             .into_iter()
-            .map(|(name, (subscriptions, users))| ChannelStats {
-                name,
-                subscriptions,
-                users: users.into_iter().collect(),
-            })
+            .map(
+                |(ChannelId(ns, name), (subscriptions, users))| ChannelStats {
+                    ns,
+                    name,
+                    subscriptions,
+                    users: users.into_iter().collect(),
+                },
+            )
             .collect()
     }
 
@@ -495,18 +533,19 @@ impl Node {
 
     pub fn flush_counts(&self) {
         for hub in self.hubs() {
-            let counts = hub.flush_subscription_counts(self.id);
-            for (channel, count) in &counts.report {
-                self.notify(
-                    hub,
-                    &Change::SubscriptionCount {
-                        channel,
-                        count: *count,
-                    },
-                );
-            }
-            if !counts.announce.is_empty() {
-                self.broker.counts(self.id, &hub.app.id, counts.announce);
+            for counts in hub.flush_subscription_counts(self.id) {
+                for (channel, count) in &counts.report {
+                    let count = *count;
+                    self.notify(
+                        hub,
+                        counts.ns,
+                        &Change::SubscriptionCount { channel, count },
+                    );
+                }
+                if !counts.announce.is_empty() {
+                    let app = &hub.app.id;
+                    self.broker.counts(self.id, app, counts.ns, counts.announce);
+                }
             }
         }
     }
@@ -566,8 +605,9 @@ impl Inbox for NodeInbox {
 
     fn presence(&self, app_id: &str, change: &PresenceChange) {
         self.with(app_id, |_, hub| match &change.scope {
-            Scope::Channel(channel) => {
-                hub.remote_member(channel, change.node, &change.user_id, change.joined.clone())
+            Scope::Channel(ChannelId(ns, channel)) => {
+                let joined = change.joined.clone();
+                hub.remote_member(*ns, channel, change.node, &change.user_id, joined)
             }
             Scope::Users => hub
                 .users
@@ -583,24 +623,34 @@ impl Inbox for NodeInbox {
         });
     }
 
-    fn stats(&self, app_id: &str, filter: &StatsFilter) -> Vec<ChannelStats> {
+    fn stats(
+        &self,
+        app_id: &str,
+        ns: Option<Namespace>,
+        filter: &StatsFilter,
+    ) -> Vec<ChannelStats> {
         self.0
             .upgrade()
-            .and_then(|node| node.hub_by_id(app_id).map(|hub| hub.stats(filter)))
+            .and_then(|node| node.hub_by_id(app_id).map(|hub| hub.stats(ns, filter)))
             .unwrap_or_default()
     }
 
-    fn cached(&self, app_id: &str, channel: &str) -> Option<(Publication, std::time::Duration)> {
+    fn cached(
+        &self,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+    ) -> Option<(Publication, std::time::Duration)> {
         let node = self.0.upgrade()?;
-        let (p, age) = node.hub_by_id(app_id)?.cached(channel)?;
+        let (p, age) = node.hub_by_id(app_id)?.cached(ns, channel)?;
         // A copy without the built frames (bytes are what a broker carries).
         Publication::from_bytes(&p.to_bytes())
             .ok()
             .map(|p| (p, age))
     }
 
-    fn count(&self, app_id: &str, channel: &str, node: NodeId, count: usize) {
-        self.with(app_id, |_, hub| hub.remote_count(channel, node, count));
+    fn count(&self, app_id: &str, ns: Namespace, channel: &str, node: NodeId, count: usize) {
+        self.with(app_id, |_, hub| hub.remote_count(ns, channel, node, count));
     }
 
     fn connections(&self) -> Vec<(String, u32)> {
@@ -618,12 +668,12 @@ impl Inbox for NodeInbox {
         self.with(app_id, |_, hub| hub.set_remote_connections(count));
     }
 
-    fn observed(&self, app_id: &str, change: &Change<'_>) {
-        self.with(app_id, |node, hub| node.notify(hub, change));
+    fn observed(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        self.with(app_id, |node, hub| node.notify(hub, ns, change));
     }
 
-    fn seen(&self, app_id: &str, change: &Change<'_>) {
-        self.with(app_id, |node, hub| node.notify_seen(hub, change));
+    fn seen(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        self.with(app_id, |node, hub| node.notify_seen(hub, ns, change));
     }
 
     fn node_gone(&self, gone: NodeId) {

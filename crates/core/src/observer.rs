@@ -5,7 +5,7 @@
 //! What is reported, and who decides it:
 //!
 //! - `Occupied` / `Vacated`: a channel's first subscriber joined, its last
-//!   left. The node asks the broker ([`crate::broker::Broker::occupancy`])
+//!   left. The node asks the broker ([`crate::broker::Occupancy::occupancy`])
 //!   whether that changed the channel for the whole cluster, so exactly one
 //!   node reports it; with one node the node's own count decides. An
 //!   engine may have another node report it instead
@@ -13,7 +13,7 @@
 //!   channels.
 //! - `MemberAdded` / `MemberRemoved`: a presence member's first socket
 //!   anywhere joined, its last one anywhere left, decided the same way
-//!   ([`crate::broker::Broker::member`]).
+//!   ([`crate::broker::Occupancy::member`]).
 //! - `CacheMiss`: a subscriber asked for a channel's last event and there
 //!   was none.
 //! - `SubscriptionCount`: a counted channel's count changed (coalesced, as
@@ -29,9 +29,11 @@
 
 use crate::broker::BoxFuture;
 use crate::fanout::Publication;
+use crate::namespace::Namespace;
 use std::time::Instant;
 
-/// Something that happened in one app.
+/// Something that happened in one app, in one namespace (observers are
+/// told which, beside the change).
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
     Occupied {
@@ -63,13 +65,13 @@ pub enum Change<'a> {
 
 /// Hears about changes in every app of a node.
 pub trait Observer: Send + Sync {
-    fn changed(&self, app_id: &str, change: &Change<'_>);
+    fn changed(&self, app_id: &str, ns: Namespace, change: &Change<'_>);
 
     /// A channel occupied or vacated, or a member added or removed, in the
     /// cluster, that another node reports: for displays of the whole
     /// cluster (a dashboard's console), never for notifications (those go
     /// out once, from the node that reports it, through `changed`).
-    fn seen(&self, _app_id: &str, _change: &Change<'_>) {}
+    fn seen(&self, _app_id: &str, _ns: Namespace, _change: &Change<'_>) {}
 
     /// Graceful shutdown: finish pending work before `deadline`.
     fn flush(&self, _deadline: Instant) -> BoxFuture<()> {

@@ -4,7 +4,11 @@
 
 use crate::fanout::Publication;
 use crate::frame::Frame;
+use crate::namespace::Namespace;
 use crate::wire::{Event, Wire};
+
+/// The namespace of the core's own tests.
+pub const NS: Namespace = Namespace::new("test");
 
 /// A wire for the core's own tests: `tag|event|channel|data`.
 pub struct TestWire;

@@ -5,14 +5,14 @@
 //! members removed everywhere.
 
 use herald_core::broker::local::LocalBroker;
-use herald_core::broker::Broker;
+use herald_core::broker::Presence as _;
 use herald_core::config::{AppConfig, Config};
 use herald_core::connection::{Connection, QueueLimit, Reason};
 use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::presence::Member;
 use herald_core::hub::{StatsFilter, SubscribeOptions};
 use herald_core::node::Node;
-use herald_core::testing::TestWire;
+use herald_core::testing::{TestWire, NS};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,11 +73,13 @@ async fn join(node: &Node, c: &Arc<Connection>, channel: &str, user: Option<&str
         max_members: 100,
         ..SubscribeOptions::default()
     };
-    node.subscribe(&app(node), c, channel, opts).await.unwrap();
+    node.subscribe(&app(node), c, NS, channel, opts)
+        .await
+        .unwrap();
 }
 
 fn publication(channel: &str, data: &str) -> Publication {
-    Publication::new(channel.into(), "e".into(), json_string(data))
+    Publication::new(NS, channel.into(), "e".into(), json_string(data))
 }
 
 #[tokio::test]
@@ -135,9 +137,9 @@ async fn only_interested_nodes_receive_a_channel() {
     let nodes = cluster(3, broker.clone());
     let a = conn(&nodes[1]);
     join(&nodes[1], &a, "news", None).await;
-    assert_eq!(broker.interested("app-id", "news"), vec![nodes[1].id]);
-    nodes[1].unsubscribe(&app(&nodes[1]), &a, "news", &None, false);
-    assert!(broker.interested("app-id", "news").is_empty());
+    assert_eq!(broker.interested("app-id", NS, "news"), vec![nodes[1].id]);
+    nodes[1].unsubscribe(&app(&nodes[1]), &a, NS, "news", &None, false);
+    assert!(broker.interested("app-id", NS, "news").is_empty());
 }
 
 #[tokio::test]
@@ -161,9 +163,9 @@ async fn presence_is_the_clusters() {
     assert_eq!(members, ["obs", "u1"]);
 
     // Removed once, when its last socket anywhere leaves.
-    nodes[1].unsubscribe(&app(&nodes[1]), &s1, "presence-room", &None, false);
+    nodes[1].unsubscribe(&app(&nodes[1]), &s1, NS, "presence-room", &None, false);
     assert!(frames(&obs).is_empty());
-    nodes[2].unsubscribe(&app(&nodes[2]), &s2, "presence-room", &None, false);
+    nodes[2].unsubscribe(&app(&nodes[2]), &s2, NS, "presence-room", &None, false);
     assert_eq!(frames(&obs), vec!["|member_removed|presence-room|u1"]);
 }
 
@@ -179,13 +181,21 @@ async fn queries_answer_for_the_whole_cluster() {
     }
     // Asked on the node that has no subscriber at all.
     let stats = nodes[2]
-        .stats(&app(&nodes[2]), StatsFilter::Exact("presence-room".into()))
+        .stats(
+            &app(&nodes[2]),
+            Some(NS),
+            StatsFilter::Exact("presence-room".into()),
+        )
         .await;
     assert_eq!(stats.len(), 1);
     assert_eq!(stats[0].subscriptions, 4);
     assert_eq!(stats[0].users, ["only0", "only1", "u1"]);
     let all = nodes[2]
-        .stats(&app(&nodes[2]), StatsFilter::Prefix("presence-".into()))
+        .stats(
+            &app(&nodes[2]),
+            Some(NS),
+            StatsFilter::Prefix("presence-".into()),
+        )
         .await;
     assert_eq!(all.len(), 1);
 }
@@ -229,7 +239,7 @@ async fn patterns_match_at_segment_boundaries_across_nodes() {
         ..SubscribeOptions::default()
     };
     nodes[1]
-        .subscribe(&app(&nodes[1]), &sub, "/ns/a/", opts)
+        .subscribe(&app(&nodes[1]), &sub, NS, "/ns/a/", opts)
         .await
         .unwrap();
     frames(&sub);
@@ -267,7 +277,10 @@ async fn a_silent_node_has_its_members_removed_everywhere() {
     let left = broker
         .members(
             "app-id",
-            &herald_core::broker::Scope::Channel("presence-room".into()),
+            &herald_core::broker::Scope::Channel(herald_core::namespace::ChannelId(
+                NS,
+                "presence-room".into(),
+            )),
             nodes[0].id,
         )
         .await;

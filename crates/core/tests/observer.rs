@@ -11,7 +11,7 @@ use herald_core::hub::presence::Member;
 use herald_core::hub::SubscribeOptions;
 use herald_core::node::Node;
 use herald_core::observer::{Change, Observer};
-use herald_core::testing::TestWire;
+use herald_core::testing::{TestWire, NS};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ const LIMIT: QueueLimit = QueueLimit {
 struct Log(Mutex<Vec<String>>);
 
 impl Observer for Log {
-    fn changed(&self, app: &str, change: &Change<'_>) {
+    fn changed(&self, app: &str, _ns: herald_core::namespace::Namespace, change: &Change<'_>) {
         let line = match change {
             Change::Occupied { channel } => format!("{app}:occupied:{channel}"),
             Change::Vacated { channel } => format!("{app}:vacated:{channel}"),
@@ -78,12 +78,12 @@ fn conn(node: &Node) -> Arc<Connection> {
 
 async fn join(node: &Node, c: &Arc<Connection>, channel: &str, opts: SubscribeOptions) {
     let hub = node.hub_by_id("app-id").unwrap().clone();
-    node.subscribe(&hub, c, channel, opts).await.unwrap();
+    node.subscribe(&hub, c, NS, channel, opts).await.unwrap();
 }
 
 fn leave(node: &Node, c: &Connection, channel: &str) {
     let hub = node.hub_by_id("app-id").unwrap().clone();
-    assert!(node.unsubscribe(&hub, c, channel, &None, false));
+    assert!(node.unsubscribe(&hub, c, NS, channel, &None, false));
 }
 
 fn member(user: &str) -> SubscribeOptions {
@@ -156,7 +156,7 @@ async fn cache_misses_counts_and_watched_publications() {
     n.flush_counts();
     assert_eq!(log.take(), ["app-id:count:cache-x:1"]);
 
-    let p = || Publication::new("cache-x".into(), "e".into(), json_string("d")).cached(true);
+    let p = || Publication::new(NS, "cache-x".into(), "e".into(), json_string("d")).cached(true);
     n.publish(&hub, p()).await;
     assert!(log.take().is_empty(), "nobody watches publications");
     let watch = n.watch_publications();

@@ -4,7 +4,7 @@
 //! limit.
 
 use crate::auth::{authenticate, SignedRequest};
-use crate::names::{self, validate_publish_name, ChannelKind, SERVER_TO_USER_PREFIX};
+use crate::names::{validate_publish_name, ChannelKind, NAMESPACE, SERVER_TO_USER_PREFIX};
 use axum::extract::Path;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -317,11 +317,8 @@ fn check(app: &AppConfig, ev: EventRequest) -> Result<Checked, ApiError> {
 
 /// Figures of one channel for the whole cluster (`None`: not occupied).
 async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
-    // The app's other protocols' channels are not Pusher's to report.
-    if !names::is_channel_name(name) {
-        return None;
-    }
-    node.stats(hub, StatsFilter::Exact(name.to_owned()))
+    let exact = StatsFilter::Exact(name.to_owned());
+    node.stats(hub, Some(NAMESPACE), exact)
         .await
         .into_iter()
         .next()
@@ -331,7 +328,7 @@ async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
 pub async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
     for c in &ev.channels {
         let user = c.strip_prefix(SERVER_TO_USER_PREFIX).map(str::to_owned);
-        let p = Publication::new(c.clone(), ev.name.clone(), ev.data.clone())
+        let p = Publication::new(NAMESPACE, c.clone(), ev.name.clone(), ev.data.clone())
             .excluding(ev.socket_id.clone())
             .cached(ChannelKind::of(c).cache)
             .to_user(user);
@@ -437,13 +434,10 @@ async fn channels(Signed { node, hub, uri, .. }: Signed) -> ApiResult {
         ));
     }
     let mut out = Map::new();
-    for stats in node.stats(&hub, StatsFilter::Prefix(prefix)).await {
-        // The hub also holds other protocols' channels of the app (Action
-        // Cable's `cable:…`, AppSync's `/…` and `graphql:…`): not Pusher
-        // names, not listed.
-        if !names::is_channel_name(&stats.name) {
-            continue;
-        }
+    // Pusher's namespace only: the app's other protocols' channels are
+    // not Pusher's to list.
+    let filter = StatsFilter::Prefix(prefix);
+    for stats in node.stats(&hub, Some(NAMESPACE), filter).await {
         let m = attributes_of(&stats.name, Some(&stats), &attrs);
         out.insert(stats.name, Value::Object(m));
     }

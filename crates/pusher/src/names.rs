@@ -2,6 +2,11 @@
 //! presence, cache, encryption) and which names are valid. The core never
 //! parses names; the session and the HTTP API decide with these rules.
 
+/// The hub namespace of Pusher channels: Pusher's queries, webhooks and
+/// the dashboard's Pusher list see these channels and no other protocol's.
+pub const NAMESPACE: herald_core::namespace::Namespace =
+    herald_core::namespace::Namespace::new("pusher");
+
 /// What a channel's name makes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelKind {
@@ -86,12 +91,6 @@ pub fn validate_publish_name(name: &str, max_len: usize) -> Result<(), NameError
         return Ok(());
     }
     validate_name(name, max_len)
-}
-
-/// Whether `name` is made of the characters Pusher channel names may hold
-/// (whatever its length): the hub's channels of other protocols are not.
-pub fn is_channel_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(is_name_byte)
 }
 
 fn is_name_byte(b: u8) -> bool {

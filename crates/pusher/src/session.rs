@@ -4,7 +4,7 @@
 //! watchlists. The socket itself (reading, keep-alive, writing, closing) is
 //! the core's session loop; this is its Pusher [`Handler`].
 
-use crate::names::{validate_name, ChannelKind, SERVER_TO_USER_PREFIX};
+use crate::names::{validate_name, ChannelKind, NAMESPACE, SERVER_TO_USER_PREFIX};
 use crate::presence_data::{self, MemberLimits};
 use crate::signing;
 use crate::wire::{self as wire, code, ClientMessage, NAME as WIRE_NAME, WIRE};
@@ -170,7 +170,7 @@ impl Handler for PusherSession {
             ClientMessage::Unsubscribe { channel } => {
                 if self
                     .node
-                    .unsubscribe(&self.hub, &self.conn, &channel, &None, false)
+                    .unsubscribe(&self.hub, &self.conn, NAMESPACE, &channel, &None, false)
                 {
                     self.channels.retain(|c| **c != *channel);
                 }
@@ -296,7 +296,7 @@ impl PusherSession {
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, channel, opts)
+            .subscribe(&self.hub, &self.conn, NAMESPACE, channel, opts)
             .await
         {
             Ok(j) if j.new => self.channels.push(channel.into()),
@@ -404,7 +404,10 @@ impl PusherSession {
                 "Client events are only allowed on private and presence channels (not encrypted ones)",
             );
         }
-        let Some(user_id) = self.hub.subscription(&self.conn, &channel, &None) else {
+        let Some(user_id) = self
+            .hub
+            .subscription(&self.conn, NAMESPACE, &channel, &None)
+        else {
             return self.reject_client_event(
                 "not_subscribed",
                 "Client events require a subscription to the channel",
@@ -420,11 +423,12 @@ impl PusherSession {
             )));
             return;
         }
-        let p = Publication::new(channel, event, data)
+        let p = Publication::new(NAMESPACE, channel, event, data)
             .sent_by(self.conn.socket_id.to_string())
             .from_user(user_id.map(|u| u.to_string()))
             .cached(kind.cache);
-        self.node.notify(&self.hub, &Change::ClientEvent(&p));
+        self.node
+            .notify(&self.hub, NAMESPACE, &Change::ClientEvent(&p));
         self.node.publish(&self.hub, p).await;
     }
 
@@ -469,7 +473,7 @@ impl PusherSession {
     fn cleanup(&mut self) {
         for channel in std::mem::take(&mut self.channels) {
             self.node
-                .unsubscribe(&self.hub, &self.conn, &channel, &None, false);
+                .unsubscribe(&self.hub, &self.conn, NAMESPACE, &channel, &None, false);
         }
         if let Some((user, watchlist)) = self.user.take() {
             self.node.sign_out(&self.hub, &self.conn, &user, &watchlist);

@@ -25,6 +25,7 @@
 use crate::config::{redact_url, PusherConfig, WebhookConfig, WebhookFilter, WebhookSettings};
 use crate::metrics;
 use herald_core::config::AppConfig;
+use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::observer::{Change, Observer};
 use parking_lot::Mutex;
@@ -114,7 +115,12 @@ pub struct Webhooks {
 }
 
 impl Observer for Webhooks {
-    fn changed(&self, app_id: &str, change: &Change<'_>) {
+    fn changed(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        // Pusher webhooks are about Pusher channels only: the app's other
+        // protocols' channels live in other namespaces.
+        if ns != crate::names::NAMESPACE {
+            return;
+        }
         if let Some(app) = self.apps.get(app_id) {
             app.changed(change);
         }
@@ -309,21 +315,6 @@ impl AppHooks {
     }
 
     fn changed(&self, change: &Change<'_>) {
-        let channel = match *change {
-            Change::Occupied { channel }
-            | Change::Vacated { channel }
-            | Change::MemberAdded { channel, .. }
-            | Change::MemberRemoved { channel, .. }
-            | Change::CacheMiss { channel }
-            | Change::SubscriptionCount { channel, .. } => channel,
-            Change::Published(p) | Change::ClientEvent(p) => &p.channel,
-        };
-        // The app's hub also holds other protocols' channels (Action
-        // Cable's `cable:…`, AppSync's): Pusher webhooks are about Pusher
-        // channels only.
-        if !crate::names::is_channel_name(channel) {
-            return;
-        }
         let event =
             |name: &'static str, channel: &str, body: Value| Pending::new(name, channel, body, 0);
         match *change {
@@ -698,12 +689,23 @@ mod tests {
             filter: Default::default(),
         }];
         let settings = Arc::new(Settings::from_config(&WebhookSettings::default()));
-        let hooks = AppHooks::new(&app, &webhooks, settings, reqwest::Client::new());
-        for channel in ["cable:room", "/default/room", "graphql:room"] {
-            hooks.changed(&Change::Occupied { channel });
+        let hooks = Arc::new(AppHooks::new(
+            &app,
+            &webhooks,
+            settings,
+            reqwest::Client::new(),
+        ));
+        let webhooks = Webhooks {
+            apps: HashMap::from([(app.id.clone(), hooks.clone())]),
+        };
+        // The same name in the other protocols' namespaces: not Pusher's.
+        for ns in ["actioncable", "appsync-events", "appsync-graphql"] {
+            let ns = Namespace::intern(ns).unwrap();
+            webhooks.changed(&app.id, ns, &Change::Occupied { channel: "room" });
         }
         assert_eq!(hooks.depth(), 0);
-        hooks.changed(&Change::Occupied { channel: "room" });
+        let occupied = Change::Occupied { channel: "room" };
+        webhooks.changed(&app.id, crate::names::NAMESPACE, &occupied);
         assert_eq!(hooks.depth(), 1);
     }
 

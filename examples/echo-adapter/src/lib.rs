@@ -15,6 +15,7 @@ use herald_core::connection::{Connection, QueueLimit};
 use herald_core::fanout::{json_string, Publication, Tag};
 use herald_core::frame::Frame;
 use herald_core::hub::{Hub, SubscribeOptions};
+use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::session::{self, Closing, KeepAlive, Next, Settings, Why};
 use herald_core::wire::{Event, Wire};
@@ -22,8 +23,10 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The channel every echo client joins (a name no other adapter accepts).
-pub const CHANNEL: &str = "echo:all";
+/// The channel every echo client joins, in the echo namespace.
+pub const CHANNEL: &str = "all";
+/// The echo protocol's own space of channel names in the hub.
+pub const NAMESPACE: Namespace = Namespace::new("echo");
 
 /// The `[echo]` section.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -132,7 +135,11 @@ async fn upgrade(
             tag: Tag::default(),
             ..Default::default()
         };
-        if node.subscribe(&hub, &conn, CHANNEL, opts).await.is_err() {
+        if node
+            .subscribe(&hub, &conn, NAMESPACE, CHANNEL, opts)
+            .await
+            .is_err()
+        {
             hub.release();
             return;
         }
@@ -157,7 +164,7 @@ struct Session {
 
 impl session::Handler for Session {
     async fn on_text(&mut self, text: String) -> Next {
-        let p = Publication::new(CHANNEL.into(), String::new(), json_string(&text));
+        let p = Publication::new(NAMESPACE, CHANNEL.into(), String::new(), json_string(&text));
         self.node.publish(&self.hub, p).await;
         Next::Continue
     }
@@ -180,8 +187,14 @@ impl session::Handler for Session {
 
     async fn on_close(&mut self) {
         if std::mem::take(&mut self.open) {
-            self.node
-                .unsubscribe(&self.hub, &self.conn, CHANNEL, &Tag::default(), false);
+            self.node.unsubscribe(
+                &self.hub,
+                &self.conn,
+                NAMESPACE,
+                CHANNEL,
+                &Tag::default(),
+                false,
+            );
             self.hub.release();
         }
     }

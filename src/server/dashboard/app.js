@@ -131,11 +131,11 @@ function Channels({ token, app }) {
       ${list.length === 0
         ? html`<p class="muted">No occupied channels.</p>`
         : html`<table id="channels">
-            <thead><tr><th>Channel</th><th class="num">Subscriptions</th><th class="num">Users</th></tr></thead>
+            <thead><tr><th>Protocol</th><th>Channel</th><th class="num">Subscriptions</th><th class="num">Users</th></tr></thead>
             <tbody>
               ${list.map(
-                (c) => html`<tr data-channel=${c.name}>
-                  <td>${c.name}</td><td class="num subs">${c.subscriptions}</td>
+                (c) => html`<tr data-channel=${c.name} data-namespace=${c.namespace}>
+                  <td class="muted">${c.namespace}</td><td>${c.name}</td><td class="num subs">${c.subscriptions}</td>
                   <td class="num">${c.name.startsWith('presence-') ? c.users : ''}</td>
                 </tr>`,
               )}
@@ -197,17 +197,20 @@ function Console({ token, app }) {
       clearTimeout(retry);
     };
   }, [token, app]);
+  // A channel labelled with its protocol's namespace (the same name in two
+  // protocols is two channels).
+  const where = (ev) => (ev.namespace ? `[${ev.namespace}] ${ev.channel}` : ev.channel);
   const describe = (ev) => {
     switch (ev.type) {
       case 'event':
-        return `${ev.channel}  ${ev.event}  ${ev.data}${ev.user_id ? `  (user ${ev.user_id})` : ''}`;
+        return `${where(ev)}  ${ev.event}  ${ev.data}${ev.user_id ? `  (user ${ev.user_id})` : ''}`;
       case 'member_added':
       case 'member_removed':
-        return `${ev.channel}  user ${ev.user_id}`;
+        return `${where(ev)}  user ${ev.user_id}`;
       case 'skipped':
         return `${ev.count} events skipped (the console fell behind)`;
       default:
-        return ev.channel;
+        return where(ev);
     }
   };
   return html`

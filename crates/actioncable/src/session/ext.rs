@@ -77,7 +77,7 @@ impl CableSession {
     fn release_all(&self, at: usize) {
         let gate = self.conn.with_gate();
         for s in &self.subs[at].streams {
-            gate.release(&self.conn, &channel_of(s), None, |_, _| unreachable!());
+            gate.release(&self.conn, s, None, |_, _| unreachable!());
         }
     }
 
@@ -100,7 +100,7 @@ impl CableSession {
         let history = &self.cable.reliable.history;
         let mut answers = Vec::with_capacity(self.subs[at].streams.len());
         for stream in &self.subs[at].streams {
-            let channel = channel_of(stream);
+            let channel = stream.clone();
             let read = match req.streams.get(stream) {
                 Some(p) => Some(history.after(&channel, &p.epoch, p.offset)),
                 None if req.since > 0 => match history.since(&channel, req.since) {

@@ -7,9 +7,13 @@
 //! Nothing is called while the engine's lock is held: inboxes call back
 //! into hubs, which may call the broker again.
 
-use super::{BoxFuture, Broker, Control, Inbox, PresenceChange, RemoteMember, Scope};
+use super::{
+    BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
+    PubSub, Queries, RemoteMember, Scope,
+};
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
+use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
@@ -26,14 +30,14 @@ type Members = HashMap<String, HashMap<NodeId, Option<Box<RawValue>>>>;
 struct State {
     inboxes: HashMap<NodeId, Arc<dyn Inbox>>,
     /// (app, channel or prefix, is a pattern) → interested nodes.
-    interest: HashMap<(String, String, bool), HashSet<NodeId>>,
+    interest: HashMap<(String, ChannelId, bool), HashSet<NodeId>>,
     /// (app, scope) → user → node → info.
     presence: HashMap<(String, Scope), Members>,
     /// (app, channel) → nodes with subscribers to it.
-    occupied: HashMap<(String, String), HashSet<NodeId>>,
+    occupied: HashMap<(String, ChannelId), HashSet<NodeId>>,
     /// (app, channel, user) → nodes where the member has a socket, as
     /// [`Broker::member`] reported them.
-    joined: HashMap<(String, String, String), HashSet<NodeId>>,
+    joined: HashMap<(String, ChannelId, String), HashSet<NodeId>>,
     heartbeats: HashMap<NodeId, Instant>,
 }
 
@@ -71,11 +75,12 @@ impl LocalBroker {
     }
 
     /// Nodes interested in an exact channel (tests and diagnostics).
-    pub fn interested(&self, app_id: &str, channel: &str) -> Vec<NodeId> {
+    pub fn interested(&self, app_id: &str, ns: Namespace, channel: &str) -> Vec<NodeId> {
         let s = self.state.lock();
+        let key = ChannelId(ns, channel.to_owned());
         let mut v: Vec<NodeId> = s
             .interest
-            .get(&(app_id.to_owned(), channel.to_owned(), false))
+            .get(&(app_id.to_owned(), key, false))
             .map(|n| n.iter().copied().collect())
             .unwrap_or_default();
         v.sort_unstable();
@@ -162,12 +167,12 @@ impl LocalBroker {
             }
         }
         if let Some(inbox) = reporter {
-            for (app, channel, user) in &emptied {
+            for (app, ChannelId(ns, channel), user) in &emptied {
                 let change = match user {
                     None => Change::Vacated { channel },
                     Some(user_id) => Change::MemberRemoved { channel, user_id },
                 };
-                inbox.observed(app, &change);
+                inbox.observed(app, *ns, &change);
             }
         }
         let others: Vec<Arc<dyn Inbox>> = self.state.lock().inboxes.values().cloned().collect();
@@ -204,7 +209,7 @@ impl LocalBroker {
     }
 }
 
-impl Broker for LocalBroker {
+impl Cluster for LocalBroker {
     fn name(&self) -> &'static str {
         "local"
     }
@@ -219,6 +224,32 @@ impl Broker for LocalBroker {
         self.forget(node);
     }
 
+    fn heartbeat(&self, node: NodeId) {
+        let expired: Vec<NodeId> = {
+            let mut s = self.state.lock();
+            let now = Instant::now();
+            if s.inboxes.contains_key(&node) {
+                s.heartbeats.insert(node, now);
+            }
+            s.heartbeats
+                .iter()
+                .filter(|(_, at)| now.duration_since(**at) > self.ttl)
+                .map(|(n, _)| *n)
+                .collect()
+        };
+        for n in expired {
+            tracing::warn!(node = n, "node missed its heartbeats; removing its members");
+            self.forget(n);
+        }
+        self.share_connections();
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+impl PubSub for LocalBroker {
     fn publish(&self, app_id: &str, p: &Publication) {
         let to: Vec<Arc<dyn Inbox>> = {
             let s = self.state.lock();
@@ -228,15 +259,11 @@ impl Broker for LocalBroker {
             let nodes: HashSet<NodeId> = if p.to_user.is_some() {
                 s.inboxes.keys().copied().collect()
             } else {
-                let exact = s
-                    .interest
-                    .get(&(app_id.to_owned(), p.channel.clone(), false));
+                let key = |c: &str| ChannelId(p.ns, c.to_owned());
+                let exact = s.interest.get(&(app_id.to_owned(), key(&p.channel), false));
                 let mut nodes: HashSet<NodeId> = exact.cloned().unwrap_or_default();
                 for prefix in prefixes(&p.channel) {
-                    if let Some(n) = s
-                        .interest
-                        .get(&(app_id.to_owned(), prefix.to_owned(), true))
-                    {
+                    if let Some(n) = s.interest.get(&(app_id.to_owned(), key(prefix), true)) {
                         nodes.extend(n);
                     }
                 }
@@ -260,9 +287,21 @@ impl Broker for LocalBroker {
         }
     }
 
-    fn interest(&self, node: NodeId, app_id: &str, channel: &str, pattern: bool, on: bool) {
+    fn interest(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+        on: bool,
+    ) {
         let mut s = self.state.lock();
-        let key = (app_id.to_owned(), channel.to_owned(), pattern);
+        let key = (
+            app_id.to_owned(),
+            ChannelId(ns, channel.to_owned()),
+            pattern,
+        );
         if on {
             s.interest.entry(key).or_default().insert(node);
         } else if let Some(nodes) = s.interest.get_mut(&key) {
@@ -272,62 +311,9 @@ impl Broker for LocalBroker {
             }
         }
     }
+}
 
-    fn occupancy(
-        &self,
-        node: NodeId,
-        app_id: &str,
-        channel: &str,
-        occupied: bool,
-    ) -> BoxFuture<bool> {
-        let mut s = self.state.lock();
-        let key = (app_id.to_owned(), channel.to_owned());
-        let flipped = if occupied {
-            let nodes = s.occupied.entry(key).or_default();
-            nodes.insert(node) && nodes.len() == 1
-        } else {
-            match s.occupied.get_mut(&key) {
-                Some(nodes) => {
-                    let last = nodes.remove(&node) && nodes.is_empty();
-                    if nodes.is_empty() {
-                        s.occupied.remove(&key);
-                    }
-                    last
-                }
-                None => false,
-            }
-        };
-        Box::pin(std::future::ready(flipped))
-    }
-
-    fn member(
-        &self,
-        node: NodeId,
-        app_id: &str,
-        channel: &str,
-        user_id: &str,
-        joined: bool,
-    ) -> BoxFuture<bool> {
-        let mut s = self.state.lock();
-        let key = (app_id.to_owned(), channel.to_owned(), user_id.to_owned());
-        let flipped = if joined {
-            let nodes = s.joined.entry(key).or_default();
-            nodes.insert(node) && nodes.len() == 1
-        } else {
-            match s.joined.get_mut(&key) {
-                Some(nodes) => {
-                    let last = nodes.remove(&node) && nodes.is_empty();
-                    if nodes.is_empty() {
-                        s.joined.remove(&key);
-                    }
-                    last
-                }
-                None => false,
-            }
-        };
-        Box::pin(std::future::ready(flipped))
-    }
-
+impl Presence for LocalBroker {
     fn presence(&self, app_id: &str, change: PresenceChange) {
         let to = {
             let mut s = self.state.lock();
@@ -381,75 +367,120 @@ impl Broker for LocalBroker {
             .unwrap_or_default();
         Box::pin(std::future::ready(list))
     }
+}
 
-    fn heartbeat(&self, node: NodeId) {
-        let expired: Vec<NodeId> = {
-            let mut s = self.state.lock();
-            let now = Instant::now();
-            if s.inboxes.contains_key(&node) {
-                s.heartbeats.insert(node, now);
+impl Occupancy for LocalBroker {
+    fn occupancy(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        occupied: bool,
+    ) -> BoxFuture<bool> {
+        let mut s = self.state.lock();
+        let key = (app_id.to_owned(), ChannelId(ns, channel.to_owned()));
+        let flipped = if occupied {
+            let nodes = s.occupied.entry(key).or_default();
+            nodes.insert(node) && nodes.len() == 1
+        } else {
+            match s.occupied.get_mut(&key) {
+                Some(nodes) => {
+                    let last = nodes.remove(&node) && nodes.is_empty();
+                    if nodes.is_empty() {
+                        s.occupied.remove(&key);
+                    }
+                    last
+                }
+                None => false,
             }
-            s.heartbeats
-                .iter()
-                .filter(|(_, at)| now.duration_since(**at) > self.ttl)
-                .map(|(n, _)| *n)
-                .collect()
         };
-        for n in expired {
-            tracing::warn!(node = n, "node missed its heartbeats; removing its members");
-            self.forget(n);
-        }
-        self.share_connections();
+        Box::pin(std::future::ready(flipped))
     }
 
-    fn ttl(&self) -> Duration {
-        self.ttl
+    fn member(
+        &self,
+        node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        user_id: &str,
+        joined: bool,
+    ) -> BoxFuture<bool> {
+        let mut s = self.state.lock();
+        let channel = ChannelId(ns, channel.to_owned());
+        let key = (app_id.to_owned(), channel, user_id.to_owned());
+        let flipped = if joined {
+            let nodes = s.joined.entry(key).or_default();
+            nodes.insert(node) && nodes.len() == 1
+        } else {
+            match s.joined.get_mut(&key) {
+                Some(nodes) => {
+                    let last = nodes.remove(&node) && nodes.is_empty();
+                    if nodes.is_empty() {
+                        s.joined.remove(&key);
+                    }
+                    last
+                }
+                None => false,
+            }
+        };
+        Box::pin(std::future::ready(flipped))
     }
+}
 
+impl Queries for LocalBroker {
     fn query(
         &self,
         from: NodeId,
         app_id: &str,
+        ns: Option<Namespace>,
         filter: StatsFilter,
     ) -> BoxFuture<Vec<ChannelStats>> {
         let others = self.others(from);
         let answers = others
             .iter()
-            .flat_map(|i| i.stats(app_id, &filter))
+            .flat_map(|i| i.stats(app_id, ns, &filter))
             .collect();
         Box::pin(std::future::ready(answers))
-    }
-
-    fn cached(
-        &self,
-        from: NodeId,
-        app_id: &str,
-        channel: &str,
-    ) -> BoxFuture<Option<(Publication, Duration)>> {
-        let others = self.others(from);
-        let newest = others
-            .iter()
-            .filter_map(|i| i.cached(app_id, channel))
-            .min_by_key(|(_, age)| *age);
-        Box::pin(std::future::ready(newest))
-    }
-
-    fn counts(&self, node: NodeId, app_id: &str, counts: Vec<(String, usize)>) {
-        for (channel, count) in counts {
-            let to = {
-                let s = self.state.lock();
-                Self::audience(&s, app_id, &Scope::Channel(channel.clone()), node)
-            };
-            for inbox in to {
-                inbox.count(app_id, &channel, node, count);
-            }
-        }
     }
 
     fn control(&self, from: NodeId, app_id: &str, control: Control) {
         let others = self.others(from);
         for inbox in others {
             inbox.control(app_id, &control);
+        }
+    }
+}
+
+impl LastEvent for LocalBroker {
+    fn cached(
+        &self,
+        from: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+    ) -> BoxFuture<Option<(Publication, Duration)>> {
+        let others = self.others(from);
+        let newest = others
+            .iter()
+            .filter_map(|i| i.cached(app_id, ns, channel))
+            .min_by_key(|(_, age)| *age);
+        Box::pin(std::future::ready(newest))
+    }
+}
+
+impl Counts for LocalBroker {
+    fn counts(&self, node: NodeId, app_id: &str, ns: Namespace, counts: Vec<(String, usize)>) {
+        for (channel, count) in counts {
+            let to = {
+                let s = self.state.lock();
+                let scope = Scope::Channel(ChannelId(ns, channel.clone()));
+                Self::audience(&s, app_id, &scope, node)
+            };
+            for inbox in to {
+                inbox.count(app_id, ns, &channel, node, count);
+            }
         }
     }
 }

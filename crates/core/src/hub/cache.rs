@@ -14,6 +14,7 @@
 //! walks the slots once per housekeeping tick.
 
 use crate::fanout::Publication;
+use crate::namespace::{ChannelId, Namespace};
 use lru::LruCache;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,7 +48,7 @@ struct Slot {
 }
 
 struct Slots {
-    lru: LruCache<String, Slot>,
+    lru: LruCache<ChannelId, Slot>,
     bytes: usize,
 }
 
@@ -79,26 +80,28 @@ impl Cache {
     }
 
     /// Keep `p` as `channel`'s last event, published now.
-    pub fn put(&self, channel: &str, p: Arc<Publication>) {
-        self.keep(channel, p, Instant::now(), false);
+    pub fn put(&self, p: Arc<Publication>) {
+        let key = ChannelId(p.ns, p.channel.clone());
+        self.keep(key, p, Instant::now(), false);
     }
 
     /// Keep a publication another node holds (published `age` ago) unless
     /// this node has a newer one.
-    pub fn seed(&self, channel: &str, p: Publication, age: Duration) {
+    pub fn seed(&self, p: Publication, age: Duration) {
         let Some(at) = Instant::now().checked_sub(age) else {
             return;
         };
         if age >= self.ttl {
             return;
         }
-        self.keep(channel, Arc::new(p), at, true);
+        let key = ChannelId(p.ns, p.channel.clone());
+        self.keep(key, Arc::new(p), at, true);
     }
 
-    fn keep(&self, channel: &str, p: Arc<Publication>, at: Instant, only_if_newer: bool) {
-        let weight = weight(channel, &p);
+    fn keep(&self, key: ChannelId, p: Arc<Publication>, at: Instant, only_if_newer: bool) {
+        let weight = weight(&key.1, &p);
         let mut s = self.slots.lock();
-        let old = match s.lru.get_mut(channel) {
+        let old = match s.lru.get_mut(&key) {
             Some(slot) if only_if_newer && slot.at >= at => return,
             Some(slot) => {
                 let old = slot.weight;
@@ -111,7 +114,7 @@ impl Cache {
             }
             None => {
                 s.lru.push(
-                    channel.to_owned(),
+                    key,
                     Slot {
                         publication: p,
                         at,
@@ -140,14 +143,16 @@ impl Cache {
     /// `channel`'s last event within the TTL, and its age; a hit counts as
     /// a use (it moves the slot away from eviction), an expired slot found
     /// here is freed.
-    pub fn get(&self, channel: &str) -> Option<(Arc<Publication>, Duration)> {
+    pub fn get(&self, ns: Namespace, channel: &str) -> Option<(Arc<Publication>, Duration)> {
+        // A key to look up by (only cache channels come here).
+        let key = ChannelId(ns, channel.to_owned());
         let mut s = self.slots.lock();
-        let slot = s.lru.get(channel)?;
+        let slot = s.lru.get(&key)?;
         let age = slot.at.elapsed();
         if age < self.ttl {
             return Some((slot.publication.clone(), age));
         }
-        if let Some(slot) = s.lru.pop(channel) {
+        if let Some(slot) = s.lru.pop(&key) {
             s.bytes -= slot.weight;
             self.publish_figures(&s);
         }
@@ -157,7 +162,7 @@ impl Cache {
     /// Free every slot older than the TTL; returns how many.
     pub fn expire(&self) -> usize {
         let mut s = self.slots.lock();
-        let expired: Vec<String> = s
+        let expired: Vec<ChannelId> = s
             .lru
             .iter()
             .filter(|(_, slot)| slot.at.elapsed() >= self.ttl)
@@ -201,9 +206,10 @@ impl Cache {
 mod tests {
     use super::*;
     use crate::fanout::json_string;
+    use crate::testing::NS;
 
     fn publication(channel: &str, data: &str) -> Arc<Publication> {
-        Arc::new(Publication::new(channel.into(), "e".into(), json_string(data)).cached(true))
+        Arc::new(Publication::new(NS, channel.into(), "e".into(), json_string(data)).cached(true))
     }
 
     #[test]
@@ -212,26 +218,26 @@ mod tests {
         let cache = Cache::new(Duration::from_secs(60), 3 * one);
         for i in 0..3 {
             let c = format!("cache-{i}");
-            cache.put(&c, publication(&c, &"x".repeat(1000)));
+            cache.put(publication(&c, &"x".repeat(1000)));
         }
         assert_eq!(cache.bytes(), 3 * one);
         // A replay of cache-0 is a use: cache-1 is now the least recent.
-        assert!(cache.get("cache-0").is_some());
-        cache.put("cache-3", publication("cache-3", &"x".repeat(1000)));
+        assert!(cache.get(NS, "cache-0").is_some());
+        cache.put(publication("cache-3", &"x".repeat(1000)));
         assert!(cache.bytes() <= cache.budget());
         assert_eq!(cache.evictions(), 1);
         assert_eq!(cache.events(), 3);
-        assert!(cache.get("cache-1").is_none(), "the least recent went");
+        assert!(cache.get(NS, "cache-1").is_none(), "the least recent went");
         for c in ["cache-0", "cache-2", "cache-3"] {
-            assert!(cache.get(c).is_some(), "{c} kept");
+            assert!(cache.get(NS, c).is_some(), "{c} kept");
         }
     }
 
     #[test]
     fn replacing_a_slot_counts_only_the_new_event() {
         let cache = Cache::new(Duration::from_secs(60), 1 << 20);
-        cache.put("cache-a", publication("cache-a", &"x".repeat(5000)));
-        cache.put("cache-a", publication("cache-a", "small"));
+        cache.put(publication("cache-a", &"x".repeat(5000)));
+        cache.put(publication("cache-a", "small"));
         assert_eq!(
             cache.bytes(),
             weight("cache-a", &publication("cache-a", "small"))
@@ -242,7 +248,7 @@ mod tests {
     #[test]
     fn an_event_larger_than_the_budget_is_not_kept() {
         let cache = Cache::new(Duration::from_secs(60), 1000);
-        cache.put("cache-a", publication("cache-a", &"x".repeat(2000)));
+        cache.put(publication("cache-a", &"x".repeat(2000)));
         assert_eq!(cache.bytes(), 0);
         assert_eq!(cache.events(), 0);
         assert_eq!(cache.evictions(), 1);
@@ -251,19 +257,19 @@ mod tests {
     #[test]
     fn expired_slots_are_freed_by_the_sweep_and_by_lookups() {
         let cache = Cache::new(Duration::from_secs(30), 1 << 20);
-        let p = |c: &str| Publication::new(c.into(), "e".into(), json_string("v"));
-        cache.seed("cache-old", p("cache-old"), Duration::from_secs(29));
-        cache.seed("cache-older", p("cache-older"), Duration::from_secs(29));
-        cache.put("cache-new", publication("cache-new", "v"));
+        let p = |c: &str| Publication::new(NS, c.into(), "e".into(), json_string("v"));
+        cache.seed(p("cache-old"), Duration::from_secs(29));
+        cache.seed(p("cache-older"), Duration::from_secs(29));
+        cache.put(publication("cache-new", "v"));
         assert_eq!(cache.events(), 3);
         // Seeds older than the TTL are not kept at all.
-        cache.seed("cache-dead", p("cache-dead"), Duration::from_secs(31));
+        cache.seed(p("cache-dead"), Duration::from_secs(31));
         assert_eq!(cache.events(), 3);
         let short = Cache::new(Duration::from_millis(1), 1 << 20);
-        short.put("a", publication("a", "v"));
-        short.put("b", publication("b", "v"));
+        short.put(publication("a", "v"));
+        short.put(publication("b", "v"));
         std::thread::sleep(Duration::from_millis(5));
-        assert!(short.get("a").is_none());
+        assert!(short.get(NS, "a").is_none());
         assert_eq!(short.events(), 1, "the lookup freed the expired slot");
         assert_eq!(short.expire(), 1);
         assert_eq!((short.events(), short.bytes()), (0, 0));
@@ -273,10 +279,10 @@ mod tests {
     #[test]
     fn a_seed_never_replaces_a_newer_event() {
         let cache = Cache::new(Duration::from_secs(60), 1 << 20);
-        cache.put("cache-a", publication("cache-a", "mine"));
-        let theirs = Publication::new("cache-a".into(), "e".into(), json_string("theirs"));
-        cache.seed("cache-a", theirs, Duration::from_secs(5));
-        let (p, _) = cache.get("cache-a").unwrap();
+        cache.put(publication("cache-a", "mine"));
+        let theirs = Publication::new(NS, "cache-a".into(), "e".into(), json_string("theirs"));
+        cache.seed(theirs, Duration::from_secs(5));
+        let (p, _) = cache.get(NS, "cache-a").unwrap();
         assert_eq!(p.data.get(), "\"mine\"");
     }
 }

@@ -1,7 +1,7 @@
 use super::*;
 use crate::connection::QueueLimit;
 use crate::fanout::{deliver, json_string};
-use crate::testing::TestWire;
+use crate::testing::{TestWire, NS};
 
 const LIMIT: QueueLimit = QueueLimit {
     frames: 64,
@@ -32,7 +32,7 @@ fn subscription_counts_are_coalesced_per_flush() {
             count: true,
             ..SubscribeOptions::default()
         };
-        assert!(hub.subscribe(c, "room", opts).unwrap().new);
+        assert!(hub.subscribe(c, NS, "room", opts).unwrap().new);
     }
     hub.flush_subscription_counts(1);
     hub.flush_subscription_counts(1); // nothing changed since: sends nothing
@@ -45,9 +45,9 @@ fn subscription_counts_are_coalesced_per_flush() {
 #[test]
 fn counts_are_not_tracked_unless_asked() {
     let hub = Hub::new(AppConfig::development());
-    hub.subscribe(&conn(1), "room", SubscribeOptions::default())
+    hub.subscribe(&conn(1), NS, "room", SubscribeOptions::default())
         .unwrap();
-    assert!(hub.counts_changed.is_empty());
+    assert!(hub.all_spaces().iter().all(|s| s.counts_changed.is_empty()));
 }
 
 #[test]
@@ -59,13 +59,13 @@ fn a_tag_makes_a_separate_subscription_of_one_connection() {
             tag,
             ..SubscribeOptions::default()
         };
-        assert!(hub.subscribe(&c, "news", opts).unwrap().new);
+        assert!(hub.subscribe(&c, NS, "news", opts).unwrap().new);
     }
     texts(&c);
     assert_eq!(
         publish(
             &hub,
-            Publication::new("news".into(), "e".into(), json_string("x"))
+            Publication::new(NS, "news".into(), "e".into(), json_string("x"))
         ),
         3
     );
@@ -82,15 +82,15 @@ fn a_cached_publication_is_replayed_once_to_a_late_subscriber() {
         cache: true,
         ..SubscribeOptions::default()
     };
-    hub.subscribe(&early, "cache-x", opts()).unwrap();
+    hub.subscribe(&early, NS, "cache-x", opts()).unwrap();
     assert_eq!(
         texts(&early),
         ["|subscribed|cache-x|", "|cache_miss|cache-x|"]
     );
-    let p = Publication::new("cache-x".into(), "e".into(), json_string("v")).cached(true);
+    let p = Publication::new(NS, "cache-x".into(), "e".into(), json_string("v")).cached(true);
     assert_eq!(publish(&hub, p), 1);
     let late = conn(2);
-    hub.subscribe(&late, "cache-x", opts()).unwrap();
+    hub.subscribe(&late, NS, "cache-x", opts()).unwrap();
     assert_eq!(texts(&late), ["|subscribed|cache-x|", "|e|cache-x|\"v\""]);
 }
 
@@ -118,10 +118,10 @@ mod prop {
             let hub = Hub::new(AppConfig::development());
             let c = conn(1);
             let opts = SubscribeOptions { pattern: true, ..SubscribeOptions::default() };
-            hub.subscribe(&c, &pattern, opts).unwrap();
+            hub.subscribe(&c, NS, &pattern, opts).unwrap();
             texts(&c);
             for ch in &channels {
-                publish(&hub, Publication::new(ch.clone(), "e".into(), json_string("")));
+                publish(&hub, Publication::new(NS, ch.clone(), "e".into(), json_string("")));
             }
             let got: Vec<String> = texts(&c)
                 .iter()

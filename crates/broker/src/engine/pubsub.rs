@@ -1,0 +1,108 @@
+//! Subjects and publications: the subject of a (namespaced) channel or
+//! pattern, publishing to it, interest (the wanted set the transport
+//! subscribes to), and subscription counts on a channel's subject.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl Shared {
+    pub(super) fn channel_subject(&self, app: &str, ns: Namespace, channel: &str) -> String {
+        subject::channel(&self.prefix, app, ns, channel)
+    }
+
+    pub(super) fn want_subject(
+        &self,
+        app: &str,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+    ) -> String {
+        if pattern {
+            subject::pattern(&self.prefix, app, ns, channel, self.wildcard)
+        } else {
+            self.channel_subject(app, ns, channel)
+        }
+    }
+}
+
+impl PubSub for Engine {
+    fn publish(&self, app_id: &str, p: &Publication) {
+        let sh = &self.shared;
+        if !sh.is_up() {
+            metrics::count(&metrics::BROKER_DROPPED);
+            return;
+        }
+        let subject = if p.to_user.is_some() {
+            sh.all()
+        } else {
+            sh.channel_subject(app_id, p.ns, &p.channel)
+        };
+        let bytes = serde_json::to_vec(&PubRef::Pub {
+            n: sh.me(),
+            a: app_id,
+            p,
+        })
+        .unwrap_or_default();
+        sh.send(subject, bytes);
+    }
+
+    fn interest(
+        &self,
+        _node: NodeId,
+        app_id: &str,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+        on: bool,
+    ) {
+        let sh = &self.shared;
+        let subject = sh.want_subject(app_id, ns, channel, pattern);
+        {
+            let mut s = sh.state.lock();
+            if on {
+                if s.wanted.contains_key(&subject) {
+                    return;
+                }
+                s.wanted.insert(
+                    subject.clone(),
+                    Want {
+                        app: app_id.to_owned(),
+                        ns,
+                        channel: channel.to_owned(),
+                        pattern,
+                    },
+                );
+            } else {
+                if s.wanted.remove(&subject).is_none() {
+                    return;
+                }
+                if !pattern {
+                    let channel = ChannelId(ns, channel.to_owned());
+                    let key = (app_id.to_owned(), Scope::Channel(channel));
+                    for scopes in s.remote.values_mut() {
+                        scopes.remove(&key);
+                    }
+                }
+            }
+            s.dirty.insert(subject);
+        }
+        sh.wake.notify_one();
+    }
+}
+
+impl Counts for Engine {
+    fn counts(&self, node: NodeId, app_id: &str, ns: Namespace, counts: Vec<(String, usize)>) {
+        let sh = &self.shared;
+        for (channel, c) in counts {
+            let subject = sh.channel_subject(app_id, ns, &channel);
+            let msg = Msg::Count {
+                n: node,
+                a: app_id.to_owned(),
+                ns,
+                ch: channel,
+                c,
+            };
+            sh.send_msg(subject, &msg);
+        }
+    }
+}
