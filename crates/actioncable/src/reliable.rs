@@ -53,9 +53,15 @@ impl Reliable {
     }
 
     /// Expire history and sessions once a second (a task on the runtime).
+    /// The server builds its routes inside the runtime; a router built
+    /// outside one (tests that drive it in-process) has no sweeper, and its
+    /// history and sessions stay bounded by their counts and bytes alone.
     pub fn start_sweeper(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let me = Arc::downgrade(self);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
