@@ -29,12 +29,12 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use herald_core::connection::{Connection, QueueLimit, Reason};
+use herald_core::connection::{Connection, Reason};
 use herald_core::frame::Frame;
 use herald_core::hub::{Hub, SubscribeOptions};
 use herald_core::metrics;
 use herald_core::node::Node;
-use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Settings, Why};
+use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
 use herald_core::ws::Socket;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -274,21 +274,19 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     } else {
         welcome.push(Frame::text(&wire::welcome(&sid)));
     }
-    let limit = QueueLimit {
-        frames: hub.app.outbound_queue,
-        bytes: hub.app.outbound_bytes,
-    };
     let wire: &'static dyn herald_core::wire::Wire =
         if ext { &crate::ext::EXT_WIRE } else { &WIRE };
-    let conn = Arc::new(Connection::new(id, sid, wire, limit));
+    let session::Opened {
+        conn,
+        settings,
+        shutdown,
+    } = session::open(&node, &hub, id, sid, wire);
     if ext {
         conn.with_gate();
     }
     for f in welcome {
         conn.send(f);
     }
-    let settings = Settings::new(&node.config, &hub.app);
-    let shutdown = node.shutdown.clone();
     let mut s = CableSession {
         node,
         hub,

@@ -11,13 +11,13 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use herald_core::connection::{Connection, QueueLimit, Reason};
+use herald_core::connection::{Connection, Reason};
 use herald_core::fanout::Tag;
 use herald_core::frame::Frame;
 use herald_core::hub::{Hub, Refused, SubscribeOptions};
 use herald_core::namespace::Namespace;
 use herald_core::node::Node;
-use herald_core::session::{self, Closing, Settings, Why};
+use herald_core::session::{self, Closing, Why};
 use herald_core::wire::Wire;
 use herald_core::ws::{Decoder, Incoming, Socket};
 use std::collections::HashMap;
@@ -171,13 +171,11 @@ async fn run(
     api: Api,
 ) {
     let (id, socket_id) = node.next_connection();
-    let limit = QueueLimit {
-        frames: hub.app.outbound_queue,
-        bytes: hub.app.outbound_bytes,
-    };
-    let conn = Arc::new(Connection::new(id, socket_id, api.wire(), limit));
-    let settings = Settings::new(&node.config, &hub.app);
-    let shutdown = node.shutdown.clone();
+    let session::Opened {
+        conn,
+        settings,
+        shutdown,
+    } = session::open(&node, &hub, id, socket_id, api.wire());
     let base = Base {
         node,
         hub,

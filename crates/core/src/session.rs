@@ -162,6 +162,36 @@ impl Settings {
     }
 }
 
+/// What every protocol's session starts from.
+pub struct Opened {
+    pub conn: Arc<Connection>,
+    pub settings: Settings,
+    pub shutdown: CancellationToken,
+}
+
+/// Open a session's connection on `hub`'s app: its queue bounded by the
+/// app's `outbound_queue` and `outbound_bytes`, the loop's [`Settings`]
+/// from the server's and the app's, and the node's shutdown signal. Every
+/// adapter's session starts here, so a limit added to the app's settings
+/// reaches every protocol.
+pub fn open(
+    node: &crate::node::Node,
+    hub: &crate::hub::Hub,
+    id: crate::connection::ConnId,
+    socket_id: String,
+    wire: &'static dyn crate::wire::Wire,
+) -> Opened {
+    let limit = crate::connection::QueueLimit {
+        frames: hub.app.outbound_queue,
+        bytes: hub.app.outbound_bytes,
+    };
+    Opened {
+        conn: Arc::new(Connection::new(id, socket_id, wire, limit)),
+        settings: Settings::new(&node.config, &hub.app),
+        shutdown: node.shutdown.clone(),
+    }
+}
+
 /// A connection written to within this long counts as busy (see
 /// [`Settings::write_delay_busy_only`]).
 pub const BUSY_WINDOW: Duration = Duration::from_millis(50);

@@ -11,7 +11,7 @@ use crate::wire::{self as wire, code, ClientMessage, NAME as WIRE_NAME, WIRE};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use herald_core::connection::{Connection, QueueLimit, Reason};
+use herald_core::connection::{Connection, Reason};
 use herald_core::fanout::Publication;
 use herald_core::frame::Frame;
 use herald_core::hub::presence::Member;
@@ -19,7 +19,7 @@ use herald_core::hub::{Hub, Refused, SubscribeOptions};
 use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::observer::Change;
-use herald_core::session::{self, Closing, Handler, KeepAlive, Next, RateWindow, Settings, Why};
+use herald_core::session::{self, Closing, Handler, KeepAlive, Next, RateWindow, Why};
 use herald_core::ws::Socket;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -110,17 +110,15 @@ async fn refuse(socket: Socket, code: u16) {
 /// Run an admitted connection until it closes.
 async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) {
     let (id, socket_id) = node.next_connection();
-    let limit = QueueLimit {
-        frames: hub.app.outbound_queue,
-        bytes: hub.app.outbound_bytes,
-    };
-    let conn = Arc::new(Connection::new(id, socket_id, &WIRE, limit));
+    let session::Opened {
+        conn,
+        settings,
+        shutdown,
+    } = session::open(&node, &hub, id, socket_id, &WIRE);
     conn.send(Frame::text(&wire::connection_established(
         &conn.socket_id,
         node.config.activity_timeout,
     )));
-    let settings = Settings::new(&node.config, &hub.app);
-    let shutdown = node.shutdown.clone();
     let s = PusherSession {
         node,
         hub,

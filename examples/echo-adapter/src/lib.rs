@@ -11,13 +11,13 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use herald_core::adapter::{section, text, Adapter, Keys, Setting};
 use herald_core::config::{invalid, Config, ConfigError};
-use herald_core::connection::{Connection, QueueLimit};
+use herald_core::connection::Connection;
 use herald_core::fanout::{json_string, Publication, Tag};
 use herald_core::frame::Frame;
 use herald_core::hub::{Hub, SubscribeOptions};
 use herald_core::namespace::Namespace;
 use herald_core::node::Node;
-use herald_core::session::{self, Closing, KeepAlive, Next, Settings, Why};
+use herald_core::session::{self, Closing, KeepAlive, Next, Why};
 use herald_core::wire::{Event, Wire};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -126,11 +126,11 @@ async fn upgrade(
     }
     herald_core::ws::upgrade(req, &[], move |socket, _| async move {
         let (id, socket_id) = node.next_connection();
-        let limit = QueueLimit {
-            frames: hub.app.outbound_queue,
-            bytes: hub.app.outbound_bytes,
-        };
-        let conn = Arc::new(Connection::new(id, socket_id, &WIRE, limit));
+        let session::Opened {
+            conn,
+            settings,
+            shutdown,
+        } = session::open(&node, &hub, id, socket_id, &WIRE);
         let opts = SubscribeOptions {
             tag: Tag::default(),
             ..Default::default()
@@ -143,8 +143,6 @@ async fn upgrade(
             hub.release();
             return;
         }
-        let settings = Settings::new(&node.config, &hub.app);
-        let shutdown = node.shutdown.clone();
         let handler = Session {
             node,
             hub,
