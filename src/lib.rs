@@ -2,27 +2,32 @@
 //! `herald` binary's library: the server around the core and its adapters.
 //!
 //! ```text
-//! crates/core     herald-core: node, hub, fan-out, connections, the session
-//!                 loop, the broker interface and its in-process engine,
-//!                 the adapter seam (`adapter`). Knows no protocol.
+//! crates/core     herald-core: node, hub (a namespace per protocol),
+//!                 fan-out, connections, the session loop, the broker's
+//!                 traits and its in-process engine, stream history
+//!                 (`history`), the adapter seam (`adapter`). Knows no
+//!                 protocol.
 //! crates/pusher   herald-pusher: Pusher Channels v7 (wire, sessions, the
 //!                 HTTP API, signatures), on the core only.
-//! crates/actioncable  herald-actioncable: Action Cable (actioncable-v1-json)
-//!                 with AnyCable-compatible RPC (gRPC, HTTP) to the app,
-//!                 `/_broadcast` and the broadcast adapters, on the core only.
+//! crates/actioncable  herald-actioncable: Action Cable (actioncable-v1-json,
+//!                 and actioncable-v1-ext-json's history and session
+//!                 restore on one node) with AnyCable-compatible RPC (gRPC,
+//!                 HTTP) to the app, `/_broadcast` and the broadcast
+//!                 adapters, on the core only.
 //! crates/anycable-proto  herald-anycable-proto: AnyCable's RPC messages,
 //!                 shared by the adapter and the bench's RPC server
 //! crates/appsync  herald-appsync: AWS AppSync's GraphQL pub/sub and Events
 //!                 APIs (wires, sessions, HTTP publish), on the core only.
 //! crates/broker   herald-broker: the Redis and NATS cluster engines behind
-//!                 the core's broker trait
-//! src/cli        this crate: the `herald` command, for any list of adapters
+//!                 the core's broker traits
+//! examples/echo-adapter  test-only: a fourth protocol through the seam
+//! src/cli         this crate: the `herald` command, for any list of adapters
 //! src/server      this crate: one listener, routing by path to each
 //!                 adapter's routes, the adapters' tasks, health, metrics,
 //!                 TLS, graceful shutdown
 //! adapters()      this crate: the adapters `herald` serves (the binary is
 //!                 the core plus this list; see docs/architecture.md)
-//! crates/signing herald-signing: Pusher's HMAC/MD5 signatures, shared by
+//! crates/signing  herald-signing: Pusher's HMAC/MD5 signatures, shared by
 //!                 the server and the bench
 //! crates/bench    herald-bench: `herald bench`, the load generator
 //! ```

@@ -16,6 +16,10 @@
 //! `@skip`/`@include`. Anything else (another field, a wrong argument, a
 //! missing selection, a syntax error) is a GraphQL error with a message
 //! and a location, never a crash. Every size is bounded.
+//!
+//! About 740 lines of code and 210 of unit tests: the checks of one
+//! document against the one schema are one walk (`Cx`), kept together so
+//! that every bound it enforces is visible in one place.
 
 use crate::nesting;
 use crate::wire::ChannelField;
