@@ -28,6 +28,10 @@ enum Scenario {
     /// Serve AnyCable's RPC over gRPC with a BenchmarkChannel, the app for
     /// the rpc scenario and for Action Cable servers under test.
     RpcServer(super::rpc::RpcServerArgs),
+    /// Runs of one scenario from several servers or builds side by side:
+    /// `--json` reports (FILE or LABEL=FILE), medians per server, a
+    /// Markdown table on stdout and --html with charts on shared axes.
+    Compare(super::compare::CompareArgs),
 }
 
 /// The Pusher-protocol scenarios, once the RPC ones are set apart.
@@ -291,6 +295,10 @@ struct BenchCommon {
     /// Write an HTML report (histograms, timeline) to this file.
     #[arg(long)]
     html: Option<PathBuf>,
+    /// Name the server or build under test in the reports, for
+    /// `herald bench compare`.
+    #[arg(long)]
+    label: Option<String>,
     /// The server's pid: report its CPU and peak memory from /proc.
     #[arg(long)]
     server_pid: Option<u32>,
@@ -410,6 +418,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
     let args = match args.scenario {
         Scenario::Rpc(a) => return super::rpc::run_cli(a),
         Scenario::RpcServer(a) => return super::rpc::serve_cli(a),
+        Scenario::Compare(a) => return super::compare::run_cli(a),
         Scenario::Pusher(scenario) => PusherArgs { scenario },
     };
     let common = match &args.scenario {
@@ -609,13 +618,14 @@ pub fn run(args: BenchArgs) -> ExitCode {
             }
         }
     });
-    let report = match result {
+    let mut report = match result {
         Ok(r) => r,
         Err(e) => {
             eprintln!("herald bench: {e}");
             return ExitCode::FAILURE;
         }
     };
+    report.label = common.label.clone();
     print!("{}", report.summary());
     let mut code = ExitCode::SUCCESS;
     if let Some(path) = &common.json {

@@ -50,6 +50,7 @@ pub mod appsync;
 pub mod broadcast;
 pub mod cli;
 pub mod client;
+pub mod compare;
 pub mod connect;
 pub mod fanout;
 pub mod idle;

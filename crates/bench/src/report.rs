@@ -67,6 +67,9 @@ pub struct Report {
     /// Periodic samples of the server (`soak`), as JSON objects; written
     /// to `--json` under `samples` when there are any.
     pub samples: Vec<Value>,
+    /// What `--label` named the server or build under test; `herald bench
+    /// compare` groups runs by it.
+    pub label: Option<String>,
 }
 
 impl Report {
@@ -300,6 +303,30 @@ impl Report {
         if !self.samples.is_empty() {
             out["samples"] = Value::Array(self.samples.clone());
         }
+        // Each figure's unit, so a comparison can say it.
+        let units: Map<String, Value> = self
+            .metrics
+            .iter()
+            .filter_map(|(name, m)| match m {
+                Metric::Trend(_) => Some((name.clone(), json!("ms"))),
+                Metric::Value(_, unit) => Some((name.clone(), json!(unit))),
+                _ => None,
+            })
+            .collect();
+        out["units"] = Value::Object(units);
+        if let Some(label) = &self.label {
+            out["label"] = json!(label);
+        }
+        // Whole histograms (HdrHistogram's V2 format, deflated, base64), so
+        // `herald bench compare` can overlay and merge runs exactly.
+        let histograms: Map<String, Value> = self
+            .histograms
+            .iter()
+            .filter_map(|(name, h)| Some((name.clone(), json!(encode_histogram(h)?))))
+            .collect();
+        if !histograms.is_empty() {
+            out["histograms"] = Value::Object(histograms);
+        }
         out
     }
 
@@ -355,7 +382,29 @@ impl Report {
     }
 }
 
-fn escape(s: &str) -> String {
+/// A histogram as HdrHistogram's compressed V2 encoding in base64 (the
+/// format its other implementations read too).
+pub fn encode_histogram(h: &Histogram<u64>) -> Option<String> {
+    use base64::Engine as _;
+    use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+    let mut bytes = Vec::new();
+    V2DeflateSerializer::new().serialize(h, &mut bytes).ok()?;
+    Some(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// The inverse of [`encode_histogram`].
+pub fn decode_histogram(text: &str) -> Result<Histogram<u64>, String> {
+    use base64::Engine as _;
+    use hdrhistogram::serialization::Deserializer;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("not base64: {e}"))?;
+    Deserializer::new()
+        .deserialize(&mut &bytes[..])
+        .map_err(|e| format!("not an HdrHistogram: {e:?}"))
+}
+
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -488,7 +537,13 @@ mod tests {
         assert_eq!(j["metrics"]["delivery_success"], 0.9);
         assert_eq!(j["metrics"]["message_latency"]["med"], 2.0);
         assert_eq!(j["per_second"]["ws_msgs_received"], 5.0);
+        assert_eq!(j["units"]["generator_cpu"], "s");
+        assert_eq!(j["units"]["message_latency"], "ms");
         let html = r.html();
         assert!(html.contains("<svg") && html.contains("message_latency"));
+        // The histogram travels whole in the JSON.
+        let h = decode_histogram(j["histograms"]["message_latency"].as_str().unwrap()).unwrap();
+        assert_eq!(h.len(), 3);
+        assert!(h.equivalent(h.value_at_quantile(0.5), 2000));
     }
 }
