@@ -548,15 +548,17 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
             ));
         }
     }
-    let publisher = Publisher::new(proto, &p.target, &p.broadcast);
+    // The preflight's publisher is its own, dropped before the baseline
+    // is taken: a pooled HTTP connection it left open would count in the
+    // server's descriptors (the run's publishers are dropped when they stop).
     match proto {
         Proto::Pusher => preflight(&p.target, None, true).await?,
         other => {
-            other
-                .preflight(&p.target, ledger.then_some(&publisher))
-                .await?
+            let check = ledger.then(|| Publisher::new(proto, &p.target, &p.broadcast));
+            other.preflight(&p.target, check.as_ref()).await?
         }
     }
+    let publisher = Publisher::new(proto, &p.target, &p.broadcast);
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     let api = Api::new(&p.target);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -677,6 +679,9 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
         tokio::time::sleep(tail(interval)).await;
         let _ = stop_tx.send(true);
         while publishers.join_next().await.is_some() {}
+        // Its pooled HTTP connections close with it, before the
+        // descriptors are compared with the baseline.
+        drop(publisher);
         let pubs = &s.publishing;
         let drained = until(p.timeout, || {
             s.tracks.iter().enumerate().all(|(i, t)| {
