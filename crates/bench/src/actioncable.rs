@@ -49,7 +49,22 @@ pub async fn open(
     source: Option<IpAddr>,
     timeout: Duration,
 ) -> Result<Conn, ClientError> {
-    let ws = ws_open(target, source, url(target), Some(SUBPROTOCOL), timeout).await?;
+    open_as(target, source, url(target), SUBPROTOCOL, timeout)
+        .await
+        .map(|(conn, _)| conn)
+}
+
+/// Connect to `url` asking for `subprotocol` and wait for `welcome`;
+/// returns the connection (its `socket_id` the welcome's `sid`) and the
+/// welcome frame itself.
+pub async fn open_as(
+    target: &Target,
+    source: Option<IpAddr>,
+    url: String,
+    subprotocol: &str,
+    timeout: Duration,
+) -> Result<(Conn, String), ClientError> {
+    let ws = ws_open(target, source, url, Some(subprotocol), timeout).await?;
     let mut conn = Conn {
         ws,
         socket_id: String::new(),
@@ -63,7 +78,7 @@ pub async fn open(
                 other => other,
             })?;
             match type_of(&text) {
-                Some("welcome") => return Ok(sid_of(&text)),
+                Some("welcome") => return Ok(text.to_string()),
                 Some("ping") => continue,
                 Some(DISCONNECT_EVENT) => return Err(disconnected(&text)),
                 _ => {
@@ -75,10 +90,36 @@ pub async fn open(
             }
         }
     };
-    conn.socket_id = tokio::time::timeout(timeout, wait)
+    let welcome = tokio::time::timeout(timeout, wait)
         .await
         .map_err(|_| ClientError::Timeout("waiting for welcome"))??;
-    Ok(conn)
+    conn.socket_id = sid_of(&welcome);
+    Ok((conn, welcome))
+}
+
+/// How many `Connect` calls `herald bench rpc-server` has answered, asked
+/// through its `BenchmarkChannel` `stats` action over one Action Cable
+/// connection (whose own `Connect` is counted). `None` when the app does
+/// not answer it (not the bench's app, or an older one).
+pub async fn connect_calls(target: &Target, timeout: Duration) -> Option<u64> {
+    let mut conn = open(target, None, timeout).await.ok()?;
+    subscribe(&mut conn, timeout).await.ok()?;
+    let command = format!(
+        r#"{{"command":"message","identifier":{IDENTIFIER_JSON},"data":"{{\"action\":\"stats\"}}"}}"#
+    );
+    conn.send(command).await.ok()?;
+    let wait = async {
+        loop {
+            let text = next_text(&mut conn.ws).await.ok()?;
+            if action_of(&text) == Some("stats") {
+                let v: Value = serde_json::from_str(&text).ok()?;
+                return v["message"]["connects"].as_u64();
+            }
+        }
+    };
+    let n = tokio::time::timeout(timeout, wait).await.ok().flatten();
+    conn.close().await;
+    n
 }
 
 /// Subscribe to `BenchmarkChannel` and wait for `confirm_subscription`.
@@ -173,7 +214,7 @@ pub fn broadcast_command(data: &str) -> String {
 
 /// A frame's `type` (`welcome`, `ping`, `confirm_subscription`,
 /// `disconnect`, ...), if it has one.
-fn type_of(text: &str) -> Option<&str> {
+pub(crate) fn type_of(text: &str) -> Option<&str> {
     if let Some(rest) = text.strip_prefix(r#"{"type":""#) {
         return rest.find('"').map(|end| &rest[..end]);
     }
@@ -187,7 +228,7 @@ fn sid_of(text: &str) -> String {
         .unwrap_or_default()
 }
 
-fn disconnected(text: &str) -> ClientError {
+pub(crate) fn disconnected(text: &str) -> ClientError {
     let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
     let reason = v.get("reason").and_then(Value::as_str).unwrap_or("none");
     let reconnect = v.get("reconnect").and_then(Value::as_bool);

@@ -180,7 +180,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
         if f.event == CLIENT_EVENT || f.event == API_EVENT {
             // Action Cable broadcasts reach their sender too: not a
             // delivery the ledger expects, and not an echo to count.
-            if proto == Proto::ActionCable && f.id.is_some_and(|m| m.sender == id) {
+            if proto.is_cable() && f.id.is_some_and(|m| m.sender == id) {
                 return;
             }
             if let Some(t) = f.stamp {
@@ -221,7 +221,9 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                     match p.via {
                         Via::Ws => {
                             let frame = match proto {
-                                Proto::ActionCable => actioncable::broadcast_command(&data),
+                                Proto::ActionCable | Proto::ActionCableExt => {
+                                    actioncable::broadcast_command(&data)
+                                }
                                 // Pusher (`run` refuses the others).
                                 _ => format!(
                                     "{{\"event\":\"{CLIENT_EVENT}\",\"channel\":\"{}\",\"data\":{data}}}",
@@ -289,7 +291,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
 }
 
 /// The protocols `broadcast` speaks.
-pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable];
+pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable, Proto::ActionCableExt];
 
 pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
     p.protocol.check("broadcast", PROTOCOLS)?;
@@ -302,9 +304,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
     report.param(
         "via",
         match p.via {
-            Via::Ws if p.protocol == Proto::ActionCable => {
-                "ws (BenchmarkChannel's broadcast action)"
-            }
+            Via::Ws if p.protocol.is_cable() => "ws (BenchmarkChannel's broadcast action)",
             Via::Ws => "ws (client events)",
             Via::Http => "http (HTTP API publishes)",
         },
@@ -314,14 +314,14 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         report.notes.push(w);
     }
     match p.protocol {
-        Proto::ActionCable if p.via == Via::Http => {
+        Proto::ActionCable | Proto::ActionCableExt if p.via == Via::Http => {
             return Err(BenchError(
                 "--protocol actioncable sends through BenchmarkChannel's broadcast action (the \
                  RPC app broadcasts); --via http does not apply"
                     .into(),
             ))
         }
-        Proto::ActionCable => actioncable::preflight(&p.target, true)
+        Proto::ActionCable | Proto::ActionCableExt => actioncable::preflight(&p.target, true)
             .await
             .map_err(BenchError)?,
         // Pusher (the others were refused above).

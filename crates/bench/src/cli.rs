@@ -59,8 +59,10 @@ enum BenchScenario {
     Soak(SoakArgs),
     /// Reconnect storm and mass disconnect: N clients on public, private
     /// and presence channels drop at once and come back like pusher-js
-    /// (or the protocol's own client: --protocol); then drop for good while
-    /// new clients connect (default --clients 15000).
+    /// (or the protocol's own client: --protocol); with --rate, publishers
+    /// keep publishing and each returning client reports messages missed,
+    /// duplicated and out of order; then drop for good while new clients
+    /// connect (default --clients 15000).
     Storm(StormArgs),
     /// Slow consumers: a share of subscribers stop reading; the others'
     /// latency against a clean run, 4100 closes, server memory (default
@@ -161,9 +163,18 @@ struct StormArgs {
     #[arg(long)]
     metrics_url: Option<String>,
     /// The protocol the clients speak (only pusher has private and presence
-    /// channels; actioncable needs `herald bench rpc-server` as the app).
-    #[arg(long, default_value = "pusher", value_parser = protocol(WORST_DAY))]
+    /// channels; actioncable and actioncable-ext need `herald bench
+    /// rpc-server` as the app).
+    #[arg(long, default_value = "pusher", value_parser = protocol(STORM))]
     protocol: Proto,
+    /// Publishes per second, all channels together, from everyone
+    /// subscribed through the drop until everyone is back (0: none); each
+    /// returning client then reports what it missed, got twice or out of
+    /// order.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    #[command(flatten)]
+    broadcast: BroadcastTo,
 }
 
 #[derive(Args)]
@@ -244,6 +255,11 @@ const WS_CLIENTS: &[(Proto, &str)] = &[
         Proto::ActionCable,
         "Action Cable at /cable, BenchmarkChannel of `herald bench rpc-server`",
     ),
+    (
+        Proto::ActionCableExt,
+        "the same over actioncable-v1-ext-json (its stream reliable: positions on every \
+         message, history kept)",
+    ),
 ];
 
 /// `fanout` (its `PROTOCOLS`).
@@ -256,7 +272,7 @@ const FANOUT: &[(Proto, &str)] = &[
     APPSYNC_EVENTS,
 ];
 
-/// `storm`, `slow` and `soak`: every protocol.
+/// `slow` and `soak` ([`Proto::WORST_DAY`]).
 const WORST_DAY: &[(Proto, &str)] = &[
     (
         Proto::Pusher,
@@ -266,6 +282,19 @@ const WORST_DAY: &[(Proto, &str)] = &[
         Proto::ActionCable,
         "Action Cable at /cable, subscribed to `herald bench rpc-server`'s BenchmarkChannel (one \
          `id` per bench channel); publishes through the HTTP broadcast API (--broadcast-url)",
+    ),
+    APPSYNC_GRAPHQL,
+    APPSYNC_EVENTS,
+];
+
+/// `storm`: every protocol ([`Proto::ALL`]).
+const STORM: &[(Proto, &str)] = &[
+    WORST_DAY[0],
+    WORST_DAY[1],
+    (
+        Proto::ActionCableExt,
+        "Action Cable over actioncable-v1-ext-json, as @anycable/core: keeps its sid and stream \
+         positions, restores its session and asks for the missed messages after a drop",
     ),
     APPSYNC_GRAPHQL,
     APPSYNC_EVENTS,
@@ -348,7 +377,8 @@ struct BroadcastArgs {
     channel: String,
     /// The protocol users speak: pusher, or actioncable (/cable with
     /// `herald bench rpc-server`'s BenchmarkChannel as the server's app;
-    /// senders perform its broadcast action).
+    /// senders perform its broadcast action), or actioncable-ext (the
+    /// same over actioncable-v1-ext-json).
     #[arg(long, default_value = "pusher", value_parser = protocol(WS_CLIENTS))]
     protocol: Proto,
 }
@@ -591,6 +621,8 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.give_up = a.give_up;
                 p.newcomer_rate = a.newcomer_rate;
                 p.window = a.window;
+                p.rate = a.rate;
+                p.broadcast = a.broadcast.get();
                 p.metrics_url = a.metrics_url;
                 p.timeout = common.timeout;
                 p.progress = progress;
@@ -681,8 +713,8 @@ mod tests {
             ("connect", connect::PROTOCOLS),
             ("fanout", fanout::PROTOCOLS),
             ("storm", &Proto::ALL[..]),
-            ("slow", &Proto::ALL[..]),
-            ("soak", &Proto::ALL[..]),
+            ("slow", &Proto::WORST_DAY[..]),
+            ("soak", &Proto::WORST_DAY[..]),
         ] {
             assert_eq!(
                 protocol_of(&[scenario]).unwrap(),

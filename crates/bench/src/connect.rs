@@ -143,11 +143,11 @@ async fn avalanche(p: &ConnectParams) -> Step {
 }
 
 /// The protocols `connect` speaks.
-pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable];
+pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable, Proto::ActionCableExt];
 
 async fn connect_preflight(p: &ConnectParams) -> Result<(), BenchError> {
     match p.protocol {
-        Proto::ActionCable => actioncable::preflight(&p.target, false)
+        Proto::ActionCable | Proto::ActionCableExt => actioncable::preflight(&p.target, false)
             .await
             .map_err(BenchError),
         // Pusher (`run` and `sweep` refuse the others).

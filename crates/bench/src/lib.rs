@@ -46,6 +46,7 @@
 //! for by duplicates.
 
 pub mod actioncable;
+pub mod actioncable_ext;
 pub mod appsync;
 pub mod broadcast;
 pub mod cli;
@@ -53,6 +54,7 @@ pub mod client;
 pub mod compare;
 pub mod connect;
 pub mod fanout;
+pub mod gap;
 pub mod idle;
 pub mod ledger;
 pub mod metrics;

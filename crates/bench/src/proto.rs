@@ -1,7 +1,8 @@
 //! Which protocol the bench's clients speak, behind one client: [`Proto`]
 //! is the `--protocol` of every scenario that has one (`broadcast` and
 //! `connect`: Pusher or Action Cable; `fanout`: Pusher or the AppSync
-//! APIs; `storm`, `slow`, `soak`: all four). It opens a connection,
+//! APIs; `slow`, `soak`: those four; `storm`: also `actioncable-ext`,
+//! Action Cable's extended protocol). It opens a connection,
 //! subscribes it to bench channels by name, receives and scans frames;
 //! [`Publisher`] publishes to a bench channel over the protocol's HTTP
 //! endpoint; [`Reconnect`] is the protocol's reference client coming back
@@ -22,6 +23,8 @@
 //!   the key it derives from `--secret`). `broadcast` and `connect` use
 //!   one channel instead, `BenchmarkChannel` itself, whose stream `all`
 //!   its `broadcast` action broadcasts to ([`Proto::subscribe_one`]).
+//!   `actioncable-ext` is the same over `actioncable-v1-ext-json`
+//!   ([`super::actioncable_ext`]).
 //! - **AppSync GraphQL / Events**: a subscription whose id is `name`
 //!   (see [`super::appsync`]); publishes through `POST /graphql` (the
 //!   `publish` mutation) or `POST /event`.
@@ -30,6 +33,7 @@
 //! query them; the scenarios skip those parts for the others and say so.
 
 use super::actioncable;
+use super::actioncable_ext;
 use super::appsync;
 use super::client::{self, bench_data, next_text, ClientError, Conn, HttpPublisher, Scan};
 use super::ledger::MsgId;
@@ -47,6 +51,9 @@ pub enum Proto {
     /// Action Cable at /cable, subscribed to `herald bench rpc-server`'s
     /// BenchmarkChannel; publishes through the AnyCable HTTP broadcast API.
     ActionCable,
+    /// Action Cable over AnyCable's `actioncable-v1-ext-json`: clients
+    /// keep their `sid` and stream positions and restore them after a drop.
+    ActionCableExt,
     /// AppSync generic pub/sub GraphQL: graphql-ws subscribers on /graphql,
     /// publish mutations on POST /graphql (--key is the API key).
     AppsyncGraphql,
@@ -57,7 +64,17 @@ pub enum Proto {
 
 impl Proto {
     /// Every protocol, in the order the command line lists them.
-    pub const ALL: [Proto; 4] = [
+    pub const ALL: [Proto; 5] = [
+        Proto::Pusher,
+        Proto::ActionCable,
+        Proto::ActionCableExt,
+        Proto::AppsyncGraphql,
+        Proto::AppsyncEvents,
+    ];
+
+    /// The protocols of `slow` and `soak` (every one but the extended
+    /// Action Cable, whose difference only a reconnect shows).
+    pub const WORST_DAY: [Proto; 4] = [
         Proto::Pusher,
         Proto::ActionCable,
         Proto::AppsyncGraphql,
@@ -69,6 +86,7 @@ impl Proto {
         match self {
             Proto::Pusher => "pusher",
             Proto::ActionCable => "actioncable",
+            Proto::ActionCableExt => "actioncable-ext",
             Proto::AppsyncGraphql => "appsync-graphql",
             Proto::AppsyncEvents => "appsync-events",
         }
@@ -98,6 +116,11 @@ impl Proto {
         )))
     }
 
+    /// Action Cable, plain or extended: `/cable` and `BenchmarkChannel`.
+    pub fn is_cable(self) -> bool {
+        matches!(self, Proto::ActionCable | Proto::ActionCableExt)
+    }
+
     /// Whether the protocol has private and presence channels and an HTTP
     /// API that lists channels and members (Pusher only).
     pub fn has_presence(self) -> bool {
@@ -114,6 +137,9 @@ impl Proto {
         match self {
             Proto::Pusher => Conn::open(target, source, timeout).await,
             Proto::ActionCable => actioncable::open(target, source, timeout).await,
+            Proto::ActionCableExt => actioncable_ext::open(target, source, "", timeout)
+                .await
+                .map(|(conn, _)| conn),
             other => appsync::open(target, source, timeout, other).await,
         }
     }
@@ -132,7 +158,7 @@ impl Proto {
             Proto::Pusher => worst::subscribe(conn, target, channels, user, timeout)
                 .await
                 .map(drop),
-            Proto::ActionCable => {
+            Proto::ActionCable | Proto::ActionCableExt => {
                 let ids: Vec<String> = channels
                     .iter()
                     .map(|c| actioncable::identifier_for(c))
@@ -163,7 +189,9 @@ impl Proto {
     ) -> Result<(), ClientError> {
         match self {
             Proto::Pusher => conn.subscribe(target, &[channel], timeout).await,
-            Proto::ActionCable => actioncable::subscribe(conn, timeout).await,
+            Proto::ActionCable | Proto::ActionCableExt => {
+                actioncable::subscribe(conn, timeout).await
+            }
             _ => self.subscribe(conn, target, &[channel], "", timeout).await,
         }
     }
@@ -183,7 +211,7 @@ impl Proto {
     pub fn scan<'a>(self, text: &'a str, event: &'static str) -> Scan<'a> {
         match self {
             Proto::Pusher => client::scan(text),
-            Proto::ActionCable => actioncable::scan_stream(text, event),
+            Proto::ActionCable | Proto::ActionCableExt => actioncable::scan_stream(text, event),
             _ => appsync::scan(text, event),
         }
     }
@@ -194,7 +222,7 @@ impl Proto {
     pub fn is_error(self, text: &str, event: &str) -> bool {
         match self {
             Proto::Pusher => event == "pusher:error",
-            Proto::ActionCable => event == actioncable::DISCONNECT_EVENT,
+            Proto::ActionCable | Proto::ActionCableExt => event == actioncable::DISCONNECT_EVENT,
             _ => {
                 event.is_empty()
                     && matches!(
@@ -207,7 +235,7 @@ impl Proto {
 
     pub fn explain(self, e: &ClientError, target: &Target) -> String {
         match self {
-            Proto::ActionCable => actioncable::explain(e, target),
+            Proto::ActionCable | Proto::ActionCableExt => actioncable::explain(e, target),
             _ => e.explain(target),
         }
     }
@@ -220,7 +248,7 @@ impl Proto {
     pub fn slow_close_code(self) -> u16 {
         match self {
             Proto::Pusher => 4100,
-            Proto::ActionCable => 1013,
+            Proto::ActionCable | Proto::ActionCableExt => 1013,
             _ => 1008,
         }
     }
@@ -231,7 +259,7 @@ impl Proto {
     pub fn is_slow_notice(self, text: &str) -> bool {
         match self {
             Proto::Pusher => client::scan(text).event == "pusher:error" && text.contains("4100"),
-            Proto::ActionCable => {
+            Proto::ActionCable | Proto::ActionCableExt => {
                 text.contains(r#""type":"disconnect""#) && text.contains("too_slow")
             }
             _ => false,
@@ -263,7 +291,7 @@ impl Proto {
         let mut conn = self.open(target, None, timeout).await.map_err(|e| {
             BenchError(match self {
                 // Herald without an RPC app, or another server's app.
-                Proto::ActionCable => format!(
+                Proto::ActionCable | Proto::ActionCableExt => format!(
                     "{} (the server's app must be `herald bench rpc-server`)",
                     self.explain(&e, target)
                 ),
@@ -297,7 +325,7 @@ impl Proto {
                 return Err(BenchError(format!(
                     "a publish to {name} did not reach its subscriber within {timeout:?}{}",
                     match self {
-                        Proto::ActionCable => format!(
+                        Proto::ActionCable | Proto::ActionCableExt => format!(
                             ": does --broadcast-url ({}) reach this server's broadcast endpoint \
                              (Herald: /_broadcast on its port; AnyCable: its \
                              --http_broadcast_port), with --broadcast-key if it has one?",
@@ -338,7 +366,7 @@ impl Publisher {
     pub fn new(proto: Proto, target: &Target, broadcast: &Broadcast) -> Publisher {
         match proto {
             Proto::Pusher => Publisher::Pusher(HttpPublisher::new(target)),
-            Proto::ActionCable => Publisher::ActionCable {
+            Proto::ActionCable | Proto::ActionCableExt => Publisher::ActionCable {
                 client: client::publish_client(),
                 url: broadcast
                     .url
@@ -451,6 +479,14 @@ impl Publisher {
 ///   5 s (`MAX_DELAY_MS`), i.e. after 6 attempts; errors with code 400,
 ///   401 or 403 end the retry at once. So every client comes back 5 s
 ///   after the drop, within 0.1 s of each other.
+/// - **@anycable/core** (1.1, `Monitor` with its default
+///   `backoffWithJitter(pingInterval = 3 s)`), for `actioncable-ext`: a
+///   close schedules a reconnect at once, after interval × 2^attempts ×
+///   uniform [1, 2) × (1 + uniform [-0.5, 0.5)), attempts going up by one
+///   per scheduled reconnect and back to 0 on a welcome; no upper bound.
+///   A `disconnect` with `reconnect: false` closes the cable. So clients
+///   come back 1.5 to 9 s after the drop, then 3 to 18 s after a failed
+///   attempt.
 pub struct Reconnect {
     proto: Proto,
     rng: super::Rng,
@@ -469,6 +505,8 @@ pub struct Reconnect {
 pub const CABLE_STALE: Duration = Duration::from_secs(6);
 /// `ConnectionMonitor.reconnectionBackoffRate`.
 const CABLE_BACKOFF_RATE: f64 = 0.15;
+/// `@anycable/core`'s default `pingInterval`, the base of its backoff.
+const ANYCABLE_PING: Duration = Duration::from_secs(3);
 /// Amplify's `RECONNECT_DELAY`, `RECONNECT_INTERVAL` and `MAX_DELAY_MS`.
 const AMPLIFY_DELAY: Duration = Duration::from_secs(5);
 const AMPLIFY_INTERVAL: Duration = Duration::from_secs(60);
@@ -491,6 +529,15 @@ impl Reconnect {
             r.next_tick = started + r.cable_interval();
         }
         r
+    }
+
+    /// `backoffWithJitter(3000)(attempts)`, then attempts + 1.
+    fn anycable_delay(&mut self) -> Duration {
+        let left = 2f64.powi(self.attempts.min(20) as i32);
+        let delay = left + left * self.rng.next_f64();
+        let deviation = 2.0 * (self.rng.next_f64() - 0.5) * 0.5;
+        self.attempts += 1;
+        ANYCABLE_PING.mul_f64(delay * (1.0 + deviation))
     }
 
     fn cable_interval(&mut self) -> Duration {
@@ -535,6 +582,7 @@ impl Reconnect {
                 self.disconnected_at = Some(at);
                 self.cable_reopen(at)
             }
+            Proto::ActionCableExt => at + self.anycable_delay(),
             _ => {
                 self.trigger = Some(at + AMPLIFY_DELAY);
                 at + AMPLIFY_DELAY
@@ -571,6 +619,14 @@ impl Reconnect {
                     self.disconnected_at = Some(now);
                 }
                 Some(self.cable_reopen(now))
+            }
+            Proto::ActionCableExt => {
+                if let ClientError::Rejected { message, .. } = e {
+                    if message.contains("reconnect false") {
+                        return None;
+                    }
+                }
+                Some(now + self.anycable_delay())
             }
             _ => {
                 let trigger = self.trigger.unwrap_or(now);
@@ -644,7 +700,7 @@ mod tests {
             p.progress = false;
             let e = broadcast::run(&p).await.unwrap_err().0;
             let want = format!(
-                "broadcast speaks --protocol pusher or actioncable, not {}",
+                "broadcast speaks --protocol pusher, actioncable or actioncable-ext, not {}",
                 proto.name()
             );
             assert_eq!(e, want);
@@ -653,7 +709,7 @@ mod tests {
             p.progress = false;
             let e = connect::run(&p).await.unwrap_err().0;
             assert!(
-                e.starts_with("connect speaks --protocol pusher or actioncable"),
+                e.starts_with("connect speaks --protocol pusher, actioncable or actioncable-ext"),
                 "{e}"
             );
             let sweep = connect::SweepParams {
@@ -663,7 +719,7 @@ mod tests {
             };
             let e = connect::sweep(&sweep).await.unwrap_err().0;
             assert!(
-                e.starts_with("connect speaks --protocol pusher or actioncable"),
+                e.starts_with("connect speaks --protocol pusher, actioncable or actioncable-ext"),
                 "{e}"
             );
         }
@@ -743,6 +799,37 @@ mod tests {
             message: "disconnect, reason \"unauthorized\", reconnect false".into(),
         };
         assert_eq!(r.failed(Instant::now(), &e), None);
+    }
+
+    #[test]
+    fn anycable_core_backs_off_from_three_seconds_with_jitter() {
+        let t0 = Instant::now();
+        let (mut lo, mut hi) = (Duration::MAX, Duration::ZERO);
+        for seed in 1..500 {
+            let mut r = Reconnect::new(Proto::ActionCableExt, t0, super::super::Rng::new(seed));
+            let first = r.dropped(t0) - t0;
+            assert!(
+                first >= Duration::from_millis(1500) && first < Duration::from_secs(9),
+                "{first:?}"
+            );
+            (lo, hi) = (lo.min(first), hi.max(first));
+            let e = ClientError::Connect("refused".into());
+            let second = r.failed(t0, &e).unwrap() - t0;
+            assert!(
+                second >= Duration::from_secs(3) && second < Duration::from_secs(18),
+                "{second:?}"
+            );
+            // A welcome starts over.
+            r.connected(t0);
+            assert!(r.dropped(t0) - t0 < Duration::from_secs(9));
+        }
+        assert!(lo < Duration::from_secs(3) && hi > Duration::from_secs(6));
+        let mut r = Reconnect::new(Proto::ActionCableExt, t0, super::super::Rng::new(1));
+        let e = ClientError::Rejected {
+            code: None,
+            message: "disconnect, reason \"unauthorized\", reconnect false".into(),
+        };
+        assert_eq!(r.failed(t0, &e), None);
     }
 
     #[test]

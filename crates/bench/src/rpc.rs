@@ -5,7 +5,12 @@
 //! accepted; subscribing streams `all` (or `all<id>` with an `id` param);
 //! `echo` transmits its data back; `broadcast` publishes the data to the
 //! stream through an Action Cable server's `POST /_broadcast` and transmits
-//! it back with `"action": "broadcastResult"`.
+//! it back with `"action": "broadcastResult"`; `stats` transmits how many
+//! `Connect` calls the app has answered (`{"action":"stats","connects":N}`),
+//! so `storm` can count the calls a reconnect costs. The welcome carries
+//! the session id the server sent with `Connect` (`sid` metadata), as
+//! AnyCable's own app libraries do: the extended protocol's clients
+//! restore their session with it.
 //!
 //! `herald bench rpc --target host:port --clients 1,10,50 --duration 10s`
 //! runs the RPC scenario against any AnyCable-compatible gRPC server: each
@@ -102,6 +107,8 @@ pub struct BenchApp {
     http: reqwest::Client,
     next_id: AtomicU64,
     pub calls: AtomicU64,
+    /// `Connect` calls answered.
+    pub connects: AtomicU64,
 }
 
 impl BenchApp {
@@ -112,16 +119,23 @@ impl BenchApp {
             http: reqwest::Client::new(),
             next_id: AtomicU64::new(1),
             calls: AtomicU64::new(0),
+            connects: AtomicU64::new(0),
         }
     }
 
-    fn connect(&self, _req: ConnectionRequest) -> ConnectionResponse {
+    /// `sid`: the session id the server sent as gRPC metadata, if any.
+    fn connect(&self, sid: Option<&str>, _req: ConnectionRequest) -> ConnectionResponse {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        self.connects.fetch_add(1, Ordering::Relaxed);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let welcome = match sid {
+            Some(sid) => json!({ "type": "welcome", "sid": sid }).to_string(),
+            None => r#"{"type":"welcome"}"#.to_string(),
+        };
         ConnectionResponse {
             status: Status::Success as i32,
             identifiers: json!({ "id": id }).to_string(),
-            transmissions: vec![r#"{"type":"welcome"}"#.into()],
+            transmissions: vec![welcome],
             ..ConnectionResponse::default()
         }
     }
@@ -167,6 +181,10 @@ impl BenchApp {
                     |d: &Value| json!({ "identifier": req.identifier, "message": d }).to_string();
                 match data["action"].as_str() {
                     Some("echo") => ok(vec![transmit(&data)]),
+                    Some("stats") => ok(vec![transmit(&json!({
+                        "action": "stats",
+                        "connects": self.connects.load(Ordering::Relaxed),
+                    }))]),
                     Some("broadcast") => {
                         let body =
                             json!({ "stream": stream, "data": data.to_string() }).to_string();
@@ -218,7 +236,7 @@ macro_rules! method {
 
             fn call(&mut self, req: Request<$req>) -> Self::Future {
                 let $app = self.0.clone();
-                let $r = req.into_inner();
+                let $r = req;
                 Box::pin(async move { Ok(Response::new($body)) })
             }
         }
@@ -229,10 +247,14 @@ method!(
     ConnectMethod,
     ConnectionRequest,
     ConnectionResponse,
-    |app, r| app.connect(r)
+    |app, r| {
+        let sid = r.metadata().get("sid").and_then(|v| v.to_str().ok());
+        let sid = sid.map(str::to_owned);
+        app.connect(sid.as_deref(), r.into_inner())
+    }
 );
 method!(CommandMethod, CommandMessage, CommandResponse, |app, r| app
-    .command(r)
+    .command(r.into_inner())
     .await);
 method!(
     DisconnectMethod,

@@ -12,6 +12,11 @@
 //!     time until every client is back and subscribed, the share that made
 //!     it, and, once all are back, each presence channel's member count as
 //!     the HTTP API reports it against the members the bench has there.
+//!     With `--rate`, publishers keep publishing to the clients' channels
+//!     from the moment everyone is subscribed, through the drop, until a
+//!     little after everyone is back, and each returning client reports
+//!     the messages it missed, got twice or out of order across its gap
+//!     ([`super::gap`]).
 //! (b) **mass disconnect**: a stream of new clients starts connecting
 //!     (`--newcomer-rate` per second); a second later all N clients drop
 //!     at once and the stream goes on for `--window`. Reported: the connect
@@ -37,13 +42,28 @@
 //! 5 s after the drop, all together, with a jittered exponential retry
 //! (0.2 s, 0.4 s, ... under 5 s, then every minute). `--jitter` adds a
 //! uniform spread to the first attempt for every protocol.
+//!
+//! (A little over 800 lines: the storm, the ledger hooks of its clients
+//! and the mass disconnect share one `Shared` and one client task.)
+//!
+//! `--protocol actioncable-ext` speaks AnyCable's extended protocol
+//! (`actioncable-v1-ext-json`) and comes back as `@anycable/core` does
+//! ([`super::actioncable_ext`]): 1.5 to 9 s after the drop, restoring its
+//! session with its `sid` and asking for history from its last position
+//! (or, when the server starts a new session, subscribing with that
+//! history). The report counts restored and fresh sessions, history
+//! confirmed and rejected, and, when the app is `herald bench
+//! rpc-server`, the `Connect` calls the reconnects cost.
 
+use super::actioncable::{self, type_of};
+use super::actioncable_ext::{self as ext, Resume};
 use super::client::{ClientError, Conn};
+use super::gap::{self, Publishing, Track};
 use super::metrics::{Latency, Live, Monitor};
-use super::proto::{Proto, Reconnect};
+use super::proto::{Broadcast, Proto, Publisher, Reconnect};
 use super::worst::{self, Api, Metrics};
 use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,6 +94,11 @@ pub struct StormParams {
     pub window: Duration,
     /// Longest wait for descriptors and gauge to come back at the end.
     pub settle: Duration,
+    /// Publishes per second, all channels together, kept up through the
+    /// drop (0: none, no delivery ledger).
+    pub rate: f64,
+    /// Where Action Cable publishes go.
+    pub broadcast: Broadcast,
     pub metrics_url: Option<String>,
     pub timeout: Duration,
     pub progress: bool,
@@ -94,6 +119,8 @@ impl StormParams {
             newcomer_rate: 200.0,
             window: Duration::from_secs(5),
             settle: Duration::from_secs(30),
+            rate: 0.0,
+            broadcast: Broadcast::default(),
             metrics_url: None,
             timeout: Duration::from_secs(30),
             progress: true,
@@ -145,6 +172,33 @@ struct Shared {
     newcomer_setup: Latency,
     newcomers: AtomicU64,
     newcomers_ok: AtomicU64,
+    /// The delivery ledger is on (`--rate`).
+    ledger: bool,
+    /// Each client's channel, as an index into the publishers' channels.
+    chan: Vec<usize>,
+    tracks: Vec<Mutex<Track>>,
+    publishing: Arc<Publishing>,
+    /// Extended protocol: reconnects restored, or given a new session.
+    restored: AtomicU64,
+    fresh: AtomicU64,
+    history_confirmed: AtomicU64,
+    history_rejected: AtomicU64,
+}
+
+/// The distinct channels of the clients, in order, and each client's
+/// index among them.
+fn channels(p: &StormParams) -> (Vec<String>, Vec<usize>) {
+    let (mut names, mut index, mut of) = (Vec::new(), HashMap::new(), Vec::new());
+    for i in 0..p.clients {
+        let name = channel_of(p, i);
+        let next = names.len();
+        let c = *index.entry(name.clone()).or_insert(next);
+        if c == next {
+            names.push(name);
+        }
+        of.push(c);
+    }
+    (names, of)
 }
 
 async fn open_and_subscribe(
@@ -163,19 +217,90 @@ async fn open_and_subscribe(
     Ok(conn)
 }
 
+/// The first connect: over the extended protocol, keeping the `sid`.
+async fn first_connect(
+    s: &Shared,
+    channel: &str,
+    user: &str,
+    resume: &mut Option<Resume>,
+) -> Result<Conn, ClientError> {
+    let p = &s.p;
+    if p.protocol != Proto::ActionCableExt {
+        return open_and_subscribe(s, channel, user, p.timeout).await;
+    }
+    let id = s.next_conn.fetch_add(1, Relaxed);
+    let (mut conn, _) = ext::open(&p.target, p.target.source_for(id), "", p.timeout).await?;
+    *resume = Some(Resume::new(conn.socket_id.clone()));
+    p.protocol
+        .subscribe(&mut conn, &p.target, &[channel], user, p.timeout)
+        .await?;
+    Ok(conn)
+}
+
+/// A reconnect: over the extended protocol, restore the session and ask
+/// for what was missed, as `@anycable/core` does; else as the first time.
+async fn reopen(
+    s: &Shared,
+    channel: &str,
+    user: &str,
+    timeout: Duration,
+    resume: &mut Option<Resume>,
+) -> Result<Conn, ClientError> {
+    let Some(r) = resume else {
+        return open_and_subscribe(s, channel, user, timeout).await;
+    };
+    let t = &s.p.target;
+    let id = s.next_conn.fetch_add(1, Relaxed);
+    let (mut conn, welcome) = ext::open(t, t.source_for(id), &r.sid, timeout).await?;
+    r.sid = conn.socket_id.clone();
+    let identifier = actioncable::identifier_for(channel);
+    let history = r.history(&[actioncable::stream_of(channel)]);
+    let restored = ext::catch_up(&mut conn, welcome, &identifier, &history, timeout).await?;
+    let n = if restored { &s.restored } else { &s.fresh };
+    n.fetch_add(1, Relaxed);
+    Ok(conn)
+}
+
+/// A frame for client `i`: its position kept, its message in the ledger.
+fn observe(s: &Shared, i: usize, text: &str, resume: &mut Option<Resume>) {
+    if let Some(r) = resume {
+        r.observe(text);
+        match type_of(text) {
+            Some("confirm_history") => {
+                s.history_confirmed.fetch_add(1, Relaxed);
+            }
+            Some("reject_history") => {
+                s.history_rejected.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+    }
+    if s.ledger {
+        if let Some(id) = s.p.protocol.scan(text, gap::EVENT).id {
+            s.tracks[i].lock().unwrap().record(s.chan[i], id);
+        }
+    }
+}
+
 /// Hold a connection (answering pings) until the phase changes; false if
 /// the server closed it meanwhile. Every frame is recorded with `reconnect`
-/// (Action Cable's monitor counts staleness from the last one).
+/// (Action Cable's monitor counts staleness from the last one) and
+/// [`observe`]d.
 async fn hold(
     s: &Shared,
+    i: usize,
     conn: &mut Conn,
     phase: &mut watch::Receiver<Phase>,
     reconnect: &mut Reconnect,
+    resume: &mut Option<Resume>,
 ) -> bool {
     loop {
         tokio::select! {
             r = s.p.protocol.recv(conn) => match r {
-                Ok(_) => reconnect.message(Instant::now()),
+                Ok(text) => {
+                    reconnect.message(Instant::now());
+                    observe(s, i, &text, resume);
+                }
                 Err(_) => return false,
             },
             _ = phase.changed() => return true,
@@ -201,9 +326,10 @@ async fn member(
     let channel = channel_of(p, i);
     let user = format!("storm-user-{i}");
     let mut reconnect = Reconnect::new(p.protocol, Instant::now(), Rng::new(i as u64 + 1_000_003));
+    let mut resume = None;
     let first = {
         let _permit = gate.acquire().await;
-        open_and_subscribe(&s, &channel, &user, p.timeout).await
+        first_connect(&s, &channel, &user, &mut resume).await
     };
     let mut conn = match first {
         Ok(c) => c,
@@ -216,14 +342,16 @@ async fn member(
     reconnect.connected(Instant::now());
     s.live.connections.fetch_add(1, Relaxed);
     presence_delta(&s, &channel, 1);
+    s.tracks[i].lock().unwrap().active = true;
     s.ready.fetch_add(1, Relaxed);
     // Hold until the storm.
-    if !hold(&s, &mut conn, &mut phase, &mut reconnect).await {
+    if !hold(&s, i, &mut conn, &mut phase, &mut reconnect, &mut resume).await {
         s.lost_while_held.fetch_add(1, Relaxed);
     }
     // The drop: the socket is closed without a WebSocket close, as when a
     // network goes away under the clients.
     drop(conn);
+    s.tracks[i].lock().unwrap().gap.0 = s.publishing.published(s.chan[i]);
     s.live.connections.fetch_sub(1, Relaxed);
     presence_delta(&s, &channel, -1);
     if *phase.borrow() == Phase::Leave {
@@ -236,7 +364,7 @@ async fn member(
     let mut conn = loop {
         s.reconnect_attempts.fetch_add(1, Relaxed);
         let limit = reconnect.attempt_timeout(p.timeout);
-        match open_and_subscribe(&s, &channel, &user, limit).await {
+        match reopen(&s, &channel, &user, limit, &mut resume).await {
             Ok(c) => break c,
             Err(e) => {
                 s.live.error(e.kind(), p.protocol.explain(&e, &p.target));
@@ -253,8 +381,13 @@ async fn member(
     s.back_after.record_duration(i, started.elapsed());
     s.live.connections.fetch_add(1, Relaxed);
     presence_delta(&s, &channel, 1);
+    {
+        let mut track = s.tracks[i].lock().unwrap();
+        track.returned = true;
+        track.gap.1 = s.publishing.published(s.chan[i]);
+    }
     s.back.fetch_add(1, Relaxed);
-    if !hold(&s, &mut conn, &mut phase, &mut reconnect).await {
+    if !hold(&s, i, &mut conn, &mut phase, &mut reconnect, &mut resume).await {
         s.lost_while_held.fetch_add(1, Relaxed);
     }
     drop(conn);
@@ -308,6 +441,12 @@ async fn newcomers(s: Arc<Shared>, length: Duration, disconnect_at: Arc<Mutex<Op
     while tasks.join_next().await.is_some() {}
 }
 
+/// How long publishing goes on once everyone is back: 2 s, or two
+/// publishes per channel when they are further apart.
+fn tail(interval: Duration) -> Duration {
+    (interval * 2).max(Duration::from_secs(2))
+}
+
 /// Wait until `done()` or `limit` passes; true when done.
 async fn until(limit: Duration, done: impl Fn() -> bool) -> bool {
     let deadline = Instant::now() + limit;
@@ -327,7 +466,14 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
              positive --newcomer-rate",
         );
     }
+    if !(p.rate >= 0.0 && p.rate.is_finite()) {
+        return super::err("storm's --rate is publishes per second: 0 or more");
+    }
     let proto = p.protocol;
+    let ledger = p.rate > 0.0;
+    let (names, chan) = channels(p);
+    // One publisher per channel, one publish at a time: the tick.
+    let interval = Duration::from_secs_f64(names.len() as f64 / p.rate.max(1e-9));
     let mut report = Report::new("storm");
     report.param("url", &p.target.url);
     if proto != Proto::Pusher {
@@ -358,6 +504,10 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
                 Proto::ActionCable =>
                     "@rails/actioncable ConnectionMonitor: at a jittered 6 s poll tick once \
                      stale (6 s without a message) and 6 s after the close",
+                Proto::ActionCableExt =>
+                    "@anycable/core Monitor: backoffWithJitter(3 s), 1.5 to 9 s after the \
+                     close; restores its session (?sid=) and asks for history from its last \
+                     positions, or subscribes with that history in a new session",
                 _ =>
                     "Amplify: after 5 s, retries 2^n x 100 ms + [0, 100) ms up to 5 s, \
                       then every 60 s",
@@ -372,6 +522,19 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
             p.newcomer_rate, p.window
         ),
     );
+    if ledger {
+        report.param(
+            "publishing",
+            format!(
+                "{}/s over {} channels (one publisher each, one publish at a time, every {:?}), \
+                 from everyone subscribed until {:?} after everyone is back",
+                p.rate,
+                names.len(),
+                interval,
+                tail(interval)
+            ),
+        );
+    }
     let in_flight = (p.newcomer_rate * (p.timeout.as_secs_f64() + 1.0)) as u64;
     if let Some(w) = raise_nofile(p.clients as u64 + in_flight.min(4096) + 64) {
         eprintln!("herald bench: {w}");
@@ -385,10 +548,17 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
             ));
         }
     }
+    // The preflight's publisher is its own, dropped before the baseline
+    // is taken: a pooled HTTP connection it left open would count in the
+    // server's descriptors (the run's publishers are dropped when they stop).
     match proto {
         Proto::Pusher => preflight(&p.target, None, true).await?,
-        other => other.preflight(&p.target, None).await?,
+        other => {
+            let check = ledger.then(|| Publisher::new(proto, &p.target, &p.broadcast));
+            other.preflight(&p.target, check.as_ref()).await?
+        }
     }
+    let publisher = Publisher::new(proto, &p.target, &p.broadcast);
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     let api = Api::new(&p.target);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -412,6 +582,14 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
         newcomer_setup: Latency::default(),
         newcomers: AtomicU64::new(0),
         newcomers_ok: AtomicU64::new(0),
+        ledger,
+        tracks: (0..p.clients).map(|_| Mutex::default()).collect(),
+        chan,
+        publishing: Arc::new(Publishing::new(names.len())),
+        restored: AtomicU64::new(0),
+        fresh: AtomicU64::new(0),
+        history_confirmed: AtomicU64::new(0),
+        history_rejected: AtomicU64::new(0),
     });
     let monitor = Monitor::start("storm", s.live.clone(), None, p.progress);
     let started = Instant::now();
@@ -443,6 +621,41 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     let gauge_held = metrics.get("herald_connections").await;
     report.value("connections_gauge_before_storm", gauge_held, "");
 
+    // With --rate: publishers from now on, until a little after everyone
+    // is back; the drop once every client has had a message.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut publishers = tokio::task::JoinSet::new();
+    let mut connects_before = None;
+    if ledger {
+        for (c, name) in names.iter().enumerate() {
+            publishers.spawn(gap::publish(
+                c,
+                name.clone(),
+                publisher.clone(),
+                p.target.clone(),
+                interval,
+                s.publishing.clone(),
+                s.live.clone(),
+                stop_rx.clone(),
+            ));
+        }
+        let warm = until(Duration::from_secs(10) + interval * 3, || {
+            s.tracks.iter().all(|t| {
+                let t = t.lock().unwrap();
+                !t.active || t.max.is_some()
+            })
+        })
+        .await;
+        if !warm {
+            report
+                .notes
+                .push("not every client had received a message before the drop".into());
+        }
+        if proto.is_cable() {
+            connects_before = actioncable::connect_calls(&p.target, Duration::from_secs(5)).await;
+        }
+    }
+
     // (a) The storm: all drop at once and come back.
     *s.storm_started.lock().unwrap() = Some(Instant::now());
     let storm_at = Instant::now();
@@ -462,6 +675,54 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     report.counter("reconnect_attempts", s.reconnect_attempts.load(Relaxed));
     report.counter("reconnects_given_up", s.gave_up.load(Relaxed) as u64);
     report.value("storm_took", Some(storm_at.elapsed().as_secs_f64()), "s");
+    if ledger {
+        tokio::time::sleep(tail(interval)).await;
+        let _ = stop_tx.send(true);
+        while publishers.join_next().await.is_some() {}
+        // Its pooled HTTP connections close with it, before the
+        // descriptors are compared with the baseline.
+        drop(publisher);
+        let pubs = &s.publishing;
+        let drained = until(p.timeout, || {
+            s.tracks.iter().enumerate().all(|(i, t)| {
+                let t = t.lock().unwrap();
+                let last = pubs.last_ok(s.chan[i]);
+                !t.returned || last.is_none() || t.max >= last
+            })
+        })
+        .await;
+        if !drained {
+            report.notes.push(format!(
+                "some returning clients never got their channel's last message within {:?}",
+                p.timeout
+            ));
+        }
+        let published: u64 = (0..names.len()).map(|c| pubs.published(c)).sum();
+        report.counter("messages_published", published);
+        report.counter("publishes_failed", pubs.failures.load(Relaxed));
+        gap::tally(&s.tracks, |i| s.chan[i], pubs).report(&mut report);
+        if proto == Proto::ActionCableExt {
+            report.counter("sessions_restored", s.restored.load(Relaxed));
+            report.counter("sessions_fresh", s.fresh.load(Relaxed));
+            report.counter("history_confirmed", s.history_confirmed.load(Relaxed));
+            report.counter("history_rejected", s.history_rejected.load(Relaxed));
+        }
+        if proto.is_cable() {
+            let after = actioncable::connect_calls(&p.target, Duration::from_secs(5)).await;
+            // The second count's own connection made one call.
+            let calls = connects_before
+                .zip(after)
+                .map(|(b, a)| a.saturating_sub(b + 1) as f64);
+            if calls.is_none() {
+                report.notes.push(
+                    "Connect calls not counted: the app did not answer BenchmarkChannel's \
+                     `stats` (is it `herald bench rpc-server` of this version?)"
+                        .into(),
+                );
+            }
+            report.value("connect_calls_during_storm", calls, "");
+        }
+    }
 
     // Right at the end of the storm: presence members as the HTTP API
     // sees them, against the members the bench has there.
