@@ -141,16 +141,16 @@ mod tests {
 
     #[test]
     fn names_are_checked_and_interned_once() {
-        const P: Namespace = Namespace::new("pusher");
-        assert_eq!(Namespace::intern("pusher").unwrap(), P);
+        const P: Namespace = Namespace::new("chat");
+        assert_eq!(Namespace::intern("chat").unwrap(), P);
         let a = Namespace::intern("some-proto").unwrap();
         let b = Namespace::intern("some-proto").unwrap();
         assert!(std::ptr::eq(a.as_str(), b.as_str()));
-        for bad in ["", "Pusher", "a.b", "a/b", &"x".repeat(33)] {
+        for bad in ["", "Chat", "a.b", "a/b", &"x".repeat(33)] {
             assert!(Namespace::intern(bad).is_err(), "{bad}");
         }
         let json = serde_json::to_string(&P).unwrap();
-        assert_eq!(json, "\"pusher\"");
+        assert_eq!(json, "\"chat\"");
         assert_eq!(serde_json::from_str::<Namespace>(&json).unwrap(), P);
     }
 }
