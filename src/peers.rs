@@ -366,6 +366,18 @@ const DISCONNECT_RATE: Target = target!("rpc.disconnect_rate", false, |c, v| {
     let n: u32 = parse(v, "a rate per second")?;
     set(c, "rpc.disconnect_rate", int(n.into())?)
 });
+const HISTORY_LIMIT: Target = target!("rpc.history_limit", false, |c, v| {
+    let n: u64 = parse(v, "a count")?;
+    set(c, "rpc.history_limit", int(n)?)
+});
+const HISTORY_TTL: Target = target!("rpc.history_ttl", false, |c, v| {
+    let n: u64 = parse(v, "a whole number of seconds")?;
+    set(c, "rpc.history_ttl", int(n)?)
+});
+const SESSIONS_TTL: Target = target!("rpc.sessions_ttl", false, |c, v| {
+    let n: u64 = parse(v, "a whole number of seconds")?;
+    set(c, "rpc.sessions_ttl", int(n)?)
+});
 const PUBLIC_STREAMS: Target = target!("rpc.public_streams", false, |c, v| {
     set(c, "rpc.public_streams", toml::Value::Boolean(boolean(v)?))
 });
@@ -596,7 +608,10 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_PROXY_COOKIES", peer: AnyCable, does: Unsupported("every cookie is passed (ANYCABLE_HEADERS)") },
     Var { name: "ANYCABLE_DISCONNECT_MODE", peer: AnyCable, does: Unsupported("Herald behaves as `auto`") },
     Var { name: "ANYCABLE_PING_INTERVAL", peer: AnyCable, does: Unsupported("pings go every 3 s, as AnyCable's default") },
-    Var { name: "ANYCABLE_BROKER", peer: AnyCable, does: Unsupported("actioncable-v1-ext-json (history, resumption) is not spoken") },
+    Var { name: "ANYCABLE_HISTORY_LIMIT", peer: AnyCable, does: Set(HISTORY_LIMIT) },
+    Var { name: "ANYCABLE_HISTORY_TTL", peer: AnyCable, does: Set(HISTORY_TTL) },
+    Var { name: "ANYCABLE_SESSIONS_TTL", peer: AnyCable, does: Set(SESSIONS_TTL) },
+    Var { name: "ANYCABLE_BROKER", peer: AnyCable, does: Unsupported("history and session restore for actioncable-v1-ext-json are on by default (rpc.history_limit, rpc.sessions_ttl) but kept per node: a cluster shares neither yet") },
     Var { name: "ANYCABLE_PUBSUB", peer: AnyCable, does: Unsupported("nodes exchange broadcasts through broker.url") },
     Var { name: "ANYCABLE_EMBED_NATS", peer: AnyCable, does: Unsupported("run nats-server beside Herald") },
     Var { name: "ANYCABLE_PRESETS", peer: AnyCable, does: Unsupported(NO_EQUIV) },
