@@ -149,7 +149,7 @@ impl Cable {
                 force: config.jwt_force,
             }),
             reliable: {
-                let r = Arc::new(reliable::Reliable::new(config));
+                let r = Arc::new(reliable::Reliable::new(config, &*node.broker));
                 r.start_sweeper();
                 r
             },

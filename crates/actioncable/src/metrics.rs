@@ -61,6 +61,14 @@ pub static CABLE_HISTORY_LIMITED: Counter = Counter::new(
     "herald_cable_history_limited_total",
     "History requests answered reject_history because the connection was over rpc.history_rate",
 );
+pub static CABLE_GAPS_FILLED: Counter = Counter::new(
+    "herald_cable_gaps_filled_total",
+    "Gaps in a reliable stream's live offsets (publications from several nodes crossed, or lost by the broker) read from the shared history",
+);
+pub static CABLE_GAPS_UNFILLED: Counter = Counter::new(
+    "herald_cable_gaps_unfilled_total",
+    "Gaps in a reliable stream's live offsets the shared history could not be read for (the publications went on without them)",
+);
 
 pub fn register_all() {
     for c in [
@@ -79,6 +87,8 @@ pub fn register_all() {
         &CABLE_SESSIONS_RESTORED,
         &CABLE_HISTORY_REJECTED,
         &CABLE_HISTORY_LIMITED,
+        &CABLE_GAPS_FILLED,
+        &CABLE_GAPS_UNFILLED,
     ] {
         register(c);
     }

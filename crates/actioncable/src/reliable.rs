@@ -1,7 +1,8 @@
 //! Reliable streams and resumable sessions for `actioncable-v1-ext-json`
-//! clients on one node (issue 19, first slice): the in-process history
-//! engine, publishing with positions, and the cache of closed sessions a
-//! reconnecting client can restore without a new `Connect`.
+//! clients (issue 19): publishing with positions through the broker's
+//! history engine (in process on one node, Redis Streams or JetStream in a
+//! cluster), and the snapshots a reconnecting client restores without a
+//! new `Connect`, kept in the broker's session store.
 //!
 //! A stream becomes reliable when an extended-protocol client follows it
 //! ([`History::retain`]); streams only `actioncable-v1-json` clients follow
@@ -9,15 +10,17 @@
 
 use crate::config::RpcConfig;
 use crate::session::MAX_STREAMS;
+use herald_core::broker::Broker;
 use herald_core::fanout::Publication;
 use herald_core::history::{History, Limits, MemoryHistory};
 use herald_core::hub::Hub;
 use herald_core::node::Node;
-use parking_lot::Mutex;
+use herald_core::sessions::SessionStore;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Publications to one stream are appended and handed to fan-out under
 /// one of these locks, so live delivery sees offsets in order (the
@@ -25,26 +28,35 @@ use std::time::{Duration, Instant};
 const ORDER_LOCKS: usize = 64;
 
 pub struct Reliable {
-    pub history: Arc<MemoryHistory>,
+    /// The broker's history engine: in process on one node, the engine's
+    /// server in a cluster.
+    pub history: Arc<dyn History>,
     order: Vec<tokio::sync::Mutex<()>>,
-    pub sessions: Sessions,
+    /// Snapshots of sessions a client may restore, as JSON.
+    pub sessions: Arc<dyn SessionStore>,
     /// History requests per connection per second (and the burst).
     pub history_rate: u32,
 }
 
 impl Reliable {
-    pub fn new(config: &RpcConfig) -> Reliable {
-        let history = Arc::new(MemoryHistory::new(Limits {
+    pub fn new(config: &RpcConfig, broker: &dyn Broker) -> Reliable {
+        let limits = Limits {
             per_stream: config.history_limit,
             ttl_ms: config.history_ttl.saturating_mul(1000),
             max_bytes: config.history_max_bytes,
-        }));
+        };
+        let history: Arc<dyn History> = if limits.enabled() {
+            broker.history(limits)
+        } else {
+            // Off: nothing is ever reliable, whatever the engine.
+            Arc::new(MemoryHistory::new(limits))
+        };
         Reliable {
             history,
             order: (0..ORDER_LOCKS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
-            sessions: Sessions::new(
+            sessions: broker.sessions(
                 Duration::from_secs(config.sessions_ttl),
                 config.sessions_max,
             ),
@@ -74,6 +86,9 @@ impl Reliable {
 
     /// Publish `p` on `stream`: with its position when the stream is
     /// reliable; `here` delivers on this node only (see `broadcast`).
+    /// Publications of one stream are appended and handed on in order: on
+    /// one node that is the order subscribers see; in a cluster each
+    /// connection's gate restores it (see `Gate`).
     pub async fn publish(
         &self,
         node: &Node,
@@ -88,8 +103,29 @@ impl Reliable {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         stream.hash(&mut h);
         let _order = self.order[h.finish() as usize % ORDER_LOCKS].lock().await;
-        p.position = self.history.append(stream, p.data.get());
+        p.position = self.history.append(stream, p.data.get()).await;
         send(node, hub, p, here).await;
+    }
+
+    /// Keep `snap` for its client to restore under `sid`.
+    pub fn keep(&self, sid: &str, snap: &Snapshot) {
+        if self.sessions.enabled() {
+            if let Ok(json) = serde_json::to_string(snap) {
+                self.sessions.store(sid, json);
+            }
+        }
+    }
+
+    /// The session kept under `sid`, taken (it restores once).
+    pub async fn restore(&self, sid: &str) -> Option<Snapshot> {
+        if !self.sessions.enabled() {
+            return None;
+        }
+        let json = self.sessions.take(sid).await?;
+        let snap: Snapshot = serde_json::from_str(&json).ok()?;
+        // A snapshot from the engine is checked like client input: a
+        // session never holds more streams than a live one may.
+        (snap.subs.iter().map(|s| s.1.len()).sum::<usize>() <= MAX_STREAMS).then_some(snap)
     }
 }
 
@@ -101,8 +137,8 @@ async fn send(node: &Node, hub: &Hub, p: Publication, here: bool) {
     }
 }
 
-/// What a closed session leaves for its client to restore.
-#[derive(Clone, Debug)]
+/// What a session leaves for its client to restore (JSON in the store).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Snapshot {
     pub identifiers: String,
     pub cstate: HashMap<String, String>,
@@ -111,66 +147,4 @@ pub struct Snapshot {
     pub subs: Vec<(String, Vec<String>)>,
     /// The app connected it (it hears of the restored one's disconnect).
     pub authenticated: bool,
-}
-
-/// Closed sessions by their `sid`, for `sessions_ttl`. A snapshot is taken
-/// out when restored: a `sid` restores once.
-pub struct Sessions {
-    ttl: Duration,
-    max: usize,
-    map: Mutex<HashMap<String, (Instant, Snapshot)>>,
-}
-
-impl Sessions {
-    pub fn new(ttl: Duration, max: usize) -> Sessions {
-        Sessions {
-            ttl,
-            max,
-            map: Mutex::new(HashMap::new()),
-        }
-    }
-
-    pub fn enabled(&self) -> bool {
-        !self.ttl.is_zero() && self.max > 0
-    }
-
-    /// Keep `snap` under `sid`; when `sessions_max` are kept already, the
-    /// session is not kept (its client connects anew), logged at debug.
-    pub fn store(&self, sid: &str, snap: Snapshot) {
-        if !self.enabled() {
-            return;
-        }
-        debug_assert!(snap.subs.iter().map(|s| s.1.len()).sum::<usize>() <= MAX_STREAMS);
-        let mut map = self.map.lock();
-        if map.len() >= self.max {
-            let now = Instant::now();
-            map.retain(|_, (at, _)| now.duration_since(*at) < self.ttl);
-            if map.len() >= self.max {
-                tracing::debug!("sessions cache full (rpc.sessions_max): session not kept");
-                return;
-            }
-        }
-        map.insert(sid.to_owned(), (Instant::now(), snap));
-    }
-
-    /// The session closed as `sid`, if it is kept and not expired.
-    pub fn take(&self, sid: &str) -> Option<Snapshot> {
-        let (at, snap) = self.map.lock().remove(sid)?;
-        (at.elapsed() < self.ttl).then_some(snap)
-    }
-
-    pub fn sweep(&self) {
-        let now = Instant::now();
-        self.map
-            .lock()
-            .retain(|_, (at, _)| now.duration_since(*at) < self.ttl);
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

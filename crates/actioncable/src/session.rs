@@ -179,12 +179,9 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     let mut authenticated = false;
     let mut identified = false;
     // Issue 19: a session restored from the cache skips JWT and Connect.
-    let restored = if ext && cable.reliable.sessions.enabled() {
-        info.restore
-            .as_deref()
-            .and_then(|prev| cable.reliable.sessions.take(prev))
-    } else {
-        None
+    let restored = match info.restore.as_deref() {
+        Some(prev) if ext => cable.reliable.restore(prev).await,
+        _ => None,
     };
     if let Some(snap) = &restored {
         identifiers = snap.identifiers.clone();
@@ -282,7 +279,10 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
         shutdown,
     } = session::open(&node, &hub, id, sid, wire);
     if ext {
-        conn.with_gate();
+        let gate = conn.with_gate();
+        if cable.reliable.history.shared() {
+            gate.heal_with(healer(&cable.reliable.history, &conn));
+        }
     }
     for f in welcome {
         conn.send(f);
@@ -305,7 +305,37 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     if let Some(snap) = restored {
         s.restore(snap).await;
     }
+    s.save();
     session::run(socket, conn, s, settings, shutdown).await;
+}
+
+/// Fills a gap in a reliable stream's live offsets (publications from
+/// several nodes crossed, or the broker lost one) from the shared history,
+/// off the fan-out worker. See `herald_core::history::Gate`.
+fn healer(
+    history: &Arc<dyn herald_core::history::History>,
+    conn: &Arc<Connection>,
+) -> herald_core::history::gate::Healer {
+    let history = history.clone();
+    let conn = Arc::downgrade(conn);
+    Box::new(move |gap| {
+        let history = history.clone();
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let read = history.after(&gap.channel, &gap.epoch, gap.after).await;
+            let Some(conn) = conn.upgrade() else { return };
+            let Some(gate) = conn.gate() else { return };
+            metrics::count(if read.is_ok() {
+                &m::CABLE_GAPS_FILLED
+            } else {
+                &m::CABLE_GAPS_UNFILLED
+            });
+            let identifier = gap.tag.as_deref().unwrap_or_default();
+            gate.release(&conn, &gap.channel, read.as_ref().ok(), |e, epoch| {
+                crate::ext::entry_frame(identifier, &gap.channel, epoch, e)
+            });
+        });
+    })
 }
 
 /// The client's request and the states the app keeps in it.
@@ -408,16 +438,22 @@ impl Handler for CableSession {
                 return Next::Continue;
             }
         };
-        match command {
+        // What a restore brings back may change with any of these.
+        let mutates = !matches!(command, Command::Pong | Command::History { .. });
+        let next = match command {
             Command::Subscribe { identifier } if self.ext => {
                 self.subscribe_with_history(identifier, &text).await
             }
             Command::Subscribe { identifier } => self.subscribe(identifier).await,
-            Command::History { identifier } => self.history(&identifier, &text),
+            Command::History { identifier } => self.history(&identifier, &text).await,
             Command::Pong => Next::Continue,
             Command::Unsubscribe { identifier } => self.unsubscribe(&identifier).await,
             Command::Message { identifier, data } => self.perform(&identifier, data).await,
+        };
+        if mutates {
+            self.save();
         }
+        next
     }
 
     fn keepalive(&self) -> KeepAlive {
@@ -721,7 +757,7 @@ impl CableSession {
         let tag = Some(self.subs[at].identifier.clone());
         let channel = stream.clone();
         if self.ext {
-            herald_core::history::History::retain(&*self.cable.reliable.history, &channel);
+            self.cable.reliable.history.retain(&channel);
             if self.hold {
                 self.conn.with_gate().hold(&channel);
             }
@@ -775,26 +811,38 @@ impl CableSession {
         self.streams = self.streams.saturating_sub(1);
     }
 
+    /// What a restore of this session would bring back.
+    fn snapshot(&self, subs: &[Sub]) -> crate::reliable::Snapshot {
+        crate::reliable::Snapshot {
+            identifiers: self.identifiers.clone(),
+            cstate: self.env.cstate.clone(),
+            istate: self.env.istate.clone(),
+            subs: subs
+                .iter()
+                .map(|s| (s.identifier.to_string(), s.streams.clone()))
+                .collect(),
+            authenticated: self.authenticated,
+        }
+    }
+
+    /// Where sessions outlive the process (a cluster engine), write the
+    /// snapshot now, so a node killed without closing it loses nothing.
+    fn save(&self) {
+        let sessions = &self.cable.reliable.sessions;
+        if self.ext && sessions.enabled() && sessions.durable() {
+            let snap = self.snapshot(&self.subs);
+            self.cable.reliable.keep(&self.conn.socket_id, &snap);
+        }
+    }
+
     /// Leave every stream and, for a client the app connected, queue its
     /// Disconnect call. Idempotent: runs when the loop ends and on drop.
     fn cleanup(&mut self) {
         let subs = std::mem::take(&mut self.subs);
         // Issue 19: keep what a reconnecting client restores (once).
         if std::mem::take(&mut self.ext) && self.cable.reliable.sessions.enabled() {
-            let snap = crate::reliable::Snapshot {
-                identifiers: self.identifiers.clone(),
-                cstate: self.env.cstate.clone(),
-                istate: self.env.istate.clone(),
-                subs: subs
-                    .iter()
-                    .map(|s| (s.identifier.to_string(), s.streams.clone()))
-                    .collect(),
-                authenticated: self.authenticated,
-            };
-            self.cable
-                .reliable
-                .sessions
-                .store(&self.conn.socket_id, snap);
+            let snap = self.snapshot(&subs);
+            self.cable.reliable.keep(&self.conn.socket_id, &snap);
         }
         for sub in &subs {
             for s in &sub.streams {

@@ -68,9 +68,9 @@ pub struct Publication {
     #[serde(skip)]
     exclude_conn: Option<ConnId>,
     /// Reliable streams (issue 19): the publication's place in its
-    /// stream's history, set by the adapter that appended it. Not carried
-    /// between nodes yet (the cluster engines come in a later slice).
-    #[serde(skip)]
+    /// stream's history, set by the adapter that appended it; carried to
+    /// the other nodes with it.
+    #[serde(rename = "q", default, skip_serializing_if = "Option::is_none")]
     pub position: Option<crate::history::Position>,
     #[serde(skip)]
     frames: Frames,
@@ -267,7 +267,7 @@ fn deliver_positioned(p: &Publication, pos: &crate::history::Position, targets: 
         }
         let frame = p.frame(conn.wire, &t.tag);
         let sent = match conn.gate() {
-            Some(gate) => gate.pass(conn, &p.channel, pos, frame),
+            Some(gate) => gate.pass(conn, &p.channel, &t.tag, pos, frame),
             None => conn.send(frame),
         };
         if sent {

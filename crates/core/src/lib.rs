@@ -51,6 +51,7 @@ pub mod namespace;
 pub mod node;
 pub mod observer;
 pub mod session;
+pub mod sessions;
 /// Test helpers: only with the `testing` feature (dev-dependencies) or in
 /// the crate's own unit tests.
 #[cfg(any(test, feature = "testing"))]

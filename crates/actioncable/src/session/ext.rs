@@ -34,19 +34,19 @@ impl CableSession {
         let next = self.subscribe(identifier.clone()).await;
         self.hold = false;
         if let (Some(at), Some(req)) = (self.find(&identifier), request) {
-            self.answer_history(at, &identifier, &req);
+            self.answer_history(at, &identifier, &req).await;
         }
         next
     }
 
-    pub(super) fn history(&mut self, identifier: &str, text: &str) -> Next {
+    pub(super) async fn history(&mut self, identifier: &str, text: &str) -> Next {
         let Some(at) = self.find(identifier).filter(|_| self.ext) else {
             metrics::count(&metrics::BAD_MESSAGES);
             tracing::debug!(sid = %self.conn.socket_id, "history for an unknown identifier");
             return Next::Continue;
         };
         match crate::ext::history_request(text) {
-            Ok(Some(req)) => self.answer_history(at, identifier, &req),
+            Ok(Some(req)) => self.answer_history(at, identifier, &req).await,
             other => {
                 metrics::count(&metrics::BAD_MESSAGES);
                 if let Err(e) = other {
@@ -85,8 +85,15 @@ impl CableSession {
     /// publication of each of its streams then `confirm_history`, or
     /// `reject_history` when any stream cannot be answered exactly (the
     /// client stays connected). Held live publications follow the answer.
-    fn answer_history(&mut self, at: usize, identifier: &str, req: &crate::ext::HistoryRequest) {
-        use herald_core::history::{History, Miss};
+    /// The reads run one after another: a cluster engine answers each
+    /// within its own timeout, and the streams stay held meanwhile.
+    async fn answer_history(
+        &mut self,
+        at: usize,
+        identifier: &str,
+        req: &crate::ext::HistoryRequest,
+    ) {
+        use herald_core::history::Miss;
         if req.is_empty() {
             // anycable-go answers nothing to an empty request.
             return self.release_all(at);
@@ -97,13 +104,14 @@ impl CableSession {
             self.release_all(at);
             return self.send(&crate::ext::reject_history(identifier));
         }
-        let history = &self.cable.reliable.history;
-        let mut answers = Vec::with_capacity(self.subs[at].streams.len());
-        for stream in &self.subs[at].streams {
+        let history = self.cable.reliable.history.clone();
+        let streams = self.subs[at].streams.clone();
+        let mut answers = Vec::with_capacity(streams.len());
+        for stream in &streams {
             let channel = stream.clone();
             let read = match req.streams.get(stream) {
-                Some(p) => Some(history.after(&channel, &p.epoch, p.offset)),
-                None if req.since > 0 => match history.since(&channel, req.since) {
+                Some(p) => Some(history.after(&channel, &p.epoch, p.offset).await),
+                None if req.since > 0 => match history.since(&channel, req.since).await {
                     Err(Miss::UnknownStream) => None,
                     r => Some(r),
                 },

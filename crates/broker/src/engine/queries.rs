@@ -124,6 +124,10 @@ impl Queries for Engine {
     }
 }
 
+/// History and sessions: kept per node (the trait's defaults) until the
+/// transports keep them on their servers.
+impl herald_core::broker::Streams for Engine {}
+
 impl LastEvent for Engine {
     fn cached(
         &self,

@@ -1,12 +1,13 @@
 //! The broker's interface, one small trait per concern. An engine
 //! implements them all; [`Broker`] names the whole set, which is what a
-//! node holds (`Arc<dyn Broker>`). Stream history, when it comes, is one
-//! more trait here and one more bound on [`Broker`].
+//! node holds (`Arc<dyn Broker>`).
 
 use super::{BoxFuture, Control, Inbox, PresenceChange, RemoteMember, Scope};
 use crate::fanout::{NodeId, Publication};
+use crate::history::{History, Limits, MemoryHistory};
 use crate::hub::{ChannelStats, StatsFilter};
 use crate::namespace::Namespace;
+use crate::sessions::{MemorySessions, SessionStore};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,11 +145,31 @@ pub trait Counts: Send + Sync {
     fn counts(&self, _node: NodeId, _app_id: &str, _ns: Namespace, _counts: Vec<(String, usize)>) {}
 }
 
+/// Stream history and resumable sessions (issue 19): where an adapter
+/// that lets clients resume keeps them. The defaults keep both in this
+/// process, which is right for one node; a cluster engine keeps them on its
+/// server so that every node reads the same history and restores the same
+/// sessions.
+pub trait Streams: Send + Sync {
+    /// A history engine with these bounds (called once per adapter).
+    fn history(&self, limits: Limits) -> Arc<dyn History> {
+        Arc::new(MemoryHistory::new(limits))
+    }
+    /// A store of session snapshots kept for `ttl`, at most `max` of them
+    /// where the engine counts them (called once per adapter).
+    fn sessions(&self, ttl: Duration, max: usize) -> Arc<dyn SessionStore> {
+        Arc::new(MemorySessions::new(ttl, max))
+    }
+}
+
 /// A cluster engine connecting nodes: every concern above. Implemented
 /// for anything that implements them all.
-pub trait Broker: Cluster + PubSub + Presence + Occupancy + Queries + LastEvent + Counts {}
+pub trait Broker:
+    Cluster + PubSub + Presence + Occupancy + Queries + LastEvent + Counts + Streams
+{
+}
 
 impl<T> Broker for T where
-    T: Cluster + PubSub + Presence + Occupancy + Queries + LastEvent + Counts + ?Sized
+    T: Cluster + PubSub + Presence + Occupancy + Queries + LastEvent + Counts + Streams + ?Sized
 {
 }

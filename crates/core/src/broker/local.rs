@@ -9,7 +9,7 @@
 
 use super::{
     BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
-    PubSub, Queries, RemoteMember, Scope,
+    PubSub, Queries, RemoteMember, Scope, Streams,
 };
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
@@ -469,6 +469,9 @@ impl LastEvent for LocalBroker {
         Box::pin(std::future::ready(newest))
     }
 }
+
+/// History and sessions in this process: the trait's defaults.
+impl Streams for LocalBroker {}
 
 impl Counts for LocalBroker {
     fn counts(&self, node: NodeId, app_id: &str, ns: Namespace, counts: Vec<(String, usize)>) {

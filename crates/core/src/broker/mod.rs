@@ -36,7 +36,9 @@
 pub mod concerns;
 pub mod local;
 
-pub use concerns::{Broker, Cluster, Counts, LastEvent, Occupancy, Presence, PubSub, Queries};
+pub use concerns::{
+    Broker, Cluster, Counts, LastEvent, Occupancy, Presence, PubSub, Queries, Streams,
+};
 
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{ChannelStats, StatsFilter};

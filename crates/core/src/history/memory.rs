@@ -1,91 +1,13 @@
-//! Stream history: the position of each publication on a reliable stream
-//! (an epoch and an offset) and a bounded log of recent publications, so a
-//! client that reconnects can ask for exactly what it missed.
-//!
-//! Vocabulary (ARCHITECTURE.md, "Position"): the offset grows by one per
-//! publication; the epoch changes whenever the stream's history may have
-//! been lost (here: a process start, or the stream being evicted), so a
-//! position from before the loss is refused instead of answered wrongly.
-//!
-//! Only streams somebody asked to be reliable ([`History::retain`]) keep a
-//! history: [`History::append`] on any other stream returns `None` after one
-//! atomic load when no stream is reliable, one map lookup otherwise. The
-//! engines behind the [`History`] interface: [`MemoryHistory`] (one node,
-//! in process). Redis Streams and JetStream implement the same interface in
-//! a later slice.
-//!
-//! [`Gate`] is the per-connection side: it keeps a client's live deliveries
-//! and its history answers from overlapping (each publication once, in
-//! order), see its docs.
+//! The in-process history engine: one node's streams in memory, bounded
+//! per stream (count), by age and by total bytes. What the local broker
+//! hands out, and what a cluster node uses when its engine keeps none.
 
-use crate::connection::Connection;
-use crate::frame::Frame;
+use super::{now_ms, Backlog, Entry, History, Limits, Miss, Position};
+use crate::broker::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Where a publication sits in its stream's history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Position {
-    pub epoch: Arc<str>,
-    pub offset: u64,
-}
-
-/// One retained publication.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    pub offset: u64,
-    /// When it was appended, Unix milliseconds.
-    pub at_ms: u64,
-    /// The message exactly as subscribers got it (JSON text).
-    pub data: Arc<str>,
-}
-
-/// What a history read found: the stream's epoch and the publications.
-#[derive(Debug, Clone)]
-pub struct Backlog {
-    pub epoch: Arc<str>,
-    pub entries: Vec<Entry>,
-}
-
-/// Why a read cannot answer exactly (the adapter rejects the request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Miss {
-    /// No history for this stream (never reliable, or evicted).
-    UnknownStream,
-    /// The stream's history was lost since that position was given.
-    UnknownEpoch,
-    /// Publications after that offset are no longer retained.
-    Evicted,
-    /// The offset was never reached in this epoch.
-    Ahead,
-}
-
-/// Bounds of the history, AnyCable's names and defaults.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Most publications kept per stream (`history_limit`, 100; 0: off).
-    pub per_stream: usize,
-    /// Oldest publication kept, milliseconds (`history_ttl`, 300 s).
-    pub ttl_ms: u64,
-    /// Most bytes of data kept over all streams (`history_max_bytes`).
-    pub max_bytes: usize,
-}
-
-/// A history engine: where positions come from and backlogs are read.
-pub trait History: Send + Sync {
-    /// Keep history for `stream` from now on (a subscriber may need it).
-    fn retain(&self, stream: &str);
-    /// Record a publication on `stream`; its position, or `None` when the
-    /// stream is not reliable.
-    fn append(&self, stream: &str, data: &str) -> Option<Position>;
-    /// Publications after `offset` in `epoch`, all of them, or why not.
-    fn after(&self, stream: &str, epoch: &str, offset: u64) -> Result<Backlog, Miss>;
-    /// Publications appended at or after `unix_secs` that are still kept.
-    fn since(&self, stream: &str, unix_secs: u64) -> Result<Backlog, Miss>;
-}
 
 /// Approximate fixed cost of one entry beside its data (the entry, its
 /// `Arc` header, the queue slots): counted against `max_bytes`.
@@ -128,12 +50,6 @@ pub struct MemoryHistory {
     /// so an evicted stream's next life never reuses an epoch.
     nonce: u32,
     generation: AtomicU64,
-}
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl MemoryHistory {
@@ -296,21 +212,8 @@ impl MemoryHistory {
                 .collect(),
         })
     }
-}
 
-impl History for MemoryHistory {
-    fn retain(&self, stream: &str) {
-        self.retain_at(stream, now_ms())
-    }
-
-    fn append(&self, stream: &str, data: &str) -> Option<Position> {
-        if self.reliable.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        self.append_at(stream, data, now_ms())
-    }
-
-    fn after(&self, stream: &str, epoch: &str, offset: u64) -> Result<Backlog, Miss> {
+    pub fn after_now(&self, stream: &str, epoch: &str, offset: u64) -> Result<Backlog, Miss> {
         let inner = self.inner.lock();
         let s = inner.streams.get(stream).ok_or(Miss::UnknownStream)?;
         if &*s.epoch != epoch {
@@ -333,138 +236,42 @@ impl History for MemoryHistory {
                 .collect(),
         })
     }
-
-    fn since(&self, stream: &str, unix_secs: u64) -> Result<Backlog, Miss> {
-        self.since_at(stream, unix_secs.saturating_mul(1000))
-    }
 }
 
-/// One connection's view of its reliable streams: what it was last given
-/// on each, and what waits while a history answer is being prepared.
-///
-/// Why: a client that reconnects subscribes (live publications start to
-/// flow) and asks for what it missed; without a gate a publication can
-/// arrive both live and in the answer, or live before older ones from the
-/// answer. While a stream is held, live publications wait here; the answer
-/// goes out, then the held ones after it, skipping offsets already sent.
-/// Afterwards, a live publication at or below the last offset sent is a
-/// duplicate and dropped. Fan-out consults the gate only for publications
-/// that carry a position, on connections that have one.
-#[derive(Default)]
-pub struct Gate {
-    streams: Mutex<HashMap<Box<str>, Track>>,
-}
-
-/// Most live publications held per stream while its history is answered;
-/// past it the hold ends (they go out as they come).
-pub const MAX_HELD: usize = 1024;
-
-enum Track {
-    Live { epoch: Arc<str>, last: u64 },
-    Held(Vec<(Position, Frame)>),
-}
-
-impl Gate {
-    /// Fan-out: deliver `frame` (publication at `pos` on `channel`) now,
-    /// hold it, or drop it as already sent. Returns whether it was queued
-    /// or held.
-    pub fn pass(&self, conn: &Connection, channel: &str, pos: &Position, frame: Frame) -> bool {
-        let mut streams = self.streams.lock();
-        match streams.get_mut(channel) {
-            Some(Track::Held(held)) => {
-                if held.len() < MAX_HELD {
-                    held.push((pos.clone(), frame));
-                    return true;
-                }
-                let held = std::mem::take(held);
-                let mut last = None;
-                for (p, f) in held {
-                    conn.send(f);
-                    last = Some(p);
-                }
-                let last = last.expect("MAX_HELD > 0");
-                streams.insert(
-                    channel.into(),
-                    Track::Live {
-                        epoch: last.epoch,
-                        last: last.offset,
-                    },
-                );
-                drop(streams);
-                self.pass(conn, channel, pos, frame)
-            }
-            Some(Track::Live { epoch, last }) if **epoch == *pos.epoch && pos.offset <= *last => {
-                false
-            }
-            Some(Track::Live { epoch, last }) => {
-                *epoch = pos.epoch.clone();
-                *last = pos.offset;
-                conn.send(frame)
-            }
-            None => {
-                streams.insert(
-                    channel.into(),
-                    Track::Live {
-                        epoch: pos.epoch.clone(),
-                        last: pos.offset,
-                    },
-                );
-                conn.send(frame)
-            }
-        }
+impl History for MemoryHistory {
+    fn name(&self) -> &'static str {
+        "memory"
     }
 
-    /// Hold live publications of `channel` until [`Gate::release`].
-    pub fn hold(&self, channel: &str) {
-        let mut streams = self.streams.lock();
-        if !matches!(streams.get(channel), Some(Track::Held(_))) {
-            streams.insert(channel.into(), Track::Held(Vec::new()));
-        }
+    fn retain(&self, stream: &str) {
+        self.retain_at(stream, now_ms())
     }
 
-    /// Send `backlog` (frames built by `frame`, the ones not sent yet),
-    /// then what was held, in order and each once, and let live
-    /// publications through again. `backlog` is `None` when the history
-    /// could not be read: the held ones go out as they are.
-    pub fn release(
-        &self,
-        conn: &Connection,
-        channel: &str,
-        backlog: Option<&Backlog>,
-        frame: impl Fn(&Entry, &Arc<str>) -> Frame,
-    ) {
-        let mut streams = self.streams.lock();
-        let (mut epoch, mut last, held) = match streams.remove(channel) {
-            Some(Track::Live { epoch, last }) => (Some(epoch), last, Vec::new()),
-            Some(Track::Held(h)) => (None, 0, h),
-            None => (None, 0, Vec::new()),
+    fn any_reliable(&self) -> bool {
+        self.reliable.load(Ordering::Relaxed) > 0
+    }
+
+    fn append(&self, stream: &str, data: &str) -> BoxFuture<Option<Position>> {
+        let pos = if self.any_reliable() {
+            self.append_at(stream, data, now_ms())
+        } else {
+            None
         };
-        if let Some(b) = backlog {
-            let fresh = epoch.as_deref() != Some(&*b.epoch);
-            for e in &b.entries {
-                if fresh || e.offset > last {
-                    conn.send(frame(e, &b.epoch));
-                    last = e.offset;
-                    epoch = Some(b.epoch.clone());
-                }
-            }
-        }
-        for (p, f) in held {
-            if epoch.as_deref() == Some(&*p.epoch) && p.offset <= last {
-                continue;
-            }
-            conn.send(f);
-            last = p.offset;
-            epoch = Some(p.epoch);
-        }
-        if let Some(epoch) = epoch {
-            streams.insert(channel.into(), Track::Live { epoch, last });
-        }
+        Box::pin(std::future::ready(pos))
     }
 
-    /// Forget `channel` (the connection left the stream).
-    pub fn forget(&self, channel: &str) {
-        self.streams.lock().remove(channel);
+    fn after(&self, stream: &str, epoch: &str, offset: u64) -> BoxFuture<Result<Backlog, Miss>> {
+        Box::pin(std::future::ready(self.after_now(stream, epoch, offset)))
+    }
+
+    fn since(&self, stream: &str, unix_secs: u64) -> BoxFuture<Result<Backlog, Miss>> {
+        Box::pin(std::future::ready(
+            self.since_at(stream, unix_secs.saturating_mul(1000)),
+        ))
+    }
+
+    fn sweep(&self) {
+        MemoryHistory::sweep(self)
     }
 }
 
@@ -487,7 +294,7 @@ mod tests {
         assert_eq!(h.append_at("a", "1", 0), None);
         h.retain_at("b", 0);
         assert_eq!(h.append_at("a", "1", 0), None);
-        assert_eq!(h.after("a", "x", 0).unwrap_err(), Miss::UnknownStream);
+        assert_eq!(h.after_now("a", "x", 0).unwrap_err(), Miss::UnknownStream);
         assert_eq!(h.bytes(), 0);
     }
 
@@ -504,15 +311,18 @@ mod tests {
         );
         let epoch = p[0].epoch.clone();
         assert!(p.iter().all(|x| x.epoch == epoch));
-        let got = h.after("s", &epoch, 2).unwrap();
+        let got = h.after_now("s", &epoch, 2).unwrap();
         assert_eq!(
             got.entries.iter().map(|e| e.offset).collect::<Vec<_>>(),
             [3, 4, 5]
         );
-        assert!(h.after("s", &epoch, 5).unwrap().entries.is_empty());
-        assert_eq!(h.after("s", &epoch, 1).unwrap_err(), Miss::Evicted);
-        assert_eq!(h.after("s", &epoch, 6).unwrap_err(), Miss::Ahead);
-        assert_eq!(h.after("s", "other", 3).unwrap_err(), Miss::UnknownEpoch);
+        assert!(h.after_now("s", &epoch, 5).unwrap().entries.is_empty());
+        assert_eq!(h.after_now("s", &epoch, 1).unwrap_err(), Miss::Evicted);
+        assert_eq!(h.after_now("s", &epoch, 6).unwrap_err(), Miss::Ahead);
+        assert_eq!(
+            h.after_now("s", "other", 3).unwrap_err(),
+            Miss::UnknownEpoch
+        );
         let since = h.since_at("s", 30).unwrap();
         assert_eq!(
             since.entries.iter().map(|e| e.offset).collect::<Vec<_>>(),
@@ -527,9 +337,9 @@ mod tests {
         let p1 = h.append_at("s", "a", 0).unwrap();
         h.append_at("s", "b", 900).unwrap();
         h.sweep_at(1500);
-        let b = h.after("s", &p1.epoch, 1).unwrap();
+        let b = h.after_now("s", &p1.epoch, 1).unwrap();
         assert_eq!(b.entries.len(), 1);
-        assert_eq!(h.after("s", &p1.epoch, 0).unwrap_err(), Miss::Evicted);
+        assert_eq!(h.after_now("s", &p1.epoch, 0).unwrap_err(), Miss::Evicted);
         h.sweep_at(5000);
         assert_eq!(h.streams(), 0);
         assert_eq!(h.bytes(), 0);
@@ -545,55 +355,6 @@ mod tests {
             small.append_at(if i % 2 == 0 { "x" } else { "y" }, "0123456789", i);
             assert!(small.bytes() <= 3 * (ENTRY_OVERHEAD + 10));
         }
-    }
-
-    #[test]
-    fn the_gate_sends_each_publication_once_in_order() {
-        use crate::connection::QueueLimit;
-        use crate::wire::{Event, Wire};
-        struct W;
-        impl Wire for W {
-            fn name(&self) -> &'static str {
-                "t"
-            }
-            fn publication(&self, _: &crate::fanout::Publication, _: &str) -> Frame {
-                Frame::text("")
-            }
-            fn event(&self, _: &Event<'_>, _: &str) -> Option<Frame> {
-                None
-            }
-        }
-        static WIRE: W = W;
-        let conn = Connection::new(
-            1,
-            "1.1".into(),
-            &WIRE,
-            QueueLimit {
-                frames: 100,
-                bytes: 1 << 20,
-            },
-        );
-        let h = MemoryHistory::new(limits(100, 300_000, 1 << 20));
-        h.retain_at("s", 0);
-        let pos: Vec<Position> = (1..=6)
-            .map(|i| h.append_at("s", &i.to_string(), 0).unwrap())
-            .collect();
-        let gate = Gate::default();
-        gate.hold("s");
-        // Live 5 and 6 arrive while the answer (3..=6) is prepared.
-        for p in &pos[4..] {
-            gate.pass(&conn, "s", p, Frame::text(&p.offset.to_string()));
-        }
-        let backlog = h.after("s", &pos[0].epoch, 2).unwrap();
-        gate.release(&conn, "s", Some(&backlog), |e, _| Frame::text(&e.data));
-        // A late duplicate of 6, then 7.
-        gate.pass(&conn, "s", &pos[5], Frame::text("6"));
-        let p7 = h.append_at("s", "7", 0).unwrap();
-        gate.pass(&conn, "s", &p7, Frame::text("7"));
-        let mut out = Vec::new();
-        conn.take(&mut out, 100);
-        let got: Vec<String> = out.iter().map(|f| f.payload_text()).collect();
-        assert_eq!(got, ["3", "4", "5", "6", "7"]);
     }
 
     proptest! {
@@ -629,7 +390,7 @@ mod tests {
                     prop_assert!(all.iter().all(|x| x.at_ms + ttl_ms >= now));
                     prop_assert!(all.windows(2).all(|w| w[1].offset == w[0].offset + 1));
                     for from in 0..=last[i] {
-                        match h.after(n, e, from) {
+                        match h.after_now(n, e, from) {
                             Ok(b) => {
                                 let got: Vec<u64> = b.entries.iter().map(|x| x.offset).collect();
                                 let want: Vec<u64> = (from + 1..=last[i]).collect();

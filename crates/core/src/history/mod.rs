@@ -1,0 +1,127 @@
+//! Stream history: the position of each publication on a reliable stream
+//! (an epoch and an offset) and a bounded log of recent publications, so a
+//! client that reconnects can ask for exactly what it missed.
+//!
+//! Vocabulary (ARCHITECTURE.md, "Position"): the offset grows by one per
+//! publication; the epoch changes whenever the stream's history may have
+//! been lost (a process start for the in-process engine, the stream being
+//! evicted, the engine's copy expiring), so a position from before the
+//! loss is refused instead of answered wrongly.
+//!
+//! - [`History`]: the interface an engine implements. The broker hands
+//!   adapters one ([`crate::broker::Streams`]): [`memory::MemoryHistory`]
+//!   for one node; the cluster engines keep theirs in Redis Streams or
+//!   JetStream, so any node answers from the same history.
+//! - [`gate::Gate`]: the per-connection side, so a client's live deliveries
+//!   and its history answers never overlap (each publication once, in
+//!   order), and, where publications of one stream come from several
+//!   nodes, a gap in the offsets is filled from the history.
+
+pub mod gate;
+pub mod memory;
+
+pub use gate::{Gap, Gate, MAX_HELD};
+pub use memory::{MemoryHistory, ENTRY_OVERHEAD};
+
+use crate::broker::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Where a publication sits in its stream's history. Carried between
+/// nodes with the publication (`{"e":epoch,"o":offset}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    #[serde(rename = "e")]
+    pub epoch: Arc<str>,
+    #[serde(rename = "o")]
+    pub offset: u64,
+}
+
+/// One retained publication.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub offset: u64,
+    /// When it was appended, Unix milliseconds.
+    pub at_ms: u64,
+    /// The message exactly as subscribers got it (JSON text).
+    pub data: Arc<str>,
+}
+
+/// What a history read found: the stream's epoch and the publications.
+#[derive(Debug, Clone)]
+pub struct Backlog {
+    pub epoch: Arc<str>,
+    pub entries: Vec<Entry>,
+}
+
+/// Why a read cannot answer exactly (the adapter rejects the request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No history for this stream (never reliable, or evicted).
+    UnknownStream,
+    /// The stream's history was lost since that position was given.
+    UnknownEpoch,
+    /// Publications after that offset are no longer retained.
+    Evicted,
+    /// The offset was never reached in this epoch.
+    Ahead,
+    /// The engine could not be asked (unreachable, timed out).
+    Unavailable,
+}
+
+/// Bounds of the history, AnyCable's names and defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most publications kept per stream (`history_limit`, 100; 0: off).
+    pub per_stream: usize,
+    /// Oldest publication kept, milliseconds (`history_ttl`, 300 s).
+    pub ttl_ms: u64,
+    /// Most bytes of data kept over all streams (`history_max_bytes`);
+    /// the in-process engine's bound (a server engine has its own).
+    pub max_bytes: usize,
+}
+
+impl Limits {
+    /// Whether any history is kept at all.
+    pub fn enabled(&self) -> bool {
+        self.per_stream > 0 && self.ttl_ms > 0
+    }
+}
+
+/// A history engine: where positions come from and backlogs are read.
+///
+/// Reads and appends are futures because a cluster engine asks its server;
+/// the in-process engine answers at once. A publisher appends, then
+/// publishes with the position it got (`Publication::position`), holding
+/// its own per-stream order while it does.
+pub trait History: Send + Sync {
+    /// Engine name for logs and docs (`memory`, `redis`, `nats`).
+    fn name(&self) -> &'static str;
+    /// Keep history for `stream` from now on (a subscriber may need it).
+    fn retain(&self, stream: &str);
+    /// Whether [`History::append`] may return a position now: when it
+    /// cannot, publishers skip appending and ordering altogether.
+    fn any_reliable(&self) -> bool;
+    /// Record a publication on `stream`; its position, or `None` when the
+    /// stream is not reliable or the engine could not record it.
+    fn append(&self, stream: &str, data: &str) -> BoxFuture<Option<Position>>;
+    /// Publications after `offset` in `epoch`, all of them, or why not.
+    fn after(&self, stream: &str, epoch: &str, offset: u64) -> BoxFuture<Result<Backlog, Miss>>;
+    /// Publications appended at or after `unix_secs` that are still kept.
+    fn since(&self, stream: &str, unix_secs: u64) -> BoxFuture<Result<Backlog, Miss>>;
+    /// Whether one stream's publications may reach a node from several
+    /// nodes (so out of order, or with one lost between them): then
+    /// connections fill gaps in the offsets from the history ([`Gate`]).
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Expire what is past its age (called about once a second).
+    fn sweep(&self) {}
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
