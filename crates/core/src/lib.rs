@@ -12,7 +12,8 @@
 //!   │  │       and presence; answers queries for the whole cluster
 //!   │  └────► broker     the cluster's interface, small traits by concern
 //!   │                     (pub/sub, presence, occupancy, queries, last
-//!   │                     event, counts); local engine in-process
+//!   │                     event, counts, streams: history and sessions);
+//!   │                     local engine in-process
 //!   ▼
 //! hub          per app: one space per namespace (channels and patterns →
 //!   │          subscriptions (connection, tag), presence members, counts),
@@ -32,8 +33,9 @@
 //! client-frame decoder), `wire` (what an adapter implements to encode),
 //! `config` (the core's settings; adapters' keys kept raw for them),
 //! `adapter` (the seam: what a protocol crate hands the server: its keys,
-//! routes, tasks), `history` (positions and bounded stream history for
-//! protocols that resume), `metrics`, `observer` (what the node decided
+//! routes, tasks), `history` (positions, bounded stream history and each
+//! connection's gate, for protocols that resume), `sessions` (snapshots of
+//! sessions a client restores), `metrics`, `observer` (what the node decided
 //! about channels and members, for webhooks and the dashboard), and
 //! `testing` (wires for tests; only with the `testing` feature, which
 //! dev-dependencies enable).
