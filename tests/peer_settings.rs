@@ -444,3 +444,27 @@ fn malformed_peer_variables_are_named() {
     let (code, out) = config(&["--env-file", "/nonexistent/.env"], &[]);
     assert_eq!(code, 2, "{out}");
 }
+
+/// Issue 19's settings by AnyCable's names, Herald's variables and flags,
+/// and a malformed one named.
+#[test]
+fn history_and_sessions_settings_by_every_name() {
+    let (code, out) = config(
+        &["--history-ttl", "30"],
+        &[
+            ("ANYCABLE_HISTORY_LIMIT", "50"),
+            ("HERALD_SESSIONS_TTL", "60"),
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "rpc.history_limit").contains("50"), "{out}");
+    assert!(line(&out, "rpc.history_ttl").contains("30"), "{out}");
+    assert!(line(&out, "rpc.sessions_ttl").contains("60"), "{out}");
+    for (name, bad) in [
+        ("HERALD_HISTORY_LIMIT", "-1"),
+        ("ANYCABLE_SESSIONS_TTL", "soon"),
+    ] {
+        let (code, out) = config(&["--check"], &[(name, bad)]);
+        assert_ne!(code, 0, "{name}={bad} accepted: {out}");
+    }
+}

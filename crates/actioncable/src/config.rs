@@ -300,7 +300,45 @@ pub static SETTINGS: &[Setting] = &[
         secret: false,
         parse: text,
     },
+    Setting {
+        key: "rpc.history_limit",
+        flag: "history-limit",
+        env: "HERALD_HISTORY_LIMIT",
+        help: "Most messages kept per reliable stream for actioncable-v1-ext-json \
+               clients (AnyCable's --history_limit, default 100; 0: no history)",
+        secret: false,
+        parse: whole,
+    },
+    Setting {
+        key: "rpc.history_ttl",
+        flag: "history-ttl",
+        env: "HERALD_HISTORY_TTL",
+        help: "Seconds a message stays in its stream's history (default 300; 0: no history)",
+        secret: false,
+        parse: whole,
+    },
+    Setting {
+        key: "rpc.sessions_ttl",
+        flag: "sessions-ttl",
+        env: "HERALD_SESSIONS_TTL",
+        help: "Seconds an actioncable-v1-ext-json session can be restored without \
+               Connect (default 300; 0: no resumption)",
+        secret: false,
+        parse: whole,
+    },
 ];
+
+/// A whole number setting (its range is checked with the section).
+fn whole(v: &str) -> Result<toml::Value, String> {
+    let n: i64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number"))?;
+    if n < 0 {
+        return Err(format!("{v:?} is negative"));
+    }
+    Ok(toml::Value::Integer(n))
+}
 
 #[cfg(test)]
 mod tests {
