@@ -190,3 +190,31 @@ async fn a_session_restores_once_with_what_it_missed_and_a_forged_sid_connects_a
         1
     );
 }
+
+/// A restored client that never asks for its history still gets its live
+/// publications (after the restored hold), in order.
+#[tokio::test]
+async fn a_restored_client_that_asks_nothing_gets_its_live_messages() {
+    let server = Server::start_with("[rpc]\npublic_streams = true", "").await;
+    let (mut ws, sid) = subscribed(&server, "q").await;
+    ws.close(None).await.unwrap();
+    drop(ws);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut back = loop {
+        let mut ws = cable(&server, &format!("?sid={sid}")).await;
+        if frame(&mut ws).await["restored"] == true {
+            break ws;
+        }
+        assert!(std::time::Instant::now() < deadline, "never restored");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    for n in 1..=3 {
+        broadcast(&server, "q", json!({ "n": n })).await;
+    }
+    // Held for up to 5 s (RESTORED_HOLD), then they go out; common::next
+    // waits up to TIMEOUT for each frame.
+    for n in 1..=3 {
+        let f = frame(&mut back).await;
+        assert_eq!(f["message"], json!({ "n": n }), "{f}");
+    }
+}

@@ -4,6 +4,11 @@
 
 use super::*;
 
+/// How long a restored session's streams wait for the client's history
+/// requests (which `@anycable/core` sends right after the welcome) before
+/// their live publications go out without them.
+pub const RESTORED_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Issue 19: `actioncable-v1-ext-json` history and resumption.
 impl CableSession {
     /// Put a restored session's subscriptions back, holding their live
@@ -20,6 +25,19 @@ impl CableSession {
             }
         }
         self.hold = false;
+        // A client that never asks for its history must not wait for its
+        // live publications forever: after RESTORED_HOLD they go out.
+        let held: Vec<String> = self.subs.iter().flat_map(|s| s.streams.clone()).collect();
+        let conn = Arc::downgrade(&self.conn);
+        tokio::spawn(async move {
+            tokio::time::sleep(RESTORED_HOLD).await;
+            let Some(conn) = conn.upgrade() else { return };
+            if let Some(gate) = conn.gate() {
+                for s in &held {
+                    gate.let_go(&conn, s);
+                }
+            }
+        });
     }
 
     /// A `subscribe` that may carry a `history` request: the streams the

@@ -251,6 +251,19 @@ impl Gate {
         }
     }
 
+    /// End a history request's hold on `channel` that no answer came for
+    /// (the client never asked): what was held goes out as it is. A gap's
+    /// hold, or a stream not held, is left alone.
+    pub fn let_go(&self, conn: &Connection, channel: &str) {
+        let waiting = matches!(
+            self.streams.lock().get(channel),
+            Some(Track::Held(Held { healing: None, .. }))
+        );
+        if waiting {
+            self.release(conn, channel, None, |_, _| Frame::text(""));
+        }
+    }
+
     /// Forget `channel` (the connection left the stream).
     pub fn forget(&self, channel: &str) {
         self.streams.lock().remove(channel);
@@ -387,5 +400,23 @@ mod tests {
         plain.pass(&conn, "s", &None, &at(1), Frame::text("1"));
         assert!(plain.pass(&conn, "s", &None, &at(3), Frame::text("3")));
         assert_eq!(sent(&conn), ["1", "3"]);
+    }
+
+    #[test]
+    fn a_hold_nobody_answers_can_be_let_go() {
+        let conn = conn();
+        let gate = Gate::default();
+        let at = |o| Position {
+            epoch: Arc::from("e"),
+            offset: o,
+        };
+        gate.hold("s");
+        gate.pass(&conn, "s", &None, &at(4), Frame::text("4"));
+        gate.pass(&conn, "s", &None, &at(5), Frame::text("5"));
+        assert!(sent(&conn).is_empty());
+        gate.let_go(&conn, "s");
+        gate.let_go(&conn, "s");
+        gate.pass(&conn, "s", &None, &at(6), Frame::text("6"));
+        assert_eq!(sent(&conn), ["4", "5", "6"]);
     }
 }
