@@ -17,12 +17,14 @@
 //! msg         the messages on the wire
 //! tally       cluster-wide first/last holders (occupied, member added)
 //! redis, nats the transports
+//! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //! ```
 
 pub mod engine;
 pub mod ingress;
+pub mod jetstream;
 pub mod msg;
 pub mod nats;
 pub mod redis;

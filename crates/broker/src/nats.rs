@@ -1,4 +1,5 @@
-//! The NATS transport (core NATS, no JetStream): one connection; one
+//! The NATS transport (core NATS; history and sessions on JetStream are
+//! [`crate::jetstream`]'s, over a connection of their own): one connection; one
 //! subscription per wanted subject (a pattern is a `>` wildcard subject),
 //! each forwarding into the engine's single inbound task. The client
 //! reconnects by itself (backoff 100 ms doubling to 5 s) and restores the
@@ -8,7 +9,7 @@
 //! buffer it.
 
 use crate::engine::{Engine, Out, Shared};
-use async_nats::{ConnectOptions, Event, ServerAddr};
+use async_nats::{Event, ServerAddr};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::collections::HashMap;
@@ -26,25 +27,15 @@ type Inbound = (Arc<str>, Bytes);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
     let addr = ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
+    let streams = Arc::new(crate::jetstream::JetStream::new(addr.clone(), prefix));
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, addr));
     });
-    Ok(Engine::new("nats", prefix, ttl, ">", start))
+    Ok(Engine::new("nats", prefix, ttl, ">", start).with_streams(streams))
 }
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr) {
-    let mut options = ConnectOptions::new()
-        .name("herald")
-        .retry_on_initial_connect()
-        .max_reconnects(None::<usize>)
-        .connection_timeout(Duration::from_secs(5))
-        .ping_interval(Duration::from_secs(5))
-        .reconnect_delay_callback(|n| crate::backoff(n as u32));
-    match (addr.username(), addr.password()) {
-        (Some(u), Some(p)) => options = options.user_and_password(u.into(), p.into()),
-        (Some(token), None) => options = options.token(token.into()),
-        _ => {}
-    }
+    let mut options = crate::jetstream::options(&addr, "herald");
     let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
     options = options.event_callback(move |ev| {
         let tx = events_tx.clone();

@@ -25,6 +25,8 @@ pub struct BrokerServer {
     pub kind: Kind,
     pub port: u16,
     child: Option<Child>,
+    /// `nats-server -js`: its store directory (kept across restarts).
+    store: Option<std::path::PathBuf>,
 }
 
 fn free_port() -> u16 {
@@ -39,11 +41,28 @@ impl BrokerServer {
     /// Start one on a free port; panics with a clear message if the server
     /// binary is missing.
     pub fn start(kind: Kind) -> BrokerServer {
+        Self::start_with(kind, false)
+    }
+
+    /// `nats-server -js` (JetStream, its store in a fresh directory).
+    pub fn start_jetstream() -> BrokerServer {
+        Self::start_with(Kind::Nats, true)
+    }
+
+    fn start_with(kind: Kind, jetstream: bool) -> BrokerServer {
         for _ in 0..5 {
+            let port = free_port();
+            let store = jetstream.then(|| {
+                let d =
+                    std::env::temp_dir().join(format!("herald-js-{}-{port}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&d);
+                d
+            });
             let mut s = BrokerServer {
                 kind,
-                port: free_port(),
+                port,
                 child: None,
+                store,
             };
             if s.spawn() {
                 return s;
@@ -72,6 +91,9 @@ impl BrokerServer {
             Kind::Nats => {
                 let mut c = Command::new("nats-server");
                 c.args(["-a", "127.0.0.1", "-p", &port]);
+                if let Some(dir) = &self.store {
+                    c.arg("-js").arg("-sd").arg(dir);
+                }
                 c
             }
         };
@@ -134,5 +156,8 @@ impl BrokerServer {
 impl Drop for BrokerServer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(dir) = &self.store {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

@@ -1,0 +1,266 @@
+//! Resumable sessions in a JetStream key-value bucket, `{prefix}_sessions`,
+//! with `sessions_ttl` as its max age (the server forgets old snapshots
+//! by itself) and one value per key. Keys are the session ids in base64url
+//! (a sid comes from the client: it never reaches a subject as it is).
+//!
+//! Writes do not wait: one task per node puts them in order from a bounded
+//! queue ([`QUEUE`]; when full, a snapshot is dropped, logged once per
+//! interval: its client connects anew). A take reads the entry and deletes
+//! it expecting that revision, so of two nodes taking one sid at once one
+//! gets it.
+
+use super::{Conn, Mode, Throttle, CALL_TIMEOUT};
+use async_nats::jetstream::kv::{Operation, Store};
+use async_nats::jetstream::{
+    self,
+    stream::{DiscardPolicy, StorageType},
+};
+use base64::Engine as _;
+use herald_core::broker::BoxFuture;
+use herald_core::sessions::{MemorySessions, SessionStore};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Snapshots waiting to be written.
+pub const QUEUE: usize = 4096;
+
+/// Longest session id looked up (longer ones are not ours).
+const MAX_SID: usize = 256;
+
+/// Largest snapshot kept (the bucket refuses bigger values).
+pub const MAX_VALUE: i32 = 256 * 1024;
+
+pub struct NatsSessions {
+    conn: Option<Arc<Conn>>,
+    ttl: Duration,
+    max: usize,
+    local: Arc<MemorySessions>,
+    writes: mpsc::Sender<(String, String)>,
+    bucket: Arc<Bucket>,
+    log: Throttle,
+}
+
+/// The bucket, made on first use.
+struct Bucket {
+    name: String,
+    ttl: Duration,
+    store: tokio::sync::Mutex<Option<Store>>,
+    log: Throttle,
+}
+
+impl Bucket {
+    async fn get(&self, ctx: &jetstream::Context) -> Option<Store> {
+        let mut held = self.store.lock().await;
+        if let Some(s) = held.as_ref() {
+            return Some(s.clone());
+        }
+        // The bucket's stream as the key-value convention has it, made
+        // directly: the client's own bucket creation first reads account
+        // details in a shape older servers (2.9) do not answer.
+        let config = jetstream::stream::Config {
+            name: format!("KV_{}", self.name),
+            description: Some("Herald: resumable Action Cable sessions".into()),
+            subjects: vec![format!("$KV.{}.>", self.name)],
+            max_messages_per_subject: 1,
+            max_age: self.ttl,
+            max_message_size: MAX_VALUE,
+            storage: StorageType::File,
+            discard: DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            ..Default::default()
+        };
+        let made = match ctx.create_or_update_stream(config).await {
+            Ok(_) => ctx
+                .get_key_value(&self.name)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match made {
+            Ok(s) => {
+                *held = Some(s.clone());
+                Some(s)
+            }
+            Err(e) => {
+                if self.log.allow() {
+                    tracing::warn!(engine = "nats", error = %e, "cannot create the sessions bucket (logged once per 10 s)");
+                }
+                None
+            }
+        }
+    }
+}
+
+fn key(sid: &str) -> Option<String> {
+    (!sid.is_empty() && sid.len() <= MAX_SID)
+        .then(|| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sid))
+}
+
+impl NatsSessions {
+    /// The store, with its writer task (when there is a runtime).
+    pub fn start(
+        conn: Option<Arc<Conn>>,
+        prefix: &str,
+        ttl: Duration,
+        max: usize,
+    ) -> Arc<dyn SessionStore> {
+        let local = Arc::new(MemorySessions::new(ttl, max));
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let bucket = Arc::new(Bucket {
+            name: format!("{prefix}_sessions"),
+            ttl,
+            store: tokio::sync::Mutex::new(None),
+            log: Throttle::default(),
+        });
+        let me = NatsSessions {
+            conn: conn.clone(),
+            ttl,
+            max,
+            local: local.clone(),
+            writes: tx,
+            bucket: bucket.clone(),
+            log: Throttle::default(),
+        };
+        if let (Some(conn), Ok(rt)) = (conn, tokio::runtime::Handle::try_current()) {
+            if me.enabled() {
+                rt.spawn(write(conn, bucket, local, rx));
+            }
+        }
+        Arc::new(me)
+    }
+
+    fn local_mode(&self) -> bool {
+        match &self.conn {
+            None => true,
+            Some(c) => matches!(c.mode(), Mode::Local),
+        }
+    }
+}
+
+/// Puts snapshots in order; routes them to memory when the server turned
+/// out to have no JetStream.
+async fn write(
+    conn: Arc<Conn>,
+    bucket: Arc<Bucket>,
+    local: Arc<MemorySessions>,
+    mut rx: mpsc::Receiver<(String, String)>,
+) {
+    let log = Throttle::default();
+    while let Some((sid, snapshot)) = rx.recv().await {
+        let ctx = match conn.ready().await {
+            Ok(c) => c,
+            Err(true) => {
+                local.store(&sid, snapshot);
+                continue;
+            }
+            Err(false) => {
+                if log.allow() {
+                    tracing::warn!(
+                        engine = "nats",
+                        "the server is away: session snapshots are not kept (logged once per 10 s)"
+                    );
+                }
+                continue;
+            }
+        };
+        let Some(k) = key(&sid) else { continue };
+        let put = async {
+            let store = bucket.get(&ctx).await.ok_or("no bucket".to_owned())?;
+            store
+                .put(k, snapshot.into())
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(CALL_TIMEOUT, put).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                if log.allow() {
+                    tracing::warn!(engine = "nats", error = %e, "session snapshot not kept (logged once per 10 s)");
+                }
+            }
+            Err(_) => {
+                if log.allow() {
+                    tracing::warn!(
+                        engine = "nats",
+                        "session snapshot not kept: timed out (logged once per 10 s)"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl SessionStore for NatsSessions {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn enabled(&self) -> bool {
+        !self.ttl.is_zero() && self.max > 0
+    }
+
+    fn store(&self, sid: &str, snapshot: String) {
+        if !self.enabled() {
+            return;
+        }
+        if self.local_mode() {
+            return self.local.store(sid, snapshot);
+        }
+        if self.writes.try_send((sid.to_owned(), snapshot)).is_err() && self.log.allow() {
+            tracing::warn!(
+                engine = "nats",
+                "session snapshots are written slower than they come: some are not kept (logged once per 10 s)"
+            );
+        }
+    }
+
+    fn take(&self, sid: &str) -> BoxFuture<Option<String>> {
+        if self.local_mode() {
+            return self.local.take(sid);
+        }
+        let (conn, bucket, local, sid) = (
+            self.conn.clone(),
+            self.bucket.clone(),
+            self.local.clone(),
+            sid.to_owned(),
+        );
+        Box::pin(async move {
+            let ctx = match conn?.ready().await {
+                Ok(c) => c,
+                Err(true) => return local.take(&sid).await,
+                Err(false) => return None,
+            };
+            let k = key(&sid)?;
+            let take = async {
+                let store = bucket.get(&ctx).await?;
+                let entry = store.entry(k.clone()).await.ok()??;
+                if entry.operation != Operation::Put {
+                    return None;
+                }
+                // Only the node whose delete lands on this revision has it.
+                store
+                    .delete_expect_revision(&k, Some(entry.revision))
+                    .await
+                    .ok()?;
+                String::from_utf8(entry.value.to_vec()).ok()
+            };
+            tokio::time::timeout(CALL_TIMEOUT, take)
+                .await
+                .ok()
+                .flatten()
+        })
+    }
+
+    fn sweep(&self) {
+        if self.local_mode() {
+            self.local.sweep()
+        }
+    }
+
+    fn durable(&self) -> bool {
+        !self.local_mode()
+    }
+}

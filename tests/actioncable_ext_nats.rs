@@ -1,0 +1,359 @@
+//! `actioncable-v1-ext-json` on the NATS engine with JetStream (issue 19):
+//! three real `herald serve` nodes on a real `nats-server -js`. History
+//! appended on any node is read from any node with the same positions; a
+//! session written by a node that is then SIGKILLed restores on another
+//! without a new `Connect`; a server without JetStream is named at start
+//! (per-node fallback); a JetStream that goes away costs positions and
+//! history answers, never the connection.
+
+mod common;
+
+use base64::Engine as _;
+use common::{free_port, herald_command, Server, TIMEOUT};
+use futures_util::SinkExt;
+use herald_broker::testing::{BrokerServer, Kind};
+use serde_json::{json, Value};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+const EXT: &str = "actioncable-v1-ext-json";
+
+async fn cable(server: &Server, query: &str) -> common::Ws {
+    let mut req = format!("ws://127.0.0.1:{}/cable{query}", server.port)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("sec-websocket-protocol", EXT.parse().unwrap());
+    let (ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    ws
+}
+
+async fn frame(ws: &mut common::Ws) -> Value {
+    loop {
+        match common::next(ws).await {
+            common::Next::Frame(f) if f["type"] == "ping" => continue,
+            common::Next::Frame(f) => return f,
+            common::Next::Close(c) => panic!("closed ({c:?}) while a frame was expected"),
+        }
+    }
+}
+
+async fn send(ws: &mut common::Ws, v: Value) {
+    ws.send(Message::text(v.to_string())).await.unwrap();
+}
+
+async fn broadcast(server: &Server, stream: &str, data: Value) {
+    let body = json!({ "stream": stream, "data": data.to_string() }).to_string();
+    let resp = reqwest::Client::new()
+        .post(server.url("/_broadcast"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+}
+
+fn ident(stream: &str) -> String {
+    json!({ "channel": "$pubsub", "stream_name": stream }).to_string()
+}
+
+fn prefix(name: &str) -> String {
+    format!("t-{}-{name}", std::process::id())
+}
+
+/// `n` nodes on `broker` under `prefix`, with `extra` TOML.
+async fn nodes(broker: &BrokerServer, prefix: &str, extra: &str, n: usize) -> Vec<Server> {
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\n[rpc]\n{extra}\n",
+        broker.url()
+    );
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(Server::start_with(&top, "").await);
+    }
+    v
+}
+
+/// A subscribed ext client on `server`: (socket, sid, identifier).
+async fn subscribed(server: &Server, identifier: &str) -> (common::Ws, String) {
+    let mut ws = cable(server, "").await;
+    let welcome = frame(&mut ws).await;
+    assert_eq!(welcome["type"], "welcome", "{welcome}");
+    let sid = welcome["sid"].as_str().unwrap().to_owned();
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": identifier }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    (ws, sid)
+}
+
+/// Ask for `stream`'s history after (epoch, offset): the entries' (n,
+/// offset) and the closing frame's type.
+async fn history(
+    ws: &mut common::Ws,
+    identifier: &str,
+    stream: &str,
+    epoch: &str,
+    offset: u64,
+) -> (Vec<(Value, Value)>, String) {
+    send(
+        ws,
+        json!({ "command": "history", "identifier": identifier,
+            "history": { "streams": { stream: { "epoch": epoch, "offset": offset } } } }),
+    )
+    .await;
+    let mut got = Vec::new();
+    loop {
+        let f = frame(ws).await;
+        match f["type"].as_str() {
+            Some(t @ ("confirm_history" | "reject_history")) => return (got, t.to_owned()),
+            _ => {
+                assert_eq!(f["epoch"], json!(epoch), "{f}");
+                assert_eq!(f["stream_id"], json!(stream), "{f}");
+                got.push((f["message"]["n"].clone(), f["offset"].clone()));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn history_appended_on_any_node_is_read_alike_from_every_node() {
+    let broker = BrokerServer::start_jetstream();
+    let n = nodes(&broker, &prefix("hist"), "public_streams = true", 3).await;
+    let id = ident("s");
+    let (mut ws, _) = subscribed(&n[1], &id).await;
+    // On its own node the client gets it live: the first position.
+    broadcast(&n[1], "s", json!({ "n": 1 })).await;
+    let first = frame(&mut ws).await;
+    assert_eq!(
+        (first["message"]["n"].clone(), first["offset"].clone()),
+        (json!(1), json!(1)),
+        "{first}"
+    );
+    let epoch = first["epoch"].as_str().unwrap().to_owned();
+    drop(ws);
+    // Published while the client is away, on the two other nodes (one
+    // of them has no subscriber of the stream at all).
+    broadcast(&n[0], "s", json!({ "n": 2 })).await;
+    broadcast(&n[2], "s", json!({ "n": 3 })).await;
+    broadcast(&n[0], "s", json!({ "n": 4 })).await;
+    let want = vec![
+        (json!(2), json!(2)),
+        (json!(3), json!(3)),
+        (json!(4), json!(4)),
+    ];
+    for (i, node) in n.iter().enumerate() {
+        let (mut ws, _) = subscribed(node, &id).await;
+        let (got, end) = history(&mut ws, &id, "s", &epoch, 1).await;
+        assert_eq!(
+            (got, end.as_str()),
+            (want.clone(), "confirm_history"),
+            "node {i}"
+        );
+        // An offset ahead and a foreign epoch are refused; the client stays.
+        let (_, end) = history(&mut ws, &id, "s", &epoch, 9).await;
+        assert_eq!(end, "reject_history", "node {i}");
+        let (_, end) = history(&mut ws, &id, "s", "forged", 0).await;
+        assert_eq!(end, "reject_history", "node {i}");
+    }
+    // Live publications carry the next offset whichever node publishes.
+    let (mut ws, _) = subscribed(&n[2], &id).await;
+    broadcast(&n[2], "s", json!({ "n": 5 })).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(
+        (f["offset"].clone(), f["epoch"].clone()),
+        (json!(5), json!(epoch)),
+        "{f}"
+    );
+    // A long stream name (hashed into the subject) works like any other.
+    let long = "x/.*> ".repeat(150);
+    let lid = ident(&long);
+    let (mut ws, _) = subscribed(&n[0], &lid).await;
+    broadcast(&n[0], &long, json!({ "n": 1 })).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(f["offset"], 1, "{f}");
+    let lepoch = f["epoch"].as_str().unwrap().to_owned();
+    broadcast(&n[1], &long, json!({ "n": 2 })).await;
+    let (mut ws, _) = subscribed(&n[2], &lid).await;
+    let (got, end) = history(&mut ws, &lid, &long, &lepoch, 0).await;
+    assert_eq!(end, "confirm_history");
+    assert_eq!(got, vec![(json!(1), json!(1)), (json!(2), json!(2))]);
+}
+
+/// `herald bench rpc-server`, killed on drop.
+struct App(Child);
+
+impl Drop for App {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn app(port: u16, broadcast_url: &str) -> App {
+    let child = herald_command()
+        .args([
+            "bench",
+            "rpc-server",
+            "--port",
+            &port.to_string(),
+            "--threads",
+            "1",
+            "--broadcast-url",
+            broadcast_url,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn herald bench rpc-server");
+    let app = App(child);
+    let deadline = Instant::now() + TIMEOUT;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "rpc-server did not listen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app
+}
+
+#[tokio::test]
+async fn a_session_of_a_killed_node_restores_on_another_without_connect() {
+    let broker = BrokerServer::start_jetstream();
+    let rpc_port = free_port();
+    let pre = prefix("sess");
+    let mut n = nodes(
+        &broker,
+        &pre,
+        &format!("host = \"127.0.0.1:{rpc_port}\"\ntimeout_ms = 5000"),
+        3,
+    )
+    .await;
+    let _app = app(rpc_port, &n[0].url("/_broadcast")).await;
+    let id = json!({ "channel": "BenchmarkChannel" }).to_string();
+    let (mut ws, sid) = subscribed(&n[0], &id).await;
+    broadcast(&n[0], "all", json!({ "n": 1 })).await;
+    let first = frame(&mut ws).await;
+    assert_eq!(first["offset"], 1, "{first}");
+    let epoch = first["epoch"].as_str().unwrap().to_owned();
+    // The node writes the snapshot as the session changes: wait until the
+    // bucket holds it with the subscription, then kill the node.
+    let js = async_nats::jetstream::new(async_nats::connect(broker.url()).await.unwrap());
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&sid);
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let kv = js.get_key_value(format!("{pre}_sessions")).await;
+        if let Ok(kv) = kv {
+            let got = kv.get(&key).await;
+            if let Ok(Some(v)) = got {
+                if String::from_utf8_lossy(&v).contains("BenchmarkChannel") {
+                    break;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the snapshot never reached the bucket"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    n[0].child.kill().unwrap();
+    n[0].child.wait().unwrap();
+    broadcast(&n[2], "all", json!({ "n": 2 })).await;
+    assert_eq!(n[1].metric("herald_rpc_calls_total").await, 0);
+    let mut back = cable(&n[1], &format!("?sid={sid}")).await;
+    let welcome = frame(&mut back).await;
+    assert_eq!(welcome["restored"], true, "{welcome}");
+    assert_eq!(welcome["restored_ids"], json!([id]), "{welcome}");
+    let (got, end) = history(&mut back, &id, "all", &epoch, 1).await;
+    assert_eq!(
+        (got, end.as_str()),
+        (vec![(json!(2), json!(2))], "confirm_history")
+    );
+    // Restored without asking the app.
+    assert_eq!(n[1].metric("herald_rpc_calls_total").await, 0);
+    assert_eq!(n[1].metric("herald_cable_sessions_restored_total").await, 1);
+    // Once: the same sid on the third node connects anew (through the app).
+    let mut again = cable(&n[2], &format!("?sid={sid}")).await;
+    let welcome = frame(&mut again).await;
+    assert_eq!(welcome["type"], "welcome");
+    assert!(welcome.get("restored").is_none(), "{welcome}");
+}
+
+#[tokio::test]
+async fn without_jetstream_the_node_says_so_and_keeps_history_per_node() {
+    let broker = BrokerServer::start(Kind::Nats);
+    let n = nodes(&broker, &prefix("nojs"), "public_streams = true", 1).await;
+    let (mut ws, _) = subscribed(&n[0], &ident("s")).await;
+    broadcast(&n[0], "s", json!({ "n": 1 })).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(
+        f["offset"], 1,
+        "per-node history still gives positions: {f}"
+    );
+    let deadline = Instant::now() + TIMEOUT;
+    while !n[0].log().contains("run nats-server with -js") {
+        assert!(Instant::now() < deadline, "no warning:\n{}", n[0].log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(n[0].log().matches("run nats-server with -js").count(), 1);
+}
+
+#[tokio::test]
+async fn a_lost_jetstream_costs_positions_and_answers_not_the_connection() {
+    let mut broker = BrokerServer::start_jetstream();
+    let n = nodes(&broker, &prefix("lost"), "public_streams = true", 1).await;
+    let id = ident("s");
+    let (mut ws, _) = subscribed(&n[0], &id).await;
+    broadcast(&n[0], "s", json!({ "n": 1 })).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(f["offset"], 1, "{f}");
+    let epoch = f["epoch"].as_str().unwrap().to_owned();
+    broker.kill();
+    let started = Instant::now();
+    // Published without a position, delivered live all the same.
+    broadcast(&n[0], "s", json!({ "n": 2 })).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(f["message"]["n"], 2, "{f}");
+    assert!(f.get("offset").is_none(), "{f}");
+    let (_, end) = history(&mut ws, &id, "s", &epoch, 0).await;
+    assert_eq!(end, "reject_history");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "calls are bounded"
+    );
+    // Back: the history the server kept (file storage) goes on in the
+    // same epoch, and answers again.
+    broker.restart();
+    let deadline = Instant::now() + TIMEOUT;
+    let mut k = 2;
+    let f = loop {
+        k += 1;
+        broadcast(&n[0], "s", json!({ "n": k })).await;
+        let f = frame(&mut ws).await;
+        assert_eq!(f["message"]["n"], k, "{f}");
+        if f.get("offset").is_some() {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "positions never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (f["offset"].clone(), f["epoch"].clone()),
+        (json!(2), json!(epoch)),
+        "{f}"
+    );
+    let (mut fresh, _) = subscribed(&n[0], &id).await;
+    let (got, end) = history(&mut fresh, &id, "s", &epoch, 0).await;
+    assert_eq!(end, "confirm_history");
+    assert_eq!(got, vec![(json!(1), json!(1)), (json!(k), json!(2))]);
+}
