@@ -17,6 +17,7 @@
 //! msg         the messages on the wire
 //! tally       cluster-wide first/last holders (occupied, member added)
 //! redis, nats the transports
+//! redis_streams  history and sessions on the Redis server (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //! ```
@@ -26,6 +27,7 @@ pub mod ingress;
 pub mod msg;
 pub mod nats;
 pub mod redis;
+pub mod redis_streams;
 pub mod subject;
 pub mod tally;
 /// Test helpers: only with the `testing` feature (dev-dependencies) or in

@@ -287,6 +287,9 @@ pub type Starter = Box<dyn FnOnce(Arc<Shared>, mpsc::Receiver<Out>) + Send>;
 pub struct Engine {
     shared: Arc<Shared>,
     start: Mutex<Option<(Starter, mpsc::Receiver<Out>)>>,
+    /// Where the transport keeps history and sessions on its server
+    /// (issue 19); none: in this process (see `queries`).
+    streams: Option<Box<dyn herald_core::broker::Streams>>,
 }
 
 impl Engine {
@@ -319,7 +322,14 @@ impl Engine {
                 next_request: AtomicU64::new(1),
             }),
             start: Mutex::new(Some((start, rx))),
+            streams: None,
         }
+    }
+
+    /// Keep history and sessions in `streams` (the transport's server).
+    pub fn with_streams(mut self, streams: Box<dyn herald_core::broker::Streams>) -> Engine {
+        self.streams = Some(streams);
+        self
     }
 
     /// The engine's state (tests and diagnostics).

@@ -124,9 +124,26 @@ impl Queries for Engine {
     }
 }
 
-/// History and sessions: kept per node (the trait's defaults) until the
-/// transports keep them on their servers.
-impl herald_core::broker::Streams for Engine {}
+/// History and sessions: on the transport's server where it keeps them
+/// ([`Engine::with_streams`]), else per node (the trait's defaults).
+impl herald_core::broker::Streams for Engine {
+    fn history(
+        &self,
+        limits: herald_core::history::Limits,
+    ) -> Arc<dyn herald_core::history::History> {
+        match &self.streams {
+            Some(s) => s.history(limits),
+            None => Arc::new(herald_core::history::MemoryHistory::new(limits)),
+        }
+    }
+
+    fn sessions(&self, ttl: Duration, max: usize) -> Arc<dyn herald_core::sessions::SessionStore> {
+        match &self.streams {
+            Some(s) => s.sessions(ttl, max),
+            None => Arc::new(herald_core::sessions::MemorySessions::new(ttl, max)),
+        }
+    }
+}
 
 impl LastEvent for Engine {
     fn cached(
