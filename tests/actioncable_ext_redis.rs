@@ -45,15 +45,41 @@ async fn cable(server: &Server, query: &str) -> Ws {
     ws
 }
 
-/// The next frame that is not a ping.
+/// The next frame that is not a ping, within [`TIMEOUT`] (pings do not
+/// extend it).
 async fn frame(ws: &mut Ws) -> Value {
-    loop {
-        match common::next(ws).await {
-            common::Next::Frame(f) if f["type"] == "ping" => continue,
-            common::Next::Frame(f) => return f,
-            common::Next::Close(c) => panic!("closed ({c:?}) while a frame was expected"),
+    let next = async {
+        loop {
+            match common::next(ws).await {
+                common::Next::Frame(f) if f["type"] == "ping" => continue,
+                common::Next::Frame(f) => return f,
+                common::Next::Close(c) => panic!("closed ({c:?}) while a frame was expected"),
+            }
+        }
+    };
+    tokio::time::timeout(TIMEOUT, next)
+        .await
+        .expect("timed out waiting for a frame")
+}
+
+/// Broadcast probes to `stream` through `node` until `ws` gets one live:
+/// the other nodes subscribe to a stream's channel on the broker shortly
+/// after their client's subscription is confirmed, and a publication made
+/// before that reaches none of them (the broker's pub/sub keeps nothing).
+/// Its position. (Probes lost on the way were appended too: offsets
+/// after it are what the test counts from; the gate drops any late one.)
+async fn probe(node: &Server, ws: &mut Ws, stream: &str) -> (String, u64) {
+    let deadline = Instant::now() + TIMEOUT;
+    for k in 0.. {
+        assert!(Instant::now() < deadline, "no probe of {stream} arrived");
+        broadcast(node, stream, json!({ "probe": k })).await;
+        if let Ok(f) = tokio::time::timeout(Duration::from_millis(300), frame(ws)).await {
+            assert!(f["message"]["probe"].is_number(), "{f}");
+            let (_, o, e) = pub_of(&f);
+            return (e, o);
         }
     }
+    unreachable!()
 }
 
 async fn send(ws: &mut Ws, v: Value) {
@@ -64,10 +90,11 @@ async fn broadcast(server: &Server, stream: &str, data: Value) {
     let body = json!({ "stream": stream, "data": data.to_string() }).to_string();
     let resp = reqwest::Client::new()
         .post(server.url("/_broadcast"))
+        .timeout(TIMEOUT)
         .body(body)
         .send()
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("POST /_broadcast to port {}: {e}", server.port));
     assert_eq!(resp.status(), 201);
 }
 
@@ -84,10 +111,9 @@ async fn redis(broker: &BrokerServer) -> redis::aio::MultiplexedConnection {
 }
 
 async fn keys(c: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
-    redis::cmd("KEYS")
-        .arg(pattern)
-        .query_async(c)
+    tokio::time::timeout(TIMEOUT, redis::cmd("KEYS").arg(pattern).query_async(c))
         .await
+        .expect("KEYS timed out")
         .unwrap()
 }
 
@@ -184,10 +210,8 @@ async fn a_publication_on_one_node_is_recovered_on_another_with_the_same_offsets
     wait_keys(&mut r, &format!("{PREFIX}:hist:*:m"), 1).await;
 
     // Node A publishes: B's client gets it live, with its position.
-    broadcast(a, "room", json!({ "n": 1 })).await;
-    let (m, o, epoch) = pub_of(&frame(&mut ws).await);
-    assert_eq!((m, o), (json!({ "n": 1 }), 1));
-    assert!(!epoch.is_empty());
+    let (epoch, base) = probe(a, &mut ws, "room").await;
+    assert!(!epoch.is_empty() && base >= 1);
     drop(ws);
 
     // While it is away, A and C publish: consecutive offsets.
@@ -196,13 +220,13 @@ async fn a_publication_on_one_node_is_recovered_on_another_with_the_same_offsets
 
     // Whichever node it reconnects to, it gets exactly what it missed.
     for node in [b, c, a] {
-        let got = history_from(node, "room", &epoch, 1).await;
+        let got = history_from(node, "room", &epoch, base).await;
         let msgs: Vec<(Value, u64, String)> = got[..got.len() - 1].iter().map(pub_of).collect();
         assert_eq!(
             msgs,
             vec![
-                (json!({ "n": 2 }), 2, epoch.clone()),
-                (json!({ "n": 3 }), 3, epoch.clone())
+                (json!({ "n": 2 }), base + 1, epoch.clone()),
+                (json!({ "n": 3 }), base + 2, epoch.clone())
             ],
             "on port {}",
             node.port
@@ -211,15 +235,21 @@ async fn a_publication_on_one_node_is_recovered_on_another_with_the_same_offsets
     }
 
     // Up to date: nothing, confirmed. A forged epoch, an offset ahead: rejected.
-    let got = history_from(c, "room", &epoch, 3).await;
+    let got = history_from(c, "room", &epoch, base + 2).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0]["type"], "confirm_history");
     assert_eq!(
-        history_from(a, "room", "forged", 1).await.last().unwrap()["type"],
+        history_from(a, "room", "forged", base)
+            .await
+            .last()
+            .unwrap()["type"],
         "reject_history"
     );
     assert_eq!(
-        history_from(b, "room", &epoch, 9).await.last().unwrap()["type"],
+        history_from(b, "room", &epoch, base + 3)
+            .await
+            .last()
+            .unwrap()["type"],
         "reject_history"
     );
 
@@ -227,13 +257,11 @@ async fn a_publication_on_one_node_is_recovered_on_another_with_the_same_offsets
     // and the next subscriber makes the stream reliable in a new epoch.
     let _: () = redis::cmd("FLUSHALL").query_async(&mut r).await.unwrap();
     assert_eq!(
-        history_from(a, "room", &epoch, 1).await.last().unwrap()["type"],
+        history_from(a, "room", &epoch, base).await.last().unwrap()["type"],
         "reject_history"
     );
     let mut ws = follower(c, &mut r, "room").await;
-    broadcast(b, "room", json!({ "n": 4 })).await;
-    let (m, o, e2) = pub_of(&frame(&mut ws).await);
-    assert_eq!((m, o), (json!({ "n": 4 }), 1));
+    let (e2, _) = probe(b, &mut ws, "room").await;
     assert_ne!(e2, epoch);
 }
 
@@ -258,25 +286,24 @@ async fn history_is_bounded_by_history_limit_on_the_server() {
     .await;
     assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
     wait_keys(&mut r, &format!("{PREFIX}:hist:*:m"), 1).await;
-    let mut epoch = String::new();
+    let (epoch, base) = probe(&ns[1], &mut ws, &stream).await;
     for n in 1..=5 {
         broadcast(&ns[1], &stream, json!({ "n": n })).await;
-        let (_, o, e) = pub_of(&frame(&mut ws).await);
-        assert_eq!(o, n);
-        epoch = e;
+        let (m, o, e) = pub_of(&frame(&mut ws).await);
+        assert_eq!((m, o, &e), (json!({ "n": n }), base + n, &epoch));
     }
-    // The server keeps 3 entries: after 2 is exact, after 1 is evicted.
+    // The server keeps 3 entries: after n = 2 is exact, after 1 evicted.
     let len: usize = redis::cmd("XLEN")
         .arg(&keys(&mut r, &format!("{PREFIX}:hist:*:s")).await[0])
         .query_async(&mut r)
         .await
         .unwrap();
     assert_eq!(len, 3);
-    let got = history_from(&ns[1], &stream, &epoch, 2).await;
+    let got = history_from(&ns[1], &stream, &epoch, base + 2).await;
     let offsets: Vec<u64> = got[..got.len() - 1].iter().map(|f| pub_of(f).1).collect();
-    assert_eq!(offsets, vec![3, 4, 5]);
+    assert_eq!(offsets, vec![base + 3, base + 4, base + 5]);
     assert_eq!(
-        history_from(&ns[0], &stream, &epoch, 1)
+        history_from(&ns[0], &stream, &epoch, base + 1)
             .await
             .last()
             .unwrap()["type"],
@@ -362,9 +389,7 @@ async fn a_session_of_a_killed_node_is_restored_on_another_without_connect() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    broadcast(&ns[1], "all7", json!({ "n": 1 })).await;
-    let (m, o, epoch) = pub_of(&frame(&mut ws).await);
-    assert_eq!((m, o), (json!({ "n": 1 }), 1));
+    let (epoch, base) = probe(&ns[1], &mut ws, "all7").await;
 
     // Node A dies without closing anything; C publishes meanwhile.
     ns[0].child.kill().unwrap();
@@ -382,15 +407,16 @@ async fn a_session_of_a_killed_node_is_restored_on_another_without_connect() {
     send(
         &mut back,
         json!({ "command": "history", "identifier": id,
-                "history": { "streams": { "all7": { "epoch": epoch, "offset": 1 } } } }),
+                "history": { "streams": { "all7": { "epoch": epoch, "offset": base } } } }),
     )
     .await;
     let (m, o, e) = pub_of(&frame(&mut back).await);
-    assert_eq!((m, o, e), (json!({ "n": 2 }), 2, epoch.clone()));
+    assert_eq!((m, o, e), (json!({ "n": 2 }), base + 1, epoch.clone()));
     assert_eq!(frame(&mut back).await["type"], "confirm_history");
     // Live again, through node B.
-    broadcast(&ns[2], "all7", json!({ "n": 3 })).await;
-    assert_eq!(pub_of(&frame(&mut back).await).1, 3);
+    let (e, o) = probe(&ns[2], &mut back, "all7").await;
+    assert_eq!(e, epoch);
+    assert!(o > base + 1);
     assert_eq!(ns[1].metric("herald_rpc_calls_total").await, calls);
     assert_eq!(
         ns[1].metric("herald_cable_sessions_restored_total").await,
@@ -451,4 +477,112 @@ async fn without_the_server_history_is_rejected_and_publications_go_on() {
     let (m, o, e) = pub_of(&f);
     assert_eq!((m, o), (json!({ "n": 3 }), 1));
     assert_ne!(e, epoch);
+}
+
+fn anycable_message(stream: &str, data: Value) -> String {
+    json!({ "stream": stream, "data": data.to_string() }).to_string()
+}
+
+/// AnyCable's `redisx` broadcasts (one node reads each entry) are appended
+/// to the shared history like `/_broadcast` ones: positions, and recovery
+/// on another node.
+#[tokio::test]
+async fn redisx_broadcasts_get_positions_and_are_recovered_elsewhere() {
+    let broker = BrokerServer::start(Kind::Redis);
+    let mut r = redis(&broker).await;
+    let ns = nodes(
+        &broker,
+        2,
+        "[rpc]\npublic_streams = true\nbroadcast_adapter = \"redisx\"\n",
+    )
+    .await;
+    let mut ws = follower(&ns[0], &mut r, "rx").await;
+    // The consumer group starts at the stream's end once a node reads:
+    // add probes until one arrives.
+    let deadline = Instant::now() + TIMEOUT;
+    let mut k = 0u64;
+    let (epoch, first) = loop {
+        assert!(Instant::now() < deadline, "the stream was never read");
+        k += 1;
+        let _: String = redis::cmd("XADD")
+            .arg("__anycable__")
+            .arg("*")
+            .arg("payload")
+            .arg(anycable_message("rx", json!({ "probe": k })))
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(200), frame(&mut ws)).await;
+        if let Ok(f) = got {
+            let (_, o, e) = pub_of(&f);
+            break (e, o);
+        }
+    };
+    for n in 1..=3 {
+        let _: String = redis::cmd("XADD")
+            .arg("__anycable__")
+            .arg("*")
+            .arg("payload")
+            .arg(anycable_message("rx", json!({ "n": n })))
+            .query_async(&mut r)
+            .await
+            .unwrap();
+    }
+    // Each entry is read by one of the two nodes, so entries read at once
+    // may be appended in either order; live offsets are consecutive, and
+    // the history is what the client saw live, in offset order.
+    let mut live = Vec::new();
+    let mut last = first;
+    while !(1..=3).all(|n| live.contains(&json!({ "n": n }))) {
+        let (m, o, e) = pub_of(&frame(&mut ws).await);
+        assert_eq!((o, &e), (last + 1, &epoch), "consecutive offsets: {m}");
+        last = o;
+        live.push(m);
+    }
+    let got = history_from(&ns[1], "rx", &epoch, first).await;
+    assert_eq!(got.last().unwrap()["type"], "confirm_history");
+    let msgs: Vec<Value> = got[..got.len() - 1].iter().map(|f| pub_of(f).0).collect();
+    assert_eq!(msgs, live);
+}
+
+/// AnyCable's `redis` (pub/sub) broadcasts reach every node, so they go out
+/// without positions (each node would append each one): said at start.
+#[tokio::test]
+async fn pubsub_broadcasts_go_out_without_positions_and_the_node_says_so() {
+    let broker = BrokerServer::start(Kind::Redis);
+    let mut r = redis(&broker).await;
+    let ns = nodes(
+        &broker,
+        2,
+        "[rpc]\npublic_streams = true\nbroadcast_adapter = \"redis\"\n",
+    )
+    .await;
+    assert!(
+        ns[0].log().contains("without stream positions"),
+        "{}",
+        ns[0].log()
+    );
+    let mut ws = follower(&ns[1], &mut r, "ps").await;
+    let deadline = Instant::now() + TIMEOUT;
+    let f = loop {
+        assert!(Instant::now() < deadline, "the channel was never read");
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("__anycable__")
+            .arg(anycable_message("ps", json!({ "n": 1 })))
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        if let Ok(f) = tokio::time::timeout(Duration::from_millis(200), frame(&mut ws)).await {
+            break f;
+        }
+    };
+    assert_eq!(f["message"], json!({ "n": 1 }));
+    assert!(f.get("offset").is_none(), "{f}");
+    // Exactly once on this node: no second copy from the other node.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), frame(&mut ws))
+            .await
+            .is_err(),
+        "a second copy arrived"
+    );
 }
