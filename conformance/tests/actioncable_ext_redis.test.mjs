@@ -114,7 +114,8 @@ describe('actioncable-v1-ext-json with @anycable/web on a redis cluster', () => 
       const channel = cable.subscribeTo('ChatChannel', { room: 'k' });
       await channel.ensureSubscribed();
       const got = [];
-      channel.on('message', (m) => got.push(m.n));
+      let probes = 0;
+      channel.on('message', (m) => ('probe' in m ? probes++ : got.push(m.n)));
       // The stream is reliable for the cluster, and the session (with its
       // subscription) is on the server, before node 0 dies.
       await until(() => redis.cli('KEYS', `${PREFIX}:hist:*:m`).trim() !== '', 'the stream marked reliable');
@@ -128,6 +129,15 @@ describe('actioncable-v1-ext-json with @anycable/web on a redis cluster', () => 
             .some((k) => redis.cli('GET', k).includes('ChatChannel')),
         'the session snapshot on the server',
       );
+
+      // Node 0 subscribes to the stream's broker channel just after the
+      // confirmation; a publication of another node before that reaches
+      // no one there (pub/sub keeps nothing): probe until one arrives.
+      for (let k = 0; probes === 0; k++) {
+        if (k > 100) throw new Error('no probe arrived');
+        await broadcast(nodes[1], 'room:k', { probe: k });
+        await new Promise((r) => setTimeout(r, 50));
+      }
 
       const N = 60;
       for (let n = 1; n <= N; n++) {
