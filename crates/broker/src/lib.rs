@@ -17,8 +17,8 @@
 //! msg         the messages on the wire
 //! tally       cluster-wide first/last holders (occupied, member added)
 //! redis, nats the transports
-//! redis_streams  history and sessions on the Redis server (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
+//! redis_streams  history and sessions on the Redis server (issue 19)
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //! ```
 

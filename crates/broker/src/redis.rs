@@ -29,7 +29,7 @@ pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> 
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, client));
     });
-    Ok(Engine::new("redis", prefix, ttl, "*", start).with_streams(Box::new(streams)))
+    Ok(Engine::new("redis", prefix, ttl, "*", start).with_streams(Arc::new(streams)))
 }
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Client) {

@@ -287,9 +287,8 @@ pub type Starter = Box<dyn FnOnce(Arc<Shared>, mpsc::Receiver<Out>) + Send>;
 pub struct Engine {
     shared: Arc<Shared>,
     start: Mutex<Option<(Starter, mpsc::Receiver<Out>)>>,
-    /// Where the transport keeps history and sessions on its server
-    /// (issue 19); none: in this process (see `queries`).
-    streams: Option<Box<dyn herald_core::broker::Streams>>,
+    /// Where the transport keeps history and sessions (None: per node).
+    streams: Option<Arc<dyn herald_core::broker::Streams>>,
 }
 
 impl Engine {
@@ -326,8 +325,9 @@ impl Engine {
         }
     }
 
-    /// Keep history and sessions in `streams` (the transport's server).
-    pub fn with_streams(mut self, streams: Box<dyn herald_core::broker::Streams>) -> Engine {
+    /// Keep history and sessions in `streams` (the transport's server)
+    /// instead of in each node.
+    pub fn with_streams(mut self, streams: Arc<dyn herald_core::broker::Streams>) -> Engine {
         self.streams = Some(streams);
         self
     }
