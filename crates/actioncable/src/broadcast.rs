@@ -13,6 +13,7 @@
 
 use crate::config::RpcConfig;
 use crate::metrics as m;
+use crate::reliable::Reliable;
 use crate::session::MAX_STREAM_NAME;
 use crate::wire::message_value;
 use crate::{Cable, NAMESPACE};
@@ -199,11 +200,21 @@ pub fn check_adapter(rpc: &RpcConfig, broker: &BrokerConfig) -> Result<(), Strin
 /// subscriber in the cluster gets it exactly once. (One node taking each
 /// message and publishing it through the broker would need the server to
 /// hand each message to one subscriber, which Redis pub/sub cannot.)
+/// Such messages carry no stream position: every node would append each
+/// one to the shared history, N times in an N-node cluster (the adapter
+/// warns at start; `http` and `redisx` broadcasts are reliable).
 /// From a Redis stream read in a consumer group (not `local`): each entry
-/// reaches one node, which publishes it to the whole cluster
-/// ([`Node::publish`]). A message that is not a broadcast is counted in
+/// reaches one node, which appends it to the history where the stream is
+/// reliable and publishes it to the whole cluster ([`Reliable::publish`]).
+/// A message that is not a broadcast is counted in
 /// `herald_broadcast_errors_total` and logged.
-pub async fn ingest(node: Arc<Node>, hub: Arc<Hub>, mut rx: mpsc::Receiver<Bytes>, local: bool) {
+pub async fn ingest(
+    node: Arc<Node>,
+    hub: Arc<Hub>,
+    reliable: Arc<Reliable>,
+    mut rx: mpsc::Receiver<Bytes>,
+    local: bool,
+) {
     while let Some(bytes) = rx.recv().await {
         match parse(&bytes) {
             Ok(messages) => {
@@ -211,7 +222,10 @@ pub async fn ingest(node: Arc<Node>, hub: Arc<Hub>, mut rx: mpsc::Receiver<Bytes
                     if local {
                         node.publish_here(&hub, publication(msg)).await;
                     } else {
-                        node.publish(&hub, publication(msg)).await;
+                        let stream = msg.stream.clone();
+                        reliable
+                            .publish(&node, &hub, &stream, publication(msg), false)
+                            .await;
                     }
                 }
             }

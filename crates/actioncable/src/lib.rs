@@ -205,13 +205,33 @@ impl Adapter for ActionCable {
         let Some(hub) = hub_of(node, &rpc) else {
             return Ok(());
         };
+        // The routes' `Cable` is not reachable from here: the ingest gets
+        // its own handle on the broker's history. For a cluster engine that
+        // keeps it on its server that is the same history; one kept in
+        // process starts empty here, so nothing retained, no positions.
+        let reliable = Arc::new(reliable::Reliable::new(&rpc, &*node.broker));
         if let Some(channel) = broadcast::ingress_channel(&rpc) {
+            if rpc.history_limit > 0 && rpc.history_ttl > 0 {
+                tracing::warn!(
+                    adapter = %rpc.broadcast_adapter,
+                    "broadcasts from the broker's pub/sub channel reach every node, so they go \
+                     out without stream positions and are not kept in the history: for reliable \
+                     streams in a cluster, broadcast with the http or redisx adapter \
+                     (docs/cluster.md, History on redis)"
+                );
+            }
             let rx = cx.ingress.subscribe(channel)?;
-            tokio::spawn(broadcast::ingest(node.clone(), hub.clone(), rx, true));
+            tokio::spawn(broadcast::ingest(
+                node.clone(),
+                hub.clone(),
+                reliable.clone(),
+                rx,
+                true,
+            ));
         }
         if let Some(stream) = broadcast::ingress_stream(&rpc) {
             let rx = cx.ingress.consume_stream(stream, broadcast::STREAM_GROUP)?;
-            tokio::spawn(broadcast::ingest(node.clone(), hub, rx, false));
+            tokio::spawn(broadcast::ingest(node.clone(), hub, reliable, rx, false));
         }
         Ok(())
     }

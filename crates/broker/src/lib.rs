@@ -19,6 +19,7 @@
 //! redis, nats the transports
 //! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
+//! redis_streams  history and sessions on the Redis server (issue 19)
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //! ```
 
@@ -28,6 +29,7 @@ pub mod jetstream;
 pub mod msg;
 pub mod nats;
 pub mod redis;
+pub mod redis_streams;
 pub mod subject;
 pub mod tally;
 /// Test helpers: only with the `testing` feature (dev-dependencies) or in

@@ -4,6 +4,8 @@
 //! round trip, in order. A broken connection ends the session; the next
 //! one starts after a backoff (100 ms doubling to 5 s), subscribes to
 //! everything wanted again and announces the node (see [`crate::engine`]).
+//! Stream history and sessions live on the same server, over a connection
+//! of their own: [`crate::redis_streams`].
 
 use crate::engine::{Engine, Out, Shared};
 use futures_util::StreamExt;
@@ -23,10 +25,11 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
     let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+    let streams = crate::redis_streams::RedisStreams::new(client.clone(), prefix);
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, client));
     });
-    Ok(Engine::new("redis", prefix, ttl, "*", start))
+    Ok(Engine::new("redis", prefix, ttl, "*", start).with_streams(Arc::new(streams)))
 }
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Client) {

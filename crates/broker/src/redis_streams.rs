@@ -1,0 +1,684 @@
+//! History and resumable sessions on the Redis server (issue 19), so that
+//! every node answers a history request from the same log and restores a
+//! session another node kept (even one SIGKILLed).
+//!
+//! Per reliable stream, two keys (the stream name hashed, so any name up
+//! to 1 KiB makes a short key and nothing in it is ever interpreted):
+//!
+//! - `<prefix>:hist:{<h>}:m`, a hash: `e` the epoch, `o` the last offset.
+//!   It is also the stream's "reliable" marker: a node whose client on
+//!   the extended protocol follows the stream creates it ([`History::retain`]),
+//!   and an append on any node writes only while it exists. Its absence
+//!   (expired, evicted, FLUSHALL) is exactly "the history may have been
+//!   lost": the next retain starts a new epoch.
+//! - `<prefix>:hist:{<h>}:s`, a Redis Stream of the publications, entry id
+//!   `<offset>-0`, fields `d` (the message) and `t` (Redis's clock, ms),
+//!   bounded by `XADD MAXLEN history_limit`; a read is one `XRANGE`.
+//!
+//! Both keys expire `history_ttl` after the last append or retain; entries
+//! older than `history_ttl` are never returned. Appends and reads are Lua
+//! scripts, so the counter, the entry and the expiries change in one step
+//! whichever node appends (offsets consecutive), and a read sees the
+//! marker and the entries at one instant.
+//!
+//! Sessions: `<prefix>:sess:<h>` = the snapshot, `SET ... PX sessions_ttl`,
+//! taken with `GETDEL` (Redis 6.2+), so a snapshot restores once, anywhere.
+//!
+//! The commands use their own multiplexed connection (not the pub/sub
+//! one), connected on first use and again after a failure (at most once
+//! per [`RETRY`]). Every call is bounded by [`CALL_TIMEOUT`]; when the
+//! server cannot answer, appends give no position (the publication goes
+//! out without one), reads give [`Miss::Unavailable`], stores are dropped,
+//! and one warning per [`LOG_EVERY`] says how many calls failed.
+
+use herald_core::broker::{BoxFuture, Streams};
+use herald_core::history::{Backlog, Entry, History, Limits, Miss, Position};
+use herald_core::sessions::SessionStore;
+use parking_lot::Mutex;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Value};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Longest wait for one call (append, read, restore) before it counts as
+/// unavailable. An append holds its stream's publications while it waits.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Longest wait for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// After a failed connection, calls fail at once for this long (rather
+/// than each waiting for a connection that will not come).
+pub const RETRY: Duration = Duration::from_secs(1);
+
+/// A failing server is logged once per this interval, with the count.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A retain of a stream is sent at most once per this interval per node:
+/// a reconnect storm of many clients following one stream costs one call.
+const RETAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// Session snapshots waiting to be written before more are dropped.
+const SESSION_QUEUE: usize = 4096;
+
+/// Most snapshots written in one pipeline.
+const SESSION_BATCH: usize = 256;
+
+/// `KEYS[1]` the marker, `KEYS[2]` the stream; `ARGV[1]` a fresh epoch,
+/// `ARGV[2]` the ttl (ms). Creates the marker (and drops any stream left
+/// from a lost epoch) or refreshes both keys' expiry.
+const RETAIN: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return 0
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'e', ARGV[1], 'o', 0)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+/// `ARGV[1]` the message, `ARGV[2]` history_limit, `ARGV[3]` the ttl (ms).
+/// Nothing unless the stream is reliable; else `{epoch, offset}`.
+const APPEND: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local o = redis.call('HINCRBY', KEYS[1], 'o', 1)
+local e = redis.call('HGET', KEYS[1], 'e')
+local t = redis.call('TIME')
+local ms = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[2], o .. '-0', 'd', ARGV[1], 't', ms)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return {e, o}
+";
+
+/// `ARGV[1]` the first id to read (`-` or an offset), `ARGV[2]` the most
+/// entries. Nothing for an unknown stream; else `{epoch, last offset, now
+/// (ms), offset, t, data, offset, t, data, ...}`.
+const READ: &str = r"
+local m = redis.call('HMGET', KEYS[1], 'e', 'o')
+if not m[1] then return false end
+local t = redis.call('TIME')
+local r = {m[1], tonumber(m[2]) or 0, t[1] * 1000 + math.floor(t[2] / 1000)}
+for _, x in ipairs(redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])) do
+  local f = {}
+  for i = 1, #x[2], 2 do f[x[2][i]] = x[2][i + 1] end
+  r[#r + 1] = tonumber(string.match(x[1], '^(%d+)'))
+  r[#r + 1] = tonumber(f['t']) or 0
+  r[#r + 1] = f['d'] or ''
+end
+return r
+";
+
+/// A short, fixed-length key part for any name: the first 128 bits of its
+/// SHA-256, in hex.
+fn hashed(name: &str) -> String {
+    let d = Sha256::digest(name.as_bytes());
+    d[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Counts failed calls and logs them once per [`LOG_EVERY`].
+struct Outage {
+    failed: AtomicU64,
+    logged: Mutex<Option<Instant>>,
+}
+
+impl Outage {
+    fn fail(&self, what: &str, error: &str) {
+        let n = self.failed.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut logged = self.logged.lock();
+        if logged.is_some_and(|at| at.elapsed() < LOG_EVERY) {
+            return;
+        }
+        *logged = Some(Instant::now());
+        self.failed.store(0, Ordering::Relaxed);
+        drop(logged);
+        tracing::warn!(
+            engine = "redis",
+            failed = n,
+            last = what,
+            error = %error,
+            "history/sessions: the Redis server did not answer; publications go out without \
+             positions and history requests are rejected until it does"
+        );
+    }
+}
+
+/// The loaded scripts' SHA1s (`SCRIPT LOAD` on each new connection).
+#[derive(Clone)]
+struct Scripts {
+    retain: String,
+    append: String,
+    read: String,
+}
+
+/// The command connection: made on first use, dropped on any error, made
+/// again (with the scripts loaded) at most once per [`RETRY`].
+struct Link {
+    client: redis::Client,
+    conn: tokio::sync::Mutex<Option<(MultiplexedConnection, Scripts)>>,
+    tried: Mutex<Option<Instant>>,
+    outage: Outage,
+}
+
+impl Link {
+    fn new(client: redis::Client) -> Link {
+        Link {
+            client,
+            conn: tokio::sync::Mutex::new(None),
+            tried: Mutex::new(None),
+            outage: Outage {
+                failed: AtomicU64::new(0),
+                logged: Mutex::new(None),
+            },
+        }
+    }
+
+    async fn get(&self) -> Result<(MultiplexedConnection, Scripts), String> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = &*slot {
+            return Ok(c.clone());
+        }
+        {
+            let mut tried = self.tried.lock();
+            if tried.is_some_and(|at| at.elapsed() < RETRY) {
+                return Err("not connected (retrying)".into());
+            }
+            *tried = Some(Instant::now());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(CALL_TIMEOUT));
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let load = |body: &'static str| {
+            let mut c = conn.clone();
+            async move {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(body)
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let scripts = Scripts {
+            retain: load(RETAIN).await?,
+            append: load(APPEND).await?,
+            read: load(READ).await?,
+        };
+        *slot = Some((conn.clone(), scripts.clone()));
+        Ok((conn, scripts))
+    }
+
+    /// Forget the connection (the next call connects anew).
+    async fn broken(&self) {
+        *self.conn.lock().await = None;
+    }
+
+    /// Run `cmd` (built with the scripts' SHA1s) within [`CALL_TIMEOUT`];
+    /// on failure, count and maybe log it under `what`.
+    async fn call(&self, what: &str, cmd: impl FnOnce(&Scripts) -> redis::Cmd) -> Option<Value> {
+        let run = async {
+            let (mut conn, scripts) = self.get().await?;
+            cmd(&scripts)
+                .query_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let r = match tokio::time::timeout(CALL_TIMEOUT, run).await {
+            Ok(r) => r,
+            Err(_) => Err("timed out".into()),
+        };
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                // NOSCRIPT (a restarted server), a closed socket, a timeout:
+                // a fresh connection reloads the scripts.
+                self.broken().await;
+                self.outage.fail(what, &e);
+                None
+            }
+        }
+    }
+}
+
+/// What the Redis engine hands Action Cable: history and sessions on the
+/// server, sharing one command connection.
+pub struct RedisStreams {
+    link: Arc<Link>,
+    prefix: String,
+}
+
+impl RedisStreams {
+    pub fn new(client: redis::Client, prefix: &str) -> RedisStreams {
+        RedisStreams {
+            link: Arc::new(Link::new(client)),
+            prefix: prefix.to_owned(),
+        }
+    }
+}
+
+impl Streams for RedisStreams {
+    fn history(&self, limits: Limits) -> Arc<dyn History> {
+        Arc::new(RedisHistory {
+            link: self.link.clone(),
+            prefix: self.prefix.clone(),
+            limits,
+            retained: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn sessions(&self, ttl: Duration, _max: usize) -> Arc<dyn SessionStore> {
+        Arc::new(RedisSessions {
+            link: self.link.clone(),
+            prefix: self.prefix.clone(),
+            ttl,
+            writer: std::sync::OnceLock::new(),
+        })
+    }
+}
+
+/// History in Redis Streams (see the module's doc).
+pub struct RedisHistory {
+    link: Arc<Link>,
+    prefix: String,
+    limits: Limits,
+    /// Streams retained lately by this node, and when ([`RETAIN_EVERY`]).
+    retained: Mutex<HashMap<Box<str>, Instant>>,
+}
+
+impl RedisHistory {
+    fn keys(&self, stream: &str) -> (String, String) {
+        let h = hashed(stream);
+        (
+            format!("{}:hist:{{{h}}}:m", self.prefix),
+            format!("{}:hist:{{{h}}}:s", self.prefix),
+        )
+    }
+
+    /// Read from `start` (`-` or an offset): the epoch, last offset and
+    /// the entries not older than `history_ttl` (a future owning what it
+    /// needs).
+    fn read(
+        &self,
+        stream: &str,
+        start: String,
+    ) -> impl std::future::Future<Output = Result<(Arc<str>, u64, Vec<Entry>), Miss>> + Send + 'static
+    {
+        let (m, s) = self.keys(stream);
+        let count = self.limits.per_stream.max(1);
+        let ttl = self.limits.ttl_ms;
+        let link = self.link.clone();
+        async move {
+            let v = link
+                .call("read", |sc| {
+                    let mut c = redis::cmd("EVALSHA");
+                    c.arg(&sc.read).arg(2).arg(m).arg(s).arg(start).arg(count);
+                    c
+                })
+                .await
+                .ok_or(Miss::Unavailable)?;
+            parse_read(v, ttl, count)
+        }
+    }
+}
+
+/// The read script's answer: (epoch, last offset, entries kept by age).
+fn parse_read(v: Value, ttl_ms: u64, most: usize) -> Result<(Arc<str>, u64, Vec<Entry>), Miss> {
+    let Value::Array(items) = v else {
+        return Err(Miss::UnknownStream);
+    };
+    let mut it = items.into_iter();
+    let epoch = match it.next() {
+        Some(Value::BulkString(b)) => Arc::<str>::from(String::from_utf8_lossy(&b).as_ref()),
+        _ => return Err(Miss::Unavailable),
+    };
+    let int = |v: Option<Value>| match v {
+        Some(Value::Int(n)) => Some(n.max(0) as u64),
+        _ => None,
+    };
+    let last = int(it.next()).ok_or(Miss::Unavailable)?;
+    let now = int(it.next()).ok_or(Miss::Unavailable)?;
+    let cutoff = now.saturating_sub(ttl_ms);
+    let mut entries = Vec::new();
+    while let (Some(o), Some(t), Some(d)) = (it.next(), it.next(), it.next()) {
+        let (Some(offset), Some(at_ms)) = (int(Some(o)), int(Some(t))) else {
+            return Err(Miss::Unavailable);
+        };
+        let Value::BulkString(d) = d else {
+            return Err(Miss::Unavailable);
+        };
+        if at_ms >= cutoff && entries.len() < most {
+            entries.push(Entry {
+                offset,
+                at_ms,
+                data: Arc::from(String::from_utf8_lossy(&d).as_ref()),
+            });
+        }
+    }
+    Ok((epoch, last, entries))
+}
+
+/// Whether `entries` (read from `offset + 1` on, `last` being the stream's
+/// last offset) answer "after `offset` in `epoch`" exactly, as the
+/// in-process engine decides.
+fn exact_after(
+    want_epoch: &str,
+    offset: u64,
+    (epoch, last, entries): (Arc<str>, u64, Vec<Entry>),
+) -> Result<Backlog, Miss> {
+    if &*epoch != want_epoch {
+        return Err(Miss::UnknownEpoch);
+    }
+    if offset > last {
+        return Err(Miss::Ahead);
+    }
+    let complete = entries.len() as u64 == last - offset
+        && entries.first().is_none_or(|e| e.offset == offset + 1);
+    if !complete {
+        return Err(Miss::Evicted);
+    }
+    Ok(Backlog { epoch, entries })
+}
+
+impl History for RedisHistory {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    /// Create or refresh the stream's marker, in the background (a
+    /// publication racing it on another node may go out without a
+    /// position, as one just before the subscription would).
+    fn retain(&self, stream: &str) {
+        if !self.limits.enabled() {
+            return;
+        }
+        {
+            let mut r = self.retained.lock();
+            if r.get(stream).is_some_and(|at| at.elapsed() < RETAIN_EVERY) {
+                return;
+            }
+            r.insert(stream.into(), Instant::now());
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (m, s) = self.keys(stream);
+        let link = self.link.clone();
+        let ttl = self.limits.ttl_ms;
+        let epoch = format!("{:016x}", rand::random::<u64>());
+        rt.spawn(async move {
+            link.call("retain", |sc| {
+                let mut c = redis::cmd("EVALSHA");
+                c.arg(&sc.retain).arg(2).arg(m).arg(s).arg(epoch).arg(ttl);
+                c
+            })
+            .await;
+        });
+    }
+
+    /// Whether any node may keep a history of some stream is not known
+    /// here without asking: every Action Cable publication is offered to
+    /// the server, which appends only to marked streams.
+    fn any_reliable(&self) -> bool {
+        self.limits.enabled()
+    }
+
+    fn append(&self, stream: &str, data: &str) -> BoxFuture<Option<Position>> {
+        let (m, s) = self.keys(stream);
+        let link = self.link.clone();
+        let data = data.to_owned();
+        let limit = self.limits.per_stream;
+        let ttl = self.limits.ttl_ms;
+        Box::pin(async move {
+            let v = link
+                .call("append", |sc| {
+                    let mut c = redis::cmd("EVALSHA");
+                    c.arg(&sc.append)
+                        .arg(2)
+                        .arg(m)
+                        .arg(s)
+                        .arg(data)
+                        .arg(limit)
+                        .arg(ttl);
+                    c
+                })
+                .await?;
+            match v {
+                Value::Array(a) => match a.as_slice() {
+                    [Value::BulkString(e), Value::Int(o)] => Some(Position {
+                        epoch: Arc::from(String::from_utf8_lossy(e).as_ref()),
+                        offset: (*o).max(0) as u64,
+                    }),
+                    _ => None,
+                },
+                _ => None,
+            }
+        })
+    }
+
+    fn after(&self, stream: &str, epoch: &str, offset: u64) -> BoxFuture<Result<Backlog, Miss>> {
+        let epoch = epoch.to_owned();
+        let read = self.read(stream, offset.saturating_add(1).to_string());
+        Box::pin(async move { exact_after(&epoch, offset, read.await?) })
+    }
+
+    fn since(&self, stream: &str, unix_secs: u64) -> BoxFuture<Result<Backlog, Miss>> {
+        let read = self.read(stream, "-".into());
+        Box::pin(async move {
+            let (epoch, _, entries) = read.await?;
+            let from = unix_secs.saturating_mul(1000);
+            Ok(Backlog {
+                epoch,
+                entries: entries.into_iter().filter(|e| e.at_ms >= from).collect(),
+            })
+        })
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn sweep(&self) {
+        self.retained
+            .lock()
+            .retain(|_, at| at.elapsed() < RETAIN_EVERY);
+    }
+}
+
+/// Session snapshots on the Redis server (see the module's doc).
+pub struct RedisSessions {
+    link: Arc<Link>,
+    prefix: String,
+    ttl: Duration,
+    /// The writer's queue: snapshots go out in the order they were kept
+    /// (a later one of a sid never overwritten by an earlier one).
+    writer: std::sync::OnceLock<mpsc::Sender<(String, String)>>,
+}
+
+impl RedisSessions {
+    fn key(&self, sid: &str) -> String {
+        format!("{}:sess:{}", self.prefix, hashed(sid))
+    }
+
+    fn writer(&self) -> Option<&mpsc::Sender<(String, String)>> {
+        if let Some(w) = self.writer.get() {
+            return Some(w);
+        }
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        Some(self.writer.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(SESSION_QUEUE);
+            rt.spawn(write_sessions(self.link.clone(), self.ttl, rx));
+            tx
+        }))
+    }
+}
+
+/// Write queued snapshots, pipelined, in order, until the store is gone.
+async fn write_sessions(link: Arc<Link>, ttl: Duration, mut rx: mpsc::Receiver<(String, String)>) {
+    let ttl_ms = ttl.as_millis().max(1) as u64;
+    let mut batch = Vec::with_capacity(SESSION_BATCH);
+    while rx.recv_many(&mut batch, SESSION_BATCH).await > 0 {
+        let run = async {
+            let (mut conn, _) = link.get().await?;
+            let mut pipe = redis::pipe();
+            for (key, snap) in batch.drain(..) {
+                pipe.cmd("SET")
+                    .arg(key)
+                    .arg(snap)
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .ignore();
+            }
+            pipe.query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let r = match tokio::time::timeout(CALL_TIMEOUT, run).await {
+            Ok(r) => r,
+            Err(_) => Err("timed out".into()),
+        };
+        batch.clear();
+        if let Err(e) = r {
+            link.broken().await;
+            link.outage.fail("store session", &e);
+        }
+    }
+}
+
+impl SessionStore for RedisSessions {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn enabled(&self) -> bool {
+        !self.ttl.is_zero()
+    }
+
+    /// Queued for the writer; dropped (and counted as a failure) when the
+    /// queue is full, as while the server is away.
+    fn store(&self, sid: &str, snapshot: String) {
+        if !self.enabled() {
+            return;
+        }
+        let key = self.key(sid);
+        if let Some(w) = self.writer() {
+            if w.try_send((key, snapshot)).is_err() {
+                self.link.outage.fail("store session", "write queue full");
+            }
+        }
+    }
+
+    fn take(&self, sid: &str) -> BoxFuture<Option<String>> {
+        let key = self.key(sid);
+        let link = self.link.clone();
+        Box::pin(async move {
+            let v = link
+                .call("restore session", |_| {
+                    let mut c = redis::cmd("GETDEL");
+                    c.arg(key);
+                    c
+                })
+                .await?;
+            match v {
+                Value::BulkString(b) => String::from_utf8(b).ok(),
+                _ => None,
+            }
+        })
+    }
+
+    /// The server expires snapshots itself (`PX`).
+    fn sweep(&self) {}
+
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(offset: u64, at_ms: u64) -> Entry {
+        Entry {
+            offset,
+            at_ms,
+            data: Arc::from("x"),
+        }
+    }
+
+    #[test]
+    fn names_make_short_fixed_keys() {
+        let long = "}{:*\n\0".repeat(200);
+        assert_eq!(hashed(&long).len(), 32);
+        assert_ne!(hashed("a"), hashed("b"));
+        assert!(hashed(&long).bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn reads_are_exact_or_say_why_not() {
+        let ep: Arc<str> = Arc::from("e1");
+        let read = |last, entries: Vec<Entry>| (ep.clone(), last, entries);
+        // Everything after 1 up to 3: exact.
+        let b = exact_after("e1", 1, read(3, vec![e(2, 0), e(3, 0)])).unwrap();
+        assert_eq!(b.entries.len(), 2);
+        // Up to date: an empty answer.
+        assert!(exact_after("e1", 3, read(3, vec![]))
+            .unwrap()
+            .entries
+            .is_empty());
+        assert_eq!(
+            exact_after("e2", 1, read(3, vec![])).unwrap_err(),
+            Miss::UnknownEpoch
+        );
+        assert_eq!(
+            exact_after("e1", 4, read(3, vec![])).unwrap_err(),
+            Miss::Ahead
+        );
+        // Offset 2 trimmed (count or age): evicted.
+        assert_eq!(
+            exact_after("e1", 1, read(3, vec![e(3, 0)])).unwrap_err(),
+            Miss::Evicted
+        );
+        assert_eq!(
+            exact_after("e1", 1, read(3, vec![])).unwrap_err(),
+            Miss::Evicted
+        );
+    }
+
+    #[test]
+    fn the_read_answer_drops_old_entries_and_keeps_at_most_the_limit() {
+        let v = Value::Array(vec![
+            Value::BulkString(b"ep".to_vec()),
+            Value::Int(3),
+            Value::Int(10_000),
+            Value::Int(1),
+            Value::Int(1_000),
+            Value::BulkString(b"old".to_vec()),
+            Value::Int(2),
+            Value::Int(9_500),
+            Value::BulkString(b"two".to_vec()),
+            Value::Int(3),
+            Value::Int(9_600),
+            Value::BulkString(b"three".to_vec()),
+        ]);
+        let (epoch, last, entries) = parse_read(v.clone(), 5_000, 100).unwrap();
+        assert_eq!((&*epoch, last), ("ep", 3));
+        let got: Vec<u64> = entries.iter().map(|e| e.offset).collect();
+        assert_eq!(got, vec![2, 3]);
+        assert_eq!(parse_read(v, 5_000, 1).unwrap().2.len(), 1);
+        assert_eq!(
+            parse_read(Value::Nil, 1, 1).unwrap_err(),
+            Miss::UnknownStream
+        );
+    }
+}
