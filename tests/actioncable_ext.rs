@@ -218,3 +218,21 @@ async fn a_restored_client_that_asks_nothing_gets_its_live_messages() {
         assert_eq!(f["message"], json!({ "n": n }), "{f}");
     }
 }
+
+/// A stream followed but idle for longer than `history_ttl` stays
+/// reliable: its next message still carries a position (the engine would
+/// otherwise have forgotten the idle stream).
+#[tokio::test]
+async fn a_followed_stream_idle_past_the_ttl_stays_reliable() {
+    let server = Server::start_with("[rpc]\npublic_streams = true\nhistory_ttl = 1", "").await;
+    let (mut ws, _) = subscribed(&server, "idle").await;
+    // The idleness is the scenario: three sweeps of a 1 s history.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    broadcast(&server, "idle", json!({ "n": 1 })).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(f["message"], json!({ "n": 1 }), "{f}");
+    assert!(
+        f["offset"].is_u64() && f["epoch"].is_string(),
+        "no position: {f}"
+    );
+}

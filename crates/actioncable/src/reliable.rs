@@ -16,6 +16,7 @@ use herald_core::history::{History, Limits, MemoryHistory};
 use herald_core::hub::Hub;
 use herald_core::node::Node;
 use herald_core::sessions::SessionStore;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -36,6 +37,13 @@ pub struct Reliable {
     pub sessions: Arc<dyn SessionStore>,
     /// History requests per connection per second (and the burst).
     pub history_rate: u32,
+    /// Streams this node's extended-protocol connections follow, and how
+    /// many follow each: retained again every `retain_every` seconds, so a
+    /// stream followed for hours but published to rarely stays reliable
+    /// (an engine forgets a stream idle past `history_ttl`).
+    followed: Mutex<HashMap<Box<str>, usize>>,
+    /// Half the `history_ttl`, 1 to 10 s.
+    retain_every: u64,
 }
 
 impl Reliable {
@@ -61,6 +69,34 @@ impl Reliable {
                 config.sessions_max,
             ),
             history_rate: config.history_rate,
+            followed: Mutex::new(HashMap::new()),
+            retain_every: (config.history_ttl / 2).clamp(1, 10),
+        }
+    }
+
+    /// An extended-protocol connection follows `stream` (it is reliable
+    /// from now on).
+    pub fn follow(&self, stream: &str) {
+        *self.followed.lock().entry(stream.into()).or_default() += 1;
+        self.history.retain(stream);
+    }
+
+    /// One follower of `stream` left.
+    pub fn unfollow(&self, stream: &str) {
+        let mut followed = self.followed.lock();
+        if let Some(n) = followed.get_mut(stream) {
+            *n -= 1;
+            if *n == 0 {
+                followed.remove(stream);
+            }
+        }
+    }
+
+    /// Retain every followed stream again (see `followed`).
+    fn retain_followed(&self) {
+        let streams: Vec<Box<str>> = self.followed.lock().keys().cloned().collect();
+        for s in &streams {
+            self.history.retain(s);
         }
     }
 
@@ -75,9 +111,14 @@ impl Reliable {
         let me = Arc::downgrade(self);
         runtime.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut ticks: u64 = 0;
             loop {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
+                ticks += 1;
+                if ticks % me.retain_every == 0 {
+                    me.retain_followed();
+                }
                 me.history.sweep();
                 me.sessions.sweep();
             }

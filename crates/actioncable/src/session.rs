@@ -757,7 +757,7 @@ impl CableSession {
         let tag = Some(self.subs[at].identifier.clone());
         let channel = stream.clone();
         if self.ext {
-            self.cable.reliable.history.retain(&channel);
+            self.cable.reliable.follow(&channel);
             if self.hold {
                 self.conn.with_gate().hold(&channel);
             }
@@ -778,6 +778,7 @@ impl CableSession {
             Err(e) => {
                 if let Some(g) = self.conn.gate() {
                     g.forget(&channel);
+                    self.cable.reliable.unfollow(&channel);
                 }
                 tracing::warn!(sid = %self.conn.socket_id, error = %e, "stream refused")
             }
@@ -805,8 +806,10 @@ impl CableSession {
             &Some(identifier.clone()),
             false,
         );
+        // Only extended-protocol connections have a gate, and follow.
         if let Some(g) = self.conn.gate() {
             g.forget(&channel);
+            self.cable.reliable.unfollow(&channel);
         }
         self.streams = self.streams.saturating_sub(1);
     }
