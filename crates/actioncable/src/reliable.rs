@@ -116,7 +116,7 @@ impl Reliable {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
                 ticks += 1;
-                if ticks % me.retain_every == 0 {
+                if ticks.is_multiple_of(me.retain_every) {
                     me.retain_followed();
                 }
                 me.history.sweep();
