@@ -3,10 +3,12 @@
 //! connected and served; a forged or used `sid` gets a normal welcome; a
 //! closed session restores once, with what it missed.
 
+#[macro_use]
 mod common;
 
 use common::{Server, TIMEOUT};
 use futures_util::SinkExt;
+use herald_broker::testing::{BrokerServer, Kind};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -412,3 +414,67 @@ async fn whispers_reach_the_others_only_within_the_rate_and_where_allowed() {
         assert_eq!(ids, want);
     }
 }
+
+/// Two nodes on a real broker server: a member joined on node A is in
+/// node B's `info` (B has no member of its own, so it asks the broker),
+/// and joins and leaves on either node reach the stream's subscribers on
+/// both.
+async fn presence_across_two_nodes(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"p-{}\"\n[rpc]\npublic_streams = true\n",
+        broker.url(),
+        std::process::id()
+    );
+    let node_a = Server::start_with(&top, "").await;
+    let node_b = Server::start_with(&top, "").await;
+    let room = ident("room");
+    let (mut a, _) = subscribed(&node_a, "room").await;
+    let (mut b, _) = subscribed(&node_b, "room").await;
+    join(&mut a, &room, json!({ "id": "a", "info": { "node": "A" } })).await;
+    let joined_a = json!({ "type": "presence", "identifier": room,
+        "message": { "type": "join", "info": { "node": "A" }, "id": "a" } });
+    assert_eq!(frame(&mut a).await, joined_a);
+    assert_eq!(frame(&mut b).await, joined_a, "node B hears of A's member");
+    // The broker records the member as it relays the join: B's answer
+    // shows it once it is there (asked again within the deadline).
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let got = info(&mut b, &room).await;
+        if got["total"] == 1 {
+            assert_eq!(
+                got["records"],
+                json!([{ "info": { "node": "A" }, "id": "a" }])
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B never saw A's member: {got}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    join(&mut b, &room, json!({ "id": "b" })).await;
+    for ws in [&mut a, &mut b] {
+        assert_eq!(
+            frame(ws).await["message"],
+            json!({ "type": "join", "id": "b" })
+        );
+    }
+    assert_eq!(info(&mut a, &room).await["total"], 2);
+    assert_eq!(info(&mut b, &room).await["total"], 2);
+    send(&mut a, json!({ "command": "leave", "identifier": room })).await;
+    for ws in [&mut a, &mut b] {
+        assert_eq!(
+            frame(ws).await["message"],
+            json!({ "type": "leave", "id": "a" })
+        );
+    }
+    let got = info(&mut b, &room).await;
+    assert_eq!(
+        got,
+        json!({ "type": "info", "total": 1, "records": [{ "id": "b" }] })
+    );
+}
+
+both!(presence_across_two_nodes);
