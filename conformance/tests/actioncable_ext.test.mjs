@@ -93,4 +93,64 @@ describe('actioncable-v1-ext-json with @anycable/web', () => {
       await rpc.close();
     }
   });
+
+  test('presence (join, info, leave) and whispers with the real client on $pubsub streams', async () => {
+    const { createCable } = await import('@anycable/web');
+    const { default: WebSocket } = await import('ws');
+    const herald = await startHerald({ rpc: { public_streams: true } });
+    const broadcast = (stream, data) =>
+      fetch(`${herald.base}/_broadcast`, {
+        method: 'POST',
+        body: JSON.stringify({ stream, data: JSON.stringify(data) }),
+      }).then((r) => assert.equal(r.status, 201));
+    const open = () =>
+      createCable(`ws://127.0.0.1:${herald.port}/cable`, {
+        websocketImplementation: WebSocket,
+        protocol: EXT,
+        logLevel: 'error',
+      });
+    const ann = open();
+    const bob = open();
+    try {
+      const a = ann.streamFrom('room');
+      const b = bob.streamFrom('room');
+      await a.ensureSubscribed();
+      await b.ensureSubscribed();
+      const seenByA = [];
+      const seenByB = [];
+      a.on('presence', (e) => seenByA.push(e));
+      b.on('presence', (e) => seenByB.push(e));
+      const toA = [];
+      const toB = [];
+      a.on('message', (m) => toA.push(m));
+      b.on('message', (m) => toB.push(m));
+
+      await a.presence.join('ann', { name: 'Ann' });
+      await until(
+        () => seenByB.some((e) => e.type === 'join' && e.id === 'ann' && e.info?.name === 'Ann'),
+        "Bob hears Ann join",
+      );
+      assert.deepEqual(await b.presence.info(), { ann: { name: 'Ann' } });
+      await b.presence.join('bob', { name: 'Bob' });
+      await until(() => seenByA.some((e) => e.type === 'join' && e.id === 'bob'), 'Ann hears Bob join');
+      assert.deepEqual(await a.presence.info(), { ann: { name: 'Ann' }, bob: { name: 'Bob' } });
+
+      // A whisper reaches Bob, never Ann (its sender), and never a position.
+      await a.whisper({ typing: 'ann' });
+      await until(() => toB.length === 1, 'Bob gets the whisper');
+      assert.deepEqual(toB[0], { typing: 'ann' });
+      await broadcast('room', { after: true });
+      await until(() => toA.length === 1 && toB.length === 2, 'the broadcast after the whisper');
+      assert.deepEqual(toA, [{ after: true }], 'no whisper back to its sender');
+
+      await a.presence.leave();
+      await until(() => seenByB.some((e) => e.type === 'leave' && e.id === 'ann'), 'Bob hears Ann leave');
+      // Bob's state follows the events it heard.
+      assert.deepEqual(await b.presence.info(), { bob: { name: 'Bob' } });
+    } finally {
+      ann.disconnect();
+      bob.disconnect();
+      await herald.stop();
+    }
+  });
 });
