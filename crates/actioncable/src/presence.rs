@@ -337,6 +337,12 @@ mod tests {
         assert!(!wants_records(r#"{"data":{"return_records":false}}"#));
     }
 
+    /// docs/actioncable.md states what every connection carries for this.
+    #[test]
+    fn per_connection_state_is_72_bytes() {
+        assert!(std::mem::size_of::<ConnPresence>() <= 72);
+    }
+
     #[test]
     fn buckets_refill() {
         let mut b = Bucket::full(2);
