@@ -153,4 +153,70 @@ describe('actioncable-v1-ext-json with @anycable/web', () => {
       await herald.stop();
     }
   });
+
+  test("presence on a channel the app's subscribe enabled; a restored client stays one member, gone after the TTL", async () => {
+    const { createCable } = await import('@anycable/web');
+    const { default: WebSocket } = await import('ws');
+    const chat = chatApp();
+    const rpc = await httpRpcServer(chat.app);
+    // The client reconnects after a random back-off of up to a few
+    // seconds: the TTL leaves it room.
+    const herald = await startHerald({ rpc: { host: rpc.url, presence_ttl: 8 } });
+    const open = (user) =>
+      createCable(`ws://127.0.0.1:${herald.port}/cable`, {
+        websocketImplementation: WebSocket,
+        websocketOptions: { headers: { cookie: `user=${user}` } },
+        protocol: EXT,
+        logLevel: 'error',
+      });
+    const ann = open('ann');
+    const bob = open('bob');
+    const events = [];
+    ann.on('connect', (e) => events.push(e));
+    try {
+      const a = ann.subscribeTo('PresenceChannel', { room: 'p' });
+      const b = bob.subscribeTo('PresenceChannel', { room: 'p' });
+      await a.ensureSubscribed();
+      await b.ensureSubscribed();
+      const seenByB = [];
+      b.on('presence', (e) => seenByB.push(e));
+      const toB = [];
+      b.on('message', (m) => toB.push(m));
+      await a.presence.join('ann', { name: 'Ann' });
+      await until(() => seenByB.some((e) => e.type === 'join' && e.id === 'ann'), 'Bob hears Ann join');
+      await a.whisper({ typing: true });
+      await until(() => toB.length === 1, 'the whisper on the app-enabled stream');
+      assert.deepEqual(toB[0], { typing: true });
+
+      // Ann's socket is cut; the client restores the session and joins
+      // again: Bob hears no leave and no second join.
+      ann.transport.ws.terminate();
+      const cut = Date.now();
+      await until(() => events.some((e) => e.restored), 'the session restored', 7000);
+      const info = await b.presence.info();
+      assert.deepEqual(info, { ann: { name: 'Ann' } });
+      // Past the TTL of the cut connection's membership: Ann is still one
+      // member (the restored connection's), and Bob heard no leave.
+      await new Promise((r) => setTimeout(r, Math.max(0, cut + 8500 - Date.now())));
+      const s = await fetch(`${herald.base}/_broadcast`, {
+        method: 'POST',
+        body: JSON.stringify({ stream: 'presence:p', data: JSON.stringify({ marker: 1 }) }),
+      });
+      assert.equal(s.status, 201);
+      await until(() => toB.some((m) => m.marker === 1), 'the marker');
+      assert.deepEqual(
+        seenByB.filter((e) => e.type !== 'info').map((e) => `${e.type}:${e.id}`),
+        ['join:ann'],
+        'one join, no leave across the restore',
+      );
+      // Gone for good: the leave comes once the TTL has passed.
+      ann.disconnect();
+      await until(() => seenByB.some((e) => e.type === 'leave' && e.id === 'ann'), 'Ann leaves', 10000);
+    } finally {
+      ann.disconnect();
+      bob.disconnect();
+      await herald.stop();
+      await rpc.close();
+    }
+  });
 });
