@@ -186,22 +186,22 @@ pub fn wants_records(text: &str) -> bool {
         .is_none_or(|o| o.return_records)
 }
 
-/// A join event's message: AnyCable's field order (`type`, `info`, `id`;
-/// `info` left out when the member has none).
+/// A join event's message, as anycable-go 1.6.16 writes it (`id`,
+/// `info`, `type`; `info` left out when the member has none).
 pub fn join_event(id: &str, info: Option<&RawValue>) -> Box<RawValue> {
     let s = match info {
         Some(i) => format!(
-            r#"{{"type":"join","info":{},"id":{}}}"#,
-            i.get(),
-            json_string(id)
+            r#"{{"id":{},"info":{},"type":"join"}}"#,
+            json_string(id),
+            i.get()
         ),
-        None => format!(r#"{{"type":"join","id":{}}}"#, json_string(id)),
+        None => format!(r#"{{"id":{},"type":"join"}}"#, json_string(id)),
     };
     RawValue::from_string(s).expect("built as JSON")
 }
 
 pub fn leave_event(id: &str) -> Box<RawValue> {
-    RawValue::from_string(format!(r#"{{"type":"leave","id":{}}}"#, json_string(id)))
+    RawValue::from_string(format!(r#"{{"id":{},"type":"leave"}}"#, json_string(id)))
         .expect("built as JSON")
 }
 
@@ -308,9 +308,9 @@ mod tests {
         let info = RawValue::from_string(r#"{"name":"Ann"}"#.into()).unwrap();
         assert_eq!(
             join_event("1", Some(&info)).get(),
-            r#"{"type":"join","info":{"name":"Ann"},"id":"1"}"#
+            r#"{"id":"1","info":{"name":"Ann"},"type":"join"}"#
         );
-        assert_eq!(leave_event("1").get(), r#"{"type":"leave","id":"1"}"#);
+        assert_eq!(leave_event("1").get(), r#"{"id":"1","type":"leave"}"#);
         assert_eq!(
             info_frame("i", 1, Some(&[("1".into(), Some(info))])),
             r#"{"type":"presence","identifier":"i","message":{"type":"info","total":1,"records":[{"info":{"name":"Ann"},"id":"1"}]}}"#
