@@ -478,3 +478,28 @@ async fn presence_across_two_nodes(kind: Kind) {
 }
 
 both!(presence_across_two_nodes);
+
+/// A client that reconnects without a session to restore subscribes again
+/// naming its member (`@anycable/core` does): confirmed, then joined.
+#[tokio::test]
+async fn a_subscribe_naming_the_member_joins_after_the_confirmation() {
+    let server = Server::start_with("[rpc]\npublic_streams = true", "").await;
+    let room = ident("room");
+    let mut ws = cable(&server, "").await;
+    assert_eq!(frame(&mut ws).await["type"], "welcome");
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": room, "presence": { "id": "z" } }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    assert_eq!(
+        frame(&mut ws).await,
+        json!({ "type": "presence", "identifier": room,
+            "message": { "id": "z", "type": "join" } })
+    );
+    assert_eq!(
+        info(&mut ws, &room).await,
+        json!({ "type": "info", "total": 1, "records": [{ "id": "z" }] })
+    );
+}
