@@ -378,6 +378,16 @@ const SESSIONS_TTL: Target = target!("rpc.sessions_ttl", false, |c, v| {
     let n: u64 = parse(v, "a whole number of seconds")?;
     set(c, "rpc.sessions_ttl", int(n)?)
 });
+const PRESENCE_TTL: Target = target!("rpc.presence_ttl", false, |c, v| {
+    let n: u64 = parse(v, "a whole number of seconds")?;
+    set(c, "rpc.presence_ttl", int(n)?)
+});
+const STREAMS_PRESENCE: Target = target!("rpc.streams_presence", false, |c, v| {
+    set(c, "rpc.streams_presence", toml::Value::Boolean(boolean(v)?))
+});
+const STREAMS_WHISPER: Target = target!("rpc.streams_whisper", false, |c, v| {
+    set(c, "rpc.streams_whisper", toml::Value::Boolean(boolean(v)?))
+});
 const PUBLIC_STREAMS: Target = target!("rpc.public_streams", false, |c, v| {
     set(c, "rpc.public_streams", toml::Value::Boolean(boolean(v)?))
 });
@@ -611,6 +621,9 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_HISTORY_LIMIT", peer: AnyCable, does: Set(HISTORY_LIMIT) },
     Var { name: "ANYCABLE_HISTORY_TTL", peer: AnyCable, does: Set(HISTORY_TTL) },
     Var { name: "ANYCABLE_SESSIONS_TTL", peer: AnyCable, does: Set(SESSIONS_TTL) },
+    Var { name: "ANYCABLE_PRESENCE_TTL", peer: AnyCable, does: Set(PRESENCE_TTL) },
+    Var { name: "ANYCABLE_STREAMS_PRESENCE", peer: AnyCable, does: Set(STREAMS_PRESENCE) },
+    Var { name: "ANYCABLE_STREAMS_WHISPER", peer: AnyCable, does: Set(STREAMS_WHISPER) },
     Var { name: "ANYCABLE_BROKER", peer: AnyCable, does: Unsupported("history and session restore for actioncable-v1-ext-json are on by default (rpc.history_limit, rpc.sessions_ttl) but kept per node: a cluster shares neither yet") },
     Var { name: "ANYCABLE_PUBSUB", peer: AnyCable, does: Unsupported("nodes exchange broadcasts through broker.url") },
     Var { name: "ANYCABLE_EMBED_NATS", peer: AnyCable, does: Unsupported("run nats-server beside Herald") },

@@ -3,10 +3,12 @@
 //! connected and served; a forged or used `sid` gets a normal welcome; a
 //! closed session restores once, with what it missed.
 
+#[macro_use]
 mod common;
 
 use common::{Server, TIMEOUT};
 use futures_util::SinkExt;
+use herald_broker::testing::{BrokerServer, Kind};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -32,7 +34,15 @@ async fn cable(server: &Server, query: &str) -> common::Ws {
     ws
 }
 
+/// The next frame that is not a ping, within [`TIMEOUT`] in all (pings
+/// come every 3 s, so a wait per frame would never end).
 async fn frame(ws: &mut common::Ws) -> Value {
+    tokio::time::timeout(TIMEOUT, frame_unbounded(ws))
+        .await
+        .expect("timed out waiting for a frame")
+}
+
+async fn frame_unbounded(ws: &mut common::Ws) -> Value {
     loop {
         match common::next(ws).await {
             common::Next::Frame(f) if f["type"] == "ping" => continue,
@@ -234,5 +244,308 @@ async fn a_followed_stream_idle_past_the_ttl_stays_reliable() {
     assert!(
         f["offset"].is_u64() && f["epoch"].is_string(),
         "no position: {f}"
+    );
+}
+
+// ----- Presence and whispers (issue 19) ---------------------------------
+
+async fn join(ws: &mut common::Ws, identifier: &str, presence: Value) {
+    send(
+        ws,
+        json!({ "command": "join", "identifier": identifier, "presence": presence }),
+    )
+    .await;
+}
+
+async fn info(ws: &mut common::Ws, identifier: &str) -> Value {
+    send(
+        ws,
+        json!({ "command": "presence", "identifier": identifier, "data": {} }),
+    )
+    .await;
+    let f = frame(ws).await;
+    assert_eq!(f["type"], "presence", "{f}");
+    assert_eq!(f["identifier"], identifier, "{f}");
+    f["message"].clone()
+}
+
+/// The next frame of `ws` is a presence error for `identifier` whose
+/// reason mentions `why`.
+async fn presence_error(ws: &mut common::Ws, identifier: &str, why: &str) {
+    let f = frame(ws).await;
+    assert_eq!(f["type"], "presence", "{f}");
+    assert_eq!(f["identifier"], identifier, "{f}");
+    assert_eq!(f["message"]["type"], "error", "{f}");
+    let reason = f["message"]["reason"].as_str().unwrap();
+    assert!(reason.contains(why), "{why:?} not in {reason:?}");
+}
+
+#[tokio::test]
+async fn presence_join_info_leave_and_bad_members_get_presence_errors() {
+    let server = Server::start_with(
+        "[rpc]\npublic_streams = true\nstreams_presence = false\npresence_max_info = 64\npresence_max_joins = 2",
+        "",
+    )
+    .await;
+    let (mut a, _) = subscribed(&server, "room").await;
+    let (mut b, _) = subscribed(&server, "room").await;
+    let room = ident("room");
+    join(
+        &mut a,
+        &room,
+        json!({ "id": "1", "info": { "name": "Ann" } }),
+    )
+    .await;
+    let joined = json!({ "type": "presence", "identifier": room,
+        "message": { "type": "join", "info": { "name": "Ann" }, "id": "1" } });
+    assert_eq!(frame(&mut a).await, joined);
+    assert_eq!(frame(&mut b).await, joined);
+    // The same id again, from another connection: one member, no event.
+    join(
+        &mut b,
+        &room,
+        json!({ "id": "1", "info": { "name": "Ann" } }),
+    )
+    .await;
+    let got = info(&mut b, &room).await;
+    assert_eq!(
+        got,
+        json!({ "type": "info", "total": 1, "records": [{ "info": { "name": "Ann" }, "id": "1" }] })
+    );
+    assert_eq!(
+        info(&mut a, &room).await["total"],
+        1,
+        "the member is one, whichever connection asks"
+    );
+    // Bad members, each answered and the client still served.
+    join(&mut a, &room, json!({ "id": "2" })).await;
+    presence_error(&mut a, &room, "another id").await;
+    join(&mut a, &room, json!({ "id": "" })).await;
+    presence_error(&mut a, &room, "empty").await;
+    join(&mut a, &room, json!({ "id": 7 })).await;
+    presence_error(&mut a, &room, "malformed").await;
+    send(&mut a, json!({ "command": "join", "identifier": room })).await;
+    presence_error(&mut a, &room, "missing").await;
+    let (mut c, _) = subscribed(&server, "other").await;
+    let other = ident("other");
+    join(&mut c, &other, json!({ "id": "3", "info": "x".repeat(64) })).await;
+    presence_error(&mut c, &other, "presence_max_info").await;
+    // A signed stream is not presence-enabled with streams_presence off.
+    let signed = json!({ "channel": "$pubsub", "signed_stream_name":
+        herald_actioncable::streams::signed_stream(common::APP_SECRET, "signed") })
+    .to_string();
+    send(
+        &mut c,
+        json!({ "command": "subscribe", "identifier": signed }),
+    )
+    .await;
+    assert_eq!(frame(&mut c).await["type"], "confirm_subscription");
+    join(&mut c, &signed, json!({ "id": "3" })).await;
+    presence_error(&mut c, &signed, "not enabled").await;
+    send(
+        &mut c,
+        json!({ "command": "presence", "identifier": signed }),
+    )
+    .await;
+    presence_error(&mut c, &signed, "not enabled").await;
+    // presence_max_joins = 2 per connection.
+    for s in ["j1", "j2", "j3"] {
+        send(
+            &mut c,
+            json!({ "command": "subscribe", "identifier": ident(s) }),
+        )
+        .await;
+        assert_eq!(frame(&mut c).await["type"], "confirm_subscription");
+        join(&mut c, &ident(s), json!({ "id": "9" })).await;
+        if s == "j3" {
+            presence_error(&mut c, &ident(s), "presence_max_joins").await;
+        } else {
+            assert_eq!(frame(&mut c).await["message"]["type"], "join");
+        }
+    }
+    // Leaving: the member goes when its last connection leaves.
+    send(&mut a, json!({ "command": "leave", "identifier": room })).await;
+    assert_eq!(info(&mut a, &room).await["total"], 1);
+    send(
+        &mut b,
+        json!({ "command": "unsubscribe", "identifier": room }),
+    )
+    .await;
+    let left = json!({ "type": "presence", "identifier": room,
+        "message": { "type": "leave", "id": "1" } });
+    assert_eq!(frame(&mut a).await, left);
+    assert_eq!(
+        info(&mut a, &room).await,
+        json!({ "type": "info", "total": 0 })
+    );
+    // Presence events never take a place in the stream's history.
+    broadcast(&server, "room", json!({ "n": 1 })).await;
+    assert_eq!(frame(&mut a).await["offset"], 1);
+}
+
+#[tokio::test]
+async fn a_member_gone_without_leaving_stays_for_the_ttl_then_leaves() {
+    let server = Server::start_with("[rpc]\npublic_streams = true\npresence_ttl = 1", "").await;
+    let room = ident("room");
+    let (mut watcher, _) = subscribed(&server, "room").await;
+    let (mut a, _) = subscribed(&server, "room").await;
+    join(&mut a, &room, json!({ "id": "a" })).await;
+    assert_eq!(frame(&mut watcher).await["message"]["type"], "join");
+    // Back within the TTL on a new connection: one member throughout.
+    drop(a);
+    let (mut a2, _) = subscribed(&server, "room").await;
+    join(&mut a2, &room, json!({ "id": "a" })).await;
+    assert_eq!(info(&mut watcher, &room).await["total"], 1);
+    // The first connection's membership expires; the member stays (no
+    // leave reaches the watcher before the marker broadcast after it).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    broadcast(&server, "room", json!({ "marker": 1 })).await;
+    assert_eq!(frame(&mut watcher).await["message"]["marker"], 1);
+    assert_eq!(info(&mut watcher, &room).await["total"], 1);
+    // Gone for good: the leave comes after the TTL.
+    let gone = std::time::Instant::now();
+    drop(a2);
+    let f = frame(&mut watcher).await;
+    assert_eq!(f["message"], json!({ "type": "leave", "id": "a" }), "{f}");
+    assert!(gone.elapsed() >= std::time::Duration::from_millis(900));
+    assert_eq!(info(&mut watcher, &room).await["total"], 0);
+}
+
+#[tokio::test]
+async fn whispers_reach_the_others_only_within_the_rate_and_where_allowed() {
+    let server = Server::start_with("[rpc]\npublic_streams = true\nwhisper_rate = 3", "").await;
+    let room = ident("room");
+    let (mut a, _) = subscribed(&server, "room").await;
+    let (mut b, _) = subscribed(&server, "room").await;
+    for n in 0..10 {
+        send(
+            &mut a,
+            json!({ "command": "whisper", "identifier": room, "data": { "typing": n } }),
+        )
+        .await;
+    }
+    // The whisper rate: 3 of the 10, in order, without positions.
+    for n in 0..3 {
+        let f = frame(&mut b).await;
+        assert_eq!(f, json!({ "identifier": room, "message": { "typing": n } }));
+    }
+    // A signed stream may not whisper (streams_whisper is off by default).
+    let signed = json!({ "channel": "$pubsub", "signed_stream_name":
+        herald_actioncable::streams::signed_stream(common::APP_SECRET, "quiet") })
+    .to_string();
+    for ws in [&mut a, &mut b] {
+        send(ws, json!({ "command": "subscribe", "identifier": signed })).await;
+        assert_eq!(frame(ws).await["type"], "confirm_subscription");
+    }
+    send(
+        &mut a,
+        json!({ "command": "whisper", "identifier": signed, "data": { "typing": "signed" } }),
+    )
+    .await;
+    // None to the sender, none on the signed stream, none past the rate:
+    // the broadcasts after them come next.
+    send(&mut a, json!({ "command": "pong" })).await;
+    broadcast(&server, "quiet", json!({ "after": true })).await;
+    broadcast(&server, "room", json!({ "after": true })).await;
+    for ws in [&mut a, &mut b] {
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let f = frame(ws).await;
+            assert_eq!(f["message"], json!({ "after": true }), "{f}");
+            ids.push(f["identifier"].as_str().unwrap().to_owned());
+        }
+        ids.sort();
+        let mut want = vec![room.clone(), signed.clone()];
+        want.sort();
+        assert_eq!(ids, want);
+    }
+}
+
+/// Two nodes on a real broker server: a member joined on node A is in
+/// node B's `info` (B has no member of its own, so it asks the broker),
+/// and joins and leaves on either node reach the stream's subscribers on
+/// both.
+async fn presence_across_two_nodes(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"p-{}\"\n[rpc]\npublic_streams = true\n",
+        broker.url(),
+        std::process::id()
+    );
+    let node_a = Server::start_with(&top, "").await;
+    let node_b = Server::start_with(&top, "").await;
+    let room = ident("room");
+    let (mut a, _) = subscribed(&node_a, "room").await;
+    let (mut b, _) = subscribed(&node_b, "room").await;
+    join(&mut a, &room, json!({ "id": "a", "info": { "node": "A" } })).await;
+    let joined_a = json!({ "type": "presence", "identifier": room,
+        "message": { "type": "join", "info": { "node": "A" }, "id": "a" } });
+    assert_eq!(frame(&mut a).await, joined_a);
+    assert_eq!(frame(&mut b).await, joined_a, "node B hears of A's member");
+    // The broker records the member as it relays the join: B's answer
+    // shows it once it is there (asked again within the deadline).
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let got = info(&mut b, &room).await;
+        if got["total"] == 1 {
+            assert_eq!(
+                got["records"],
+                json!([{ "info": { "node": "A" }, "id": "a" }])
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B never saw A's member: {got}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    join(&mut b, &room, json!({ "id": "b" })).await;
+    for ws in [&mut a, &mut b] {
+        assert_eq!(
+            frame(ws).await["message"],
+            json!({ "type": "join", "id": "b" })
+        );
+    }
+    assert_eq!(info(&mut a, &room).await["total"], 2);
+    assert_eq!(info(&mut b, &room).await["total"], 2);
+    send(&mut a, json!({ "command": "leave", "identifier": room })).await;
+    for ws in [&mut a, &mut b] {
+        assert_eq!(
+            frame(ws).await["message"],
+            json!({ "type": "leave", "id": "a" })
+        );
+    }
+    let got = info(&mut b, &room).await;
+    assert_eq!(
+        got,
+        json!({ "type": "info", "total": 1, "records": [{ "id": "b" }] })
+    );
+}
+
+both!(presence_across_two_nodes);
+
+/// A client that reconnects without a session to restore subscribes again
+/// naming its member (`@anycable/core` does): confirmed, then joined.
+#[tokio::test]
+async fn a_subscribe_naming_the_member_joins_after_the_confirmation() {
+    let server = Server::start_with("[rpc]\npublic_streams = true", "").await;
+    let room = ident("room");
+    let mut ws = cable(&server, "").await;
+    assert_eq!(frame(&mut ws).await["type"], "welcome");
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": room, "presence": { "id": "z" } }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    assert_eq!(
+        frame(&mut ws).await,
+        json!({ "type": "presence", "identifier": room,
+            "message": { "id": "z", "type": "join" } })
+    );
+    assert_eq!(
+        info(&mut ws, &room).await,
+        json!({ "type": "info", "total": 1, "records": [{ "id": "z" }] })
     );
 }

@@ -75,6 +75,20 @@ export function chatApp() {
     }
   }
 
+  // A room with presence and whispers: the subscription's state names
+  // the stream for both (`$p`, `$w`), as AnyCable's Rails helpers do.
+  // (serverless-js has no presence yet and keeps `handle.state` as one
+  // JSON value, so the keys go into the answer's istate directly.)
+  class PresenceChannel extends Channel {
+    async subscribed(handle, params) {
+      const stream = `presence:${params.room}`;
+      handle.streamFrom(stream);
+      const env = handle.delegate.env;
+      env.istate = { ...(env.istate ?? {}), $p: stream, $w: stream };
+    }
+    async unsubscribed() {}
+  }
+
   class ChatApp extends Application {
     async connect(handle) {
       const cookie = handle.env.headers?.cookie ?? '';
@@ -87,6 +101,7 @@ export function chatApp() {
 
   const app = new ChatApp();
   app.registerChannel('ChatChannel', new ChatChannel());
+  app.registerChannel('PresenceChannel', new PresenceChannel());
   // Record what the app was asked, for the tests to check.
   const origOpen = app.handleOpen.bind(app);
   app.handleOpen = async (handle) => {

@@ -93,4 +93,130 @@ describe('actioncable-v1-ext-json with @anycable/web', () => {
       await rpc.close();
     }
   });
+
+  test('presence (join, info, leave) and whispers with the real client on $pubsub streams', async () => {
+    const { createCable } = await import('@anycable/web');
+    const { default: WebSocket } = await import('ws');
+    const herald = await startHerald({ rpc: { public_streams: true } });
+    const broadcast = (stream, data) =>
+      fetch(`${herald.base}/_broadcast`, {
+        method: 'POST',
+        body: JSON.stringify({ stream, data: JSON.stringify(data) }),
+      }).then((r) => assert.equal(r.status, 201));
+    const open = () =>
+      createCable(`ws://127.0.0.1:${herald.port}/cable`, {
+        websocketImplementation: WebSocket,
+        protocol: EXT,
+        logLevel: 'error',
+      });
+    const ann = open();
+    const bob = open();
+    try {
+      const a = ann.streamFrom('room');
+      const b = bob.streamFrom('room');
+      await a.ensureSubscribed();
+      await b.ensureSubscribed();
+      const seenByA = [];
+      const seenByB = [];
+      a.on('presence', (e) => seenByA.push(e));
+      b.on('presence', (e) => seenByB.push(e));
+      const toA = [];
+      const toB = [];
+      a.on('message', (m) => toA.push(m));
+      b.on('message', (m) => toB.push(m));
+
+      await a.presence.join('ann', { name: 'Ann' });
+      await until(
+        () => seenByB.some((e) => e.type === 'join' && e.id === 'ann' && e.info?.name === 'Ann'),
+        "Bob hears Ann join",
+      );
+      assert.deepEqual(await b.presence.info(), { ann: { name: 'Ann' } });
+      await b.presence.join('bob', { name: 'Bob' });
+      await until(() => seenByA.some((e) => e.type === 'join' && e.id === 'bob'), 'Ann hears Bob join');
+      assert.deepEqual(await a.presence.info(), { ann: { name: 'Ann' }, bob: { name: 'Bob' } });
+
+      // A whisper reaches Bob, never Ann (its sender), and never a position.
+      await a.whisper({ typing: 'ann' });
+      await until(() => toB.length === 1, 'Bob gets the whisper');
+      assert.deepEqual(toB[0], { typing: 'ann' });
+      await broadcast('room', { after: true });
+      await until(() => toA.length === 1 && toB.length === 2, 'the broadcast after the whisper');
+      assert.deepEqual(toA, [{ after: true }], 'no whisper back to its sender');
+
+      await a.presence.leave();
+      await until(() => seenByB.some((e) => e.type === 'leave' && e.id === 'ann'), 'Bob hears Ann leave');
+      // Bob's state follows the events it heard.
+      assert.deepEqual(await b.presence.info(), { bob: { name: 'Bob' } });
+    } finally {
+      ann.disconnect();
+      bob.disconnect();
+      await herald.stop();
+    }
+  });
+
+  test("presence on a channel the app's subscribe enabled; a restored client stays one member; gone after the TTL", async () => {
+    const { createCable } = await import('@anycable/web');
+    const { default: WebSocket } = await import('ws');
+    const chat = chatApp();
+    const rpc = await httpRpcServer(chat.app);
+    // The client reconnects after a random back-off of up to a few
+    // seconds: the TTL leaves it room.
+    const herald = await startHerald({ rpc: { host: rpc.url, presence_ttl: 10 } });
+    const open = (user) =>
+      createCable(`ws://127.0.0.1:${herald.port}/cable`, {
+        websocketImplementation: WebSocket,
+        websocketOptions: { headers: { cookie: `user=${user}` } },
+        protocol: EXT,
+        logLevel: 'error',
+      });
+    const ann = open('ann');
+    const bob = open('bob');
+    const events = [];
+    ann.on('connect', (e) => events.push(e));
+    try {
+      const a = ann.subscribeTo('PresenceChannel', { room: 'p' });
+      const b = bob.subscribeTo('PresenceChannel', { room: 'p' });
+      await a.ensureSubscribed();
+      await b.ensureSubscribed();
+      const seenByB = [];
+      b.on('presence', (e) => seenByB.push(e));
+      const toB = [];
+      b.on('message', (m) => toB.push(m));
+      await a.presence.join('ann', { name: 'Ann' });
+      await until(() => seenByB.some((e) => e.type === 'join' && e.id === 'ann'), 'Bob hears Ann join');
+      await a.whisper({ typing: true });
+      await until(() => toB.length === 1, 'the whisper on the app-enabled stream');
+      assert.deepEqual(toB[0], { typing: true });
+
+      // Ann's socket is cut; the client restores the session and joins
+      // again: Bob hears no leave and no second join.
+      ann.transport.ws.terminate();
+      await until(() => events.some((e) => e.restored), 'the session restored', 9500);
+      // Ann's own info request follows the client's join on the restored
+      // connection, so its answer means the join was handled.
+      assert.deepEqual(await a.presence.info(), { ann: { name: 'Ann' } });
+      assert.deepEqual(await b.presence.info(), { ann: { name: 'Ann' } });
+      // Bob heard no leave and no second join: the marker broadcast now
+      // reaches him after anything the restore caused.
+      const s = await fetch(`${herald.base}/_broadcast`, {
+        method: 'POST',
+        body: JSON.stringify({ stream: 'presence:p', data: JSON.stringify({ marker: 1 }) }),
+      });
+      assert.equal(s.status, 201);
+      await until(() => toB.some((m) => m.marker === 1), 'the marker');
+      assert.deepEqual(
+        seenByB.filter((e) => e.type !== 'info').map((e) => `${e.type}:${e.id}`),
+        ['join:ann'],
+        'one join, no leave across the restore',
+      );
+      // Gone for good: the leave comes once the TTL has passed.
+      ann.disconnect();
+      await until(() => seenByB.some((e) => e.type === 'leave' && e.id === 'ann'), 'Ann leaves', 12000);
+    } finally {
+      ann.disconnect();
+      bob.disconnect();
+      await herald.stop();
+      await rpc.close();
+    }
+  });
 });

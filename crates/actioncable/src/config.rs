@@ -93,6 +93,29 @@ pub struct RpcConfig {
     pub sessions_max: usize,
     /// Most history requests per connection per second.
     pub history_rate: u32,
+    // --- Presence and whispers (`actioncable-v1-ext-json`), AnyCable's names.
+    /// Seconds a member whose connection closed without leaving stays
+    /// present (AnyCable's `--presence_ttl`).
+    pub presence_ttl: u64,
+    /// `$pubsub` streams are presence-enabled (AnyCable's
+    /// `--streams_presence`; public streams always are).
+    pub streams_presence: bool,
+    /// Clients may whisper on `$pubsub` streams (AnyCable's
+    /// `--streams_whisper`; public streams always may).
+    pub streams_whisper: bool,
+    /// Most members one stream's presence may hold.
+    pub presence_max_members: usize,
+    /// Most records in one presence `info` answer (its `total` still
+    /// counts every member).
+    pub presence_max_records: usize,
+    /// Most bytes of a member's id and info (as JSON) together.
+    pub presence_max_info: usize,
+    /// Most streams one connection may be present in at once.
+    pub presence_max_joins: usize,
+    /// Most whispers per connection per second.
+    pub whisper_rate: u32,
+    /// Most presence commands (join, leave, info) per connection per second.
+    pub presence_rate: u32,
 }
 
 impl Default for RpcConfig {
@@ -125,6 +148,15 @@ impl Default for RpcConfig {
             sessions_ttl: 300,
             sessions_max: 100_000,
             history_rate: 100,
+            presence_ttl: 15,
+            streams_presence: true,
+            streams_whisper: false,
+            presence_max_members: 10_000,
+            presence_max_records: 100,
+            presence_max_info: 1024,
+            presence_max_joins: 100,
+            whisper_rate: 10,
+            presence_rate: 100,
         }
     }
 }
@@ -194,6 +226,23 @@ impl RpcConfig {
         }
         if self.history_rate == 0 {
             return Err(invalid("rpc.history_rate", "must be positive"));
+        }
+        for (key, v) in [
+            ("rpc.presence_max_members", self.presence_max_members),
+            ("rpc.presence_max_records", self.presence_max_records),
+            ("rpc.presence_max_joins", self.presence_max_joins),
+            ("rpc.whisper_rate", self.whisper_rate as usize),
+            ("rpc.presence_rate", self.presence_rate as usize),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        if self.presence_max_info < 16 {
+            return Err(invalid(
+                "rpc.presence_max_info",
+                "must be at least 16 (bytes of a member's id and info)",
+            ));
         }
         if self.jwt_force && self.jwt_secret.is_none() {
             return Err(invalid("rpc.jwt_force", "needs rpc.jwt_secret"));
@@ -301,6 +350,15 @@ pub static SETTINGS: &[Setting] = &[
         parse: text,
     },
     Setting {
+        key: "rpc.presence_ttl",
+        flag: "presence-ttl",
+        env: "HERALD_PRESENCE_TTL",
+        help: "Seconds a presence member whose connection closed without leaving \
+               stays present (AnyCable's --presence_ttl; default 15)",
+        secret: false,
+        parse: whole,
+    },
+    Setting {
         key: "rpc.history_limit",
         flag: "history-limit",
         env: "HERALD_HISTORY_LIMIT",
@@ -376,6 +434,26 @@ mod tests {
         assert!(err.contains("`rpc.timeout_ms`"), "{err}");
         let err = parsed("[rpc]\nhots = 'x'").unwrap_err().to_string();
         assert!(err.contains("`rpc.hots` unknown field"), "{err}");
+    }
+
+    #[test]
+    fn presence_limits_are_checked() {
+        let c = parsed("[rpc]").unwrap();
+        assert_eq!((c.presence_ttl, c.presence_max_records), (15, 100));
+        for bad in [
+            "presence_max_members = 0",
+            "presence_max_records = 0",
+            "presence_max_joins = 0",
+            "whisper_rate = 0",
+            "presence_rate = 0",
+            "presence_max_info = 8",
+        ] {
+            let err = parsed(&format!("[rpc]\n{bad}")).unwrap_err().to_string();
+            let key = bad.split(' ').next().unwrap();
+            assert!(err.contains(&format!("rpc.{key}")), "{bad}: {err}");
+        }
+        assert_eq!(whole("20").unwrap(), toml::Value::Integer(20));
+        assert!(whole("-1").is_err());
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod jwt;
 pub mod metrics;
 /// AnyCable's RPC messages (a crate of their own, shared with the bench).
 pub use herald_anycable_proto as proto;
+pub mod presence;
 pub mod reliable;
 pub mod rpc;
 pub mod session;
@@ -74,6 +75,8 @@ pub struct Cable {
     pub jwt: Option<Jwt>,
     /// History and resumable sessions (`actioncable-v1-ext-json`).
     pub reliable: Arc<reliable::Reliable>,
+    /// Presence and whispers (`actioncable-v1-ext-json`).
+    pub presence: presence::Settings,
 }
 
 pub struct Jwt {
@@ -153,6 +156,7 @@ impl Cable {
                 r.start_sweeper();
                 r
             },
+            presence: presence::Settings::new(config),
         })
     }
 }

@@ -69,6 +69,18 @@ pub static CABLE_GAPS_UNFILLED: Counter = Counter::new(
     "herald_cable_gaps_unfilled_total",
     "Gaps in a reliable stream's live offsets the shared history could not be read for (the publications went on without them)",
 );
+pub static CABLE_PRESENCE_REFUSED: Counter = Counter::new(
+    "herald_cable_presence_refused_total",
+    "Presence commands (join, leave, info) answered with a presence error: stream not presence-enabled, bad member, over a limit or rpc.presence_rate",
+);
+pub static CABLE_WHISPERS: Counter = Counter::new(
+    "herald_cable_whispers_total",
+    "Whispers relayed to a stream's other subscribers",
+);
+pub static CABLE_WHISPERS_DROPPED: Counter = Counter::new(
+    "herald_cable_whispers_dropped_total",
+    "Whispers dropped: the subscription may not whisper, or the connection was over rpc.whisper_rate",
+);
 
 pub fn register_all() {
     for c in [
@@ -89,6 +101,9 @@ pub fn register_all() {
         &CABLE_HISTORY_LIMITED,
         &CABLE_GAPS_FILLED,
         &CABLE_GAPS_UNFILLED,
+        &CABLE_PRESENCE_REFUSED,
+        &CABLE_WHISPERS,
+        &CABLE_WHISPERS_DROPPED,
     ] {
         register(c);
     }

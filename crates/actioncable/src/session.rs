@@ -10,11 +10,13 @@
 //! carries its own subscription's state, a disconnect every subscription's
 //! (identifier → JSON object).
 //!
-//! A little over 800 lines: the connect path, the commands and their RPC
+//! About 900 lines: the connect path, the commands and their RPC
 //! answers share this one session state; the extended protocol's part
-//! lives in `session/ext.rs`.
+//! lives in `session/ext.rs` (history, restore) and `session/presence.rs`
+//! (presence, whispers).
 
 mod ext;
+mod presence;
 
 use crate::metrics as m;
 use crate::proto::{
@@ -287,6 +289,7 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     for f in welcome {
         conn.send(f);
     }
+    let cable_presence = cable.presence.clone();
     let mut s = CableSession {
         node,
         hub,
@@ -300,6 +303,7 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
         ext,
         hold: false,
         history_tokens: (0.0, std::time::Instant::now()),
+        presence: crate::presence::ConnPresence::new(&cable_presence),
     };
     s.history_tokens.0 = f64::from(s.cable.reliable.history_rate);
     if let Some(snap) = restored {
@@ -419,6 +423,8 @@ struct CableSession {
     hold: bool,
     /// History requests left (token bucket at `history_rate` per second).
     history_tokens: (f64, std::time::Instant),
+    /// Presence memberships and the whisper and presence buckets.
+    presence: crate::presence::ConnPresence,
 }
 
 impl Handler for CableSession {
@@ -439,16 +445,32 @@ impl Handler for CableSession {
             }
         };
         // What a restore brings back may change with any of these.
-        let mutates = !matches!(command, Command::Pong | Command::History { .. });
+        let mutates = !matches!(
+            command,
+            Command::Pong
+                | Command::History { .. }
+                | Command::PresenceInfo { .. }
+                | Command::Whisper { .. }
+        );
         let next = match command {
             Command::Subscribe { identifier } if self.ext => {
-                self.subscribe_with_history(identifier, &text).await
+                let next = self.subscribe_with_history(identifier.clone(), &text).await;
+                // A client subscribing again after a reconnect names its
+                // member in the subscribe (AnyCable's client does).
+                if text.contains("\"presence\"") && self.find(&identifier).is_some() {
+                    self.join(&identifier, &text).await;
+                }
+                next
             }
             Command::Subscribe { identifier } => self.subscribe(identifier).await,
             Command::History { identifier } => self.history(&identifier, &text).await,
             Command::Pong => Next::Continue,
             Command::Unsubscribe { identifier } => self.unsubscribe(&identifier).await,
             Command::Message { identifier, data } => self.perform(&identifier, data).await,
+            Command::Join { identifier } => self.join(&identifier, &text).await,
+            Command::Leave { identifier } => self.leave_presence(&identifier).await,
+            Command::PresenceInfo { identifier } => self.presence_info(&identifier, &text).await,
+            Command::Whisper { identifier, data } => self.whisper(&identifier, data).await,
         };
         if mutates {
             self.save();
@@ -595,6 +617,7 @@ impl CableSession {
 
     /// A `$pubsub` subscription, decided here without the app.
     async fn subscribe_stream(&mut self, identifier: String, req: StreamRequest) {
+        let public = matches!(req, StreamRequest::Public(_));
         let stream = match req {
             StreamRequest::Public(s) if self.cable.public_streams => Some(s),
             StreamRequest::Signed(s) => self
@@ -614,6 +637,7 @@ impl CableSession {
             identifier: Arc::from(identifier.as_str()),
             streams: Vec::new(),
         });
+        self.pubsub_state(&identifier, &stream, public);
         self.add_stream(&identifier, stream).await;
         self.send(&wire::confirm(&identifier));
     }
@@ -645,6 +669,7 @@ impl CableSession {
         for stream in &sub.streams {
             self.leave(&sub.identifier, stream);
         }
+        self.leave_joined(identifier).await;
         self.env.istate.remove(identifier);
         match answer {
             Some(res) => self.finish(res),
@@ -841,6 +866,7 @@ impl CableSession {
     /// Leave every stream and, for a client the app connected, queue its
     /// Disconnect call. Idempotent: runs when the loop ends and on drop.
     fn cleanup(&mut self) {
+        self.linger_presence();
         let subs = std::mem::take(&mut self.subs);
         // Issue 19: keep what a reconnecting client restores (once).
         if std::mem::take(&mut self.ext) && self.cable.reliable.sessions.enabled() {

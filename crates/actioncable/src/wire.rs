@@ -56,6 +56,24 @@ pub enum Command {
     },
     /// `actioncable-v1-ext-json`: the client's answer to a ping.
     Pong,
+    /// `actioncable-v1-ext-json` presence: join the subscription's presence
+    /// stream (the member itself: [`crate::presence::member`]), leave it,
+    /// or ask who is there.
+    Join {
+        identifier: String,
+    },
+    Leave {
+        identifier: String,
+    },
+    PresenceInfo {
+        identifier: String,
+    },
+    /// `actioncable-v1-ext-json`: a message for the subscription's other
+    /// clients; `data` is any JSON value (its text), relayed as given.
+    Whisper {
+        identifier: String,
+        data: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -99,6 +117,13 @@ pub fn parse(text: &str) -> Result<Command, String> {
         "subscribe" => Ok(Command::Subscribe { identifier }),
         "unsubscribe" => Ok(Command::Unsubscribe { identifier }),
         "history" => Ok(Command::History { identifier }),
+        "join" => Ok(Command::Join { identifier }),
+        "leave" => Ok(Command::Leave { identifier }),
+        "presence" => Ok(Command::PresenceInfo { identifier }),
+        "whisper" => Ok(Command::Whisper {
+            identifier,
+            data: raw.data.ok_or("`data` is missing")?.get().to_owned(),
+        }),
         "message" => Ok(Command::Message {
             identifier,
             data: string(raw.data, "data")?,
@@ -163,6 +188,9 @@ impl Wire for CableWire {
     }
 
     fn publication(&self, p: &Publication, tag: &str) -> Frame {
+        if !p.event.is_empty() && p.event == crate::presence::EVENT {
+            return Frame::text(&crate::presence::frame(tag, p.data.get()));
+        }
         let id = json_string(tag);
         let data = p.data.get();
         let mut s = String::with_capacity(30 + id.len() + data.len());
@@ -200,7 +228,21 @@ mod tests {
                 data: r#"{"action":"a"}"#.into()
             })
         );
+        assert_eq!(
+            parse(r#"{"command":"whisper","identifier":"x","data":{"typing":true}}"#),
+            Ok(Command::Whisper {
+                identifier: "x".into(),
+                data: r#"{"typing":true}"#.into()
+            })
+        );
+        assert_eq!(
+            parse(r#"{"command":"join","identifier":"x","presence":{"id":"1"}}"#),
+            Ok(Command::Join {
+                identifier: "x".into()
+            })
+        );
         for bad in [
+            r#"{"command":"whisper","identifier":"x"}"#,
             "",
             "[]",
             "nope",

@@ -13,7 +13,7 @@ use crate::broker::{Broker, Control, Inbox, PresenceChange, Scope};
 use crate::config::Config;
 use crate::connection::{ConnId, Connection};
 use crate::fanout::{Fanout, Job, NodeId, Publication, Tag};
-use crate::hub::{ChannelStats, Hub, Joined, Refused, StatsFilter, SubscribeOptions};
+use crate::hub::{ChannelStats, Hub, Joined, Left, Refused, StatsFilter, SubscribeOptions};
 use crate::metrics;
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::{Change, Observer};
@@ -374,6 +374,21 @@ impl Node {
         tag: &Tag,
         pattern: bool,
     ) -> bool {
+        self.unsubscribe_left(hub, conn, ns, channel, tag, pattern)
+            .was_subscribed
+    }
+
+    /// [`Node::unsubscribe`], returning everything the hub said changed
+    /// (an adapter that announces a removed member itself needs it).
+    pub fn unsubscribe_left(
+        &self,
+        hub: &Hub,
+        conn: &Connection,
+        ns: Namespace,
+        channel: &str,
+        tag: &Tag,
+        pattern: bool,
+    ) -> Left {
         let left = hub.unsubscribe(conn, ns, channel, tag, pattern);
         let app = &hub.app.id;
         let observed = self.observed.load(Ordering::Acquire);
@@ -383,13 +398,13 @@ impl Node {
                 .member(self.id, app, ns, channel, user_id, false);
             self.report_if(hub, answer, ns, channel, Some(user_id));
         }
-        if let Some(user_id) = left.member_left {
+        if let Some(user_id) = &left.member_left {
             self.broker.presence(
                 app,
                 PresenceChange {
                     scope: Scope::Channel(ChannelId(ns, channel.to_owned())),
                     node: self.id,
-                    user_id,
+                    user_id: user_id.clone(),
                     joined: None,
                 },
             );
@@ -402,7 +417,7 @@ impl Node {
                 self.report_if(hub, answer, ns, channel, None);
             }
         }
-        left.was_subscribed
+        left
     }
 
     /// A leave the broker decides on: report `Vacated` (`user` is `None`)

@@ -306,6 +306,27 @@ impl Hub {
         self.space(ns).is_some_and(|s| s.is_syncing(channel))
     }
 
+    /// The members of presence channel `channel` as this node knows the
+    /// cluster's (its own and, while it has a subscriber there, the other
+    /// nodes'): how many there are, and at most `max` of them with their
+    /// info. `None` when this node holds no state for the channel.
+    pub fn members(
+        &self,
+        ns: Namespace,
+        channel: &str,
+        max: usize,
+    ) -> Option<(usize, Vec<presence::Record>)> {
+        let space = self.space(ns)?;
+        let ch = space.channels.get(channel)?;
+        let visible = ch.members.iter().filter(|(_, m)| m.visible());
+        let total = visible.clone().count();
+        let records = visible
+            .take(max)
+            .map(|(id, m)| (id.to_string(), m.info.clone()))
+            .collect();
+        Some((total, records))
+    }
+
     /// Drop a seeded entry nobody subscribed to.
     pub fn drop_if_unused(&self, ns: Namespace, channel: &str) -> bool {
         self.space(ns).is_some_and(|s| s.drop_if_unused(channel))

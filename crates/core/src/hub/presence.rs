@@ -6,6 +6,9 @@
 use crate::fanout::NodeId;
 use serde_json::value::RawValue;
 
+/// A member's id and info, as a member list gives them.
+pub type Record = (String, Option<Box<RawValue>>);
+
 /// A member as the adapter describes it when subscribing.
 #[derive(Debug, Clone)]
 pub struct Member {

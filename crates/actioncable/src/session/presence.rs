@@ -1,0 +1,249 @@
+//! Issue 19: a session's presence (`join`, `leave`, `presence`) and
+//! `whisper` commands, and what becomes of its memberships when a
+//! subscription or the connection ends (a child of `session`, which it
+//! extends; the protocol's part is `crate::presence`).
+
+use super::*;
+use crate::presence as p;
+use herald_core::broker::Scope;
+use herald_core::hub::Refused;
+use herald_core::namespace::ChannelId;
+
+impl CableSession {
+    /// The stream a subscription's state enables for `key` (`$p`, `$w`).
+    fn enabled_stream(&self, identifier: &str, key: &str) -> Option<String> {
+        self.env
+            .istate
+            .get(identifier)?
+            .get(key)
+            .filter(|s| !s.is_empty())
+            .cloned()
+    }
+
+    /// A `$pubsub` subscription's state: presence and whispers on its
+    /// stream as `rpc.streams_presence` / `rpc.streams_whisper` say
+    /// (always on a public stream), as anycable-go decides them.
+    pub(super) fn pubsub_state(&mut self, identifier: &str, stream: &str, public: bool) {
+        let s = &self.cable.presence;
+        let mut state = HashMap::new();
+        if public || s.streams_presence {
+            state.insert(p::PRESENCE_STATE.to_owned(), stream.to_owned());
+        }
+        if public || s.streams_whisper {
+            state.insert(p::WHISPER_STATE.to_owned(), stream.to_owned());
+        }
+        if !state.is_empty() {
+            let entry = self.env.istate.entry(identifier.to_owned()).or_default();
+            merge(entry, &state);
+        }
+    }
+
+    fn refuse_presence(&self, identifier: &str, why: &str) {
+        metrics::count(&m::CABLE_PRESENCE_REFUSED);
+        tracing::debug!(sid = %self.conn.socket_id, why, "presence command refused");
+        self.send(&p::error_frame(identifier, why));
+    }
+
+    /// The presence stream of a confirmed subscription, after the rate
+    /// check; `None` when the command was answered (or, for an unknown
+    /// subscription, ignored as every command for one is).
+    fn presence_stream(&mut self, identifier: &str) -> Option<String> {
+        if self.find(identifier).is_none() {
+            metrics::count(&metrics::BAD_MESSAGES);
+            tracing::debug!(sid = %self.conn.socket_id, "presence for an unknown identifier");
+            return None;
+        }
+        if !self
+            .presence
+            .commands
+            .take(self.cable.presence.presence_rate)
+        {
+            self.refuse_presence(
+                identifier,
+                "too many presence commands: over rpc.presence_rate",
+            );
+            return None;
+        }
+        let stream = self.enabled_stream(identifier, p::PRESENCE_STATE);
+        if stream.is_none() {
+            self.refuse_presence(identifier, "presence is not enabled for this subscription");
+        }
+        stream
+    }
+
+    /// `join`, or a `subscribe` that carries the member (a client
+    /// subscribing again after a reconnect).
+    pub(super) async fn join(&mut self, identifier: &str, text: &str) -> Next {
+        let Some(stream) = self.presence_stream(identifier) else {
+            return Next::Continue;
+        };
+        let member = match p::member(text, self.cable.presence.max_info) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                self.refuse_presence(
+                    identifier,
+                    "`presence` (the member's id and info) is missing",
+                );
+                return Next::Continue;
+            }
+            Err(e) => {
+                self.refuse_presence(identifier, &e);
+                return Next::Continue;
+            }
+        };
+        let joined = &self.presence.joined;
+        if let Some((_, _, id)) = joined
+            .iter()
+            .find(|(i, s, _)| &**i == identifier && *s == stream)
+        {
+            if *id != member.id {
+                self.refuse_presence(
+                    identifier,
+                    "this subscription joined as another id: leave first",
+                );
+            }
+            // Joined already as this id: nothing changes (as AnyCable).
+            return Next::Continue;
+        }
+        if joined.len() >= self.cable.presence.max_joins {
+            self.refuse_presence(
+                identifier,
+                &format!(
+                    "joined {} presence streams already (rpc.presence_max_joins)",
+                    joined.len()
+                ),
+            );
+            return Next::Continue;
+        }
+        let tag: Arc<str> = Arc::from(identifier);
+        let opts = SubscribeOptions {
+            tag: Some(tag.clone()),
+            member: Some(herald_core::hub::presence::Member {
+                user_id: member.id.clone(),
+                info: member.info.clone(),
+            }),
+            max_members: self.cable.presence.max_members,
+            ..SubscribeOptions::default()
+        };
+        match self
+            .node
+            .subscribe(&self.hub, &self.conn, p::NAMESPACE, &stream, opts)
+            .await
+        {
+            Ok(j) => {
+                self.presence
+                    .joined
+                    .push((tag, stream.clone(), member.id.clone()));
+                if j.member_added {
+                    let event = p::join_event(&member.id, member.info.as_deref());
+                    p::announce(&self.node, &self.hub, &stream, event).await;
+                }
+            }
+            Err(Refused::OverLimit(_)) => self.refuse_presence(
+                identifier,
+                &format!(
+                    "the stream's presence is full: {} members (rpc.presence_max_members)",
+                    self.cable.presence.max_members
+                ),
+            ),
+            Err(e) => self.refuse_presence(identifier, &e.to_string()),
+        }
+        Next::Continue
+    }
+
+    pub(super) async fn leave_presence(&mut self, identifier: &str) -> Next {
+        if self.presence_stream(identifier).is_some() {
+            self.leave_joined(identifier).await;
+        }
+        Next::Continue
+    }
+
+    /// Leave the presence a subscription joined (on `leave`, and when the
+    /// subscription ends), announcing a member no connection is left for.
+    pub(super) async fn leave_joined(&mut self, identifier: &str) {
+        let (mine, rest) = std::mem::take(&mut self.presence.joined)
+            .into_iter()
+            .partition(|(i, _, _)| &**i == identifier);
+        self.presence.joined = rest;
+        p::remove_all(&self.node, &self.hub, &self.conn, mine).await;
+    }
+
+    /// `presence`: how many members the stream has, and who (up to
+    /// `rpc.presence_max_records`), the cluster's as this node knows them,
+    /// or as the broker lists them where no member is on this node.
+    pub(super) async fn presence_info(&mut self, identifier: &str, text: &str) -> Next {
+        let Some(stream) = self.presence_stream(identifier) else {
+            return Next::Continue;
+        };
+        let max = self.cable.presence.max_records;
+        let (total, records) = match self.hub.members(p::NAMESPACE, &stream, max) {
+            Some(known) => known,
+            None => {
+                let scope = Scope::Channel(ChannelId(p::NAMESPACE, stream.clone()));
+                let remote = self
+                    .node
+                    .broker
+                    .members(&self.hub.app.id, &scope, self.node.id)
+                    .await;
+                let mut seen = std::collections::HashSet::new();
+                let mut records = Vec::new();
+                for (_, id, info) in remote {
+                    if seen.insert(id.clone()) && records.len() < max {
+                        records.push((id, info));
+                    }
+                }
+                (seen.len(), records)
+            }
+        };
+        let records = p::wants_records(text).then_some(records.as_slice());
+        self.send(&p::info_frame(identifier, total, records));
+        Next::Continue
+    }
+
+    /// `whisper`: to the stream's other subscribers, never back to the
+    /// sender, without a position (never in the history). Not allowed or
+    /// over the rate: dropped without an answer, as anycable-go does.
+    pub(super) async fn whisper(&mut self, identifier: &str, data: String) -> Next {
+        if self.find(identifier).is_none() {
+            metrics::count(&metrics::BAD_MESSAGES);
+            tracing::debug!(sid = %self.conn.socket_id, "whisper for an unknown identifier");
+            return Next::Continue;
+        }
+        let Some(stream) = self.enabled_stream(identifier, p::WHISPER_STATE) else {
+            metrics::count(&m::CABLE_WHISPERS_DROPPED);
+            tracing::debug!(sid = %self.conn.socket_id, "whisper on a subscription that may not whisper");
+            return Next::Continue;
+        };
+        if !self
+            .presence
+            .whispers
+            .take(self.cable.presence.whisper_rate)
+        {
+            metrics::count(&m::CABLE_WHISPERS_DROPPED);
+            tracing::debug!(sid = %self.conn.socket_id, "whisper over rpc.whisper_rate");
+            return Next::Continue;
+        }
+        let Ok(data) = serde_json::value::RawValue::from_string(data) else {
+            return Next::Continue;
+        };
+        metrics::count(&m::CABLE_WHISPERS);
+        let publication =
+            herald_core::fanout::Publication::new(crate::NAMESPACE, stream, String::new(), data)
+                .sent_by(self.conn.socket_id.to_string());
+        self.node.publish(&self.hub, publication).await;
+        Next::Continue
+    }
+
+    /// The connection ended: its memberships stay for `rpc.presence_ttl`
+    /// (a restored or reconnected client joins again within it).
+    pub(super) fn linger_presence(&mut self) {
+        let joined = std::mem::take(&mut self.presence.joined);
+        p::linger(
+            self.node.clone(),
+            self.hub.clone(),
+            self.conn.clone(),
+            joined,
+            self.cable.presence.ttl,
+        );
+    }
+}
