@@ -624,7 +624,7 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_PRESENCE_TTL", peer: AnyCable, does: Set(PRESENCE_TTL) },
     Var { name: "ANYCABLE_STREAMS_PRESENCE", peer: AnyCable, does: Set(STREAMS_PRESENCE) },
     Var { name: "ANYCABLE_STREAMS_WHISPER", peer: AnyCable, does: Set(STREAMS_WHISPER) },
-    Var { name: "ANYCABLE_BROKER", peer: AnyCable, does: Unsupported("history and session restore for actioncable-v1-ext-json are on by default (rpc.history_limit, rpc.sessions_ttl) but kept per node: a cluster shares neither yet") },
+    Var { name: "ANYCABLE_BROKER", peer: AnyCable, does: Unsupported("history and session restore for actioncable-v1-ext-json are on by default (rpc.history_limit, rpc.sessions_ttl): in process on one node, on the broker's server (Redis, NATS with -js) in a cluster") },
     Var { name: "ANYCABLE_PUBSUB", peer: AnyCable, does: Unsupported("nodes exchange broadcasts through broker.url") },
     Var { name: "ANYCABLE_EMBED_NATS", peer: AnyCable, does: Unsupported("run nats-server beside Herald") },
     Var { name: "ANYCABLE_PRESETS", peer: AnyCable, does: Unsupported(NO_EQUIV) },
