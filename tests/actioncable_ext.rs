@@ -549,3 +549,33 @@ async fn a_subscribe_naming_the_member_joins_after_the_confirmation() {
         json!({ "type": "info", "total": 1, "records": [{ "id": "z" }] })
     );
 }
+
+/// Two subscriptions of one connection to the same stream each get every
+/// message of it (the gate keeps one track per subscription).
+#[tokio::test]
+async fn two_subscriptions_of_one_stream_each_get_every_message() {
+    let server = Server::start_with("[rpc]\npublic_streams = true", "").await;
+    let (mut ws, _) = subscribed(&server, "both").await;
+    let second = json!({ "channel": "$pubsub", "stream_name": "both", "n": 2 }).to_string();
+    send(
+        &mut ws,
+        json!({ "command": "subscribe", "identifier": second }),
+    )
+    .await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    broadcast(&server, "both", json!({ "n": 1 })).await;
+    let mut got = vec![];
+    for _ in 0..2 {
+        let f = frame(&mut ws).await;
+        assert_eq!(
+            (f["message"].clone(), f["offset"].clone()),
+            (json!({ "n": 1 }), json!(1)),
+            "{f}"
+        );
+        got.push(f["identifier"].as_str().unwrap().to_owned());
+    }
+    got.sort();
+    let mut want = vec![ident("both"), second];
+    want.sort();
+    assert_eq!(got, want);
+}

@@ -335,9 +335,13 @@ fn healer(
                 &m::CABLE_GAPS_UNFILLED
             });
             let identifier = gap.tag.as_deref().unwrap_or_default();
-            gate.release(&conn, &gap.channel, read.as_ref().ok(), |e, epoch| {
-                crate::ext::entry_frame(identifier, &gap.channel, epoch, e)
-            });
+            gate.release(
+                &conn,
+                &gap.channel,
+                &gap.tag,
+                read.as_ref().ok(),
+                |e, epoch| crate::ext::entry_frame(identifier, &gap.channel, epoch, e),
+            );
         });
     })
 }
@@ -784,11 +788,11 @@ impl CableSession {
         if self.ext {
             self.cable.reliable.follow(&channel);
             if self.hold {
-                self.conn.with_gate().hold(&channel);
+                self.conn.with_gate().hold(&channel, &tag);
             }
         }
         let opts = SubscribeOptions {
-            tag,
+            tag: tag.clone(),
             ..SubscribeOptions::default()
         };
         match self
@@ -802,7 +806,7 @@ impl CableSession {
             }
             Err(e) => {
                 if let Some(g) = self.conn.gate() {
-                    g.forget(&channel);
+                    g.forget(&channel, &tag);
                     self.cable.reliable.unfollow(&channel);
                 }
                 tracing::warn!(sid = %self.conn.socket_id, error = %e, "stream refused")
@@ -833,7 +837,7 @@ impl CableSession {
         );
         // Only extended-protocol connections have a gate, and follow.
         if let Some(g) = self.conn.gate() {
-            g.forget(&channel);
+            g.forget(&channel, &Some(identifier.clone()));
             self.cable.reliable.unfollow(&channel);
         }
         self.streams = self.streams.saturating_sub(1);

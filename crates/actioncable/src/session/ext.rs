@@ -27,14 +27,22 @@ impl CableSession {
         self.hold = false;
         // A client that never asks for its history must not wait for its
         // live publications forever: after RESTORED_HOLD they go out.
-        let held: Vec<String> = self.subs.iter().flat_map(|s| s.streams.clone()).collect();
+        let held: Vec<(herald_core::fanout::Tag, String)> = self
+            .subs
+            .iter()
+            .flat_map(|s| {
+                s.streams
+                    .iter()
+                    .map(|x| (Some(s.identifier.clone()), x.clone()))
+            })
+            .collect();
         let conn = Arc::downgrade(&self.conn);
         tokio::spawn(async move {
             tokio::time::sleep(RESTORED_HOLD).await;
             let Some(conn) = conn.upgrade() else { return };
             if let Some(gate) = conn.gate() {
-                for s in &held {
-                    gate.let_go(&conn, s);
+                for (tag, s) in &held {
+                    gate.let_go(&conn, s, tag);
                 }
             }
         });
@@ -94,8 +102,9 @@ impl CableSession {
 
     fn release_all(&self, at: usize) {
         let gate = self.conn.with_gate();
+        let tag = Some(self.subs[at].identifier.clone());
         for s in &self.subs[at].streams {
-            gate.release(&self.conn, s, None, |_, _| unreachable!());
+            gate.release(&self.conn, s, &tag, None, |_, _| unreachable!());
         }
     }
 
@@ -147,8 +156,9 @@ impl CableSession {
             }
         }
         let gate = self.conn.with_gate();
+        let tag = Some(self.subs[at].identifier.clone());
         for (stream, channel, backlog) in &answers {
-            gate.release(&self.conn, channel, backlog.as_ref(), |e, epoch| {
+            gate.release(&self.conn, channel, &tag, backlog.as_ref(), |e, epoch| {
                 crate::ext::entry_frame(identifier, stream, epoch, e)
             });
         }

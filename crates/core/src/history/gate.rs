@@ -45,8 +45,47 @@ pub type Healer = Box<dyn Fn(Gap) + Send + Sync>;
 /// stream and has the healer read what is missing from the shared history.
 #[derive(Default)]
 pub struct Gate {
-    streams: Mutex<HashMap<Box<str>, Track>>,
+    streams: Mutex<Tracks>,
     healer: OnceLock<Healer>,
+}
+
+/// Each (stream, subscription tag)'s track: a connection may follow one
+/// stream from two subscriptions, and each gets every publication once.
+/// By stream first (one lookup per publication), then a short list by tag.
+#[derive(Default)]
+struct Tracks(HashMap<Box<str>, Vec<(Tag, Track)>>);
+
+impl Tracks {
+    fn get(&self, channel: &str, tag: &Tag) -> Option<&Track> {
+        let list = self.0.get(channel)?;
+        list.iter().find(|(t, _)| t == tag).map(|(_, k)| k)
+    }
+
+    fn get_mut(&mut self, channel: &str, tag: &Tag) -> Option<&mut Track> {
+        let list = self.0.get_mut(channel)?;
+        list.iter_mut().find(|(t, _)| t == tag).map(|(_, k)| k)
+    }
+
+    fn insert(&mut self, channel: &str, tag: &Tag, track: Track) {
+        match self.get_mut(channel, tag) {
+            Some(k) => *k = track,
+            None => self
+                .0
+                .entry(channel.into())
+                .or_default()
+                .push((tag.clone(), track)),
+        }
+    }
+
+    fn remove(&mut self, channel: &str, tag: &Tag) -> Option<Track> {
+        let list = self.0.get_mut(channel)?;
+        let i = list.iter().position(|(t, _)| t == tag)?;
+        let (_, track) = list.swap_remove(i);
+        if list.is_empty() {
+            self.0.remove(channel);
+        }
+        Some(track)
+    }
 }
 
 /// Most live publications held per stream while its history is answered;
@@ -89,7 +128,7 @@ impl Gate {
         frame: Frame,
     ) -> bool {
         let mut streams = self.streams.lock();
-        match streams.get_mut(channel) {
+        match streams.get_mut(channel, tag) {
             Some(Track::Held(h)) => {
                 if h.frames.len() < MAX_HELD {
                     h.frames.push((pos.clone(), frame));
@@ -104,13 +143,16 @@ impl Gate {
                 }
                 match last {
                     Some(p) => streams.insert(
-                        channel.into(),
+                        channel,
+                        tag,
                         Track::Live {
                             epoch: p.epoch,
                             last: p.offset,
                         },
                     ),
-                    None => streams.remove(channel),
+                    None => {
+                        streams.remove(channel, tag);
+                    }
                 };
                 drop(streams);
                 self.pass(conn, channel, tag, pos, frame)
@@ -135,7 +177,7 @@ impl Gate {
                     healing: Some((tag.clone(), 1)),
                 };
                 held.frames.push((pos.clone(), frame));
-                streams.insert(channel.into(), Track::Held(held));
+                streams.insert(channel, tag, Track::Held(held));
                 drop(streams);
                 if let Some(heal) = self.healer.get() {
                     heal(gap);
@@ -149,7 +191,8 @@ impl Gate {
             }
             None => {
                 streams.insert(
-                    channel.into(),
+                    channel,
+                    tag,
                     Track::Live {
                         epoch: pos.epoch.clone(),
                         last: pos.offset,
@@ -162,15 +205,15 @@ impl Gate {
 
     /// Hold live publications of `channel` until [`Gate::release`] (a
     /// history request: its answer starts afresh).
-    pub fn hold(&self, channel: &str) {
+    pub fn hold(&self, channel: &str, tag: &Tag) {
         let mut streams = self.streams.lock();
-        if !matches!(streams.get(channel), Some(Track::Held(_))) {
+        if !matches!(streams.get(channel, tag), Some(Track::Held(_))) {
             let fresh = Held {
                 frames: Vec::new(),
                 base: None,
                 healing: None,
             };
-            streams.insert(channel.into(), Track::Held(fresh));
+            streams.insert(channel, tag, Track::Held(fresh));
         }
     }
 
@@ -184,11 +227,12 @@ impl Gate {
         &self,
         conn: &Connection,
         channel: &str,
+        tag: &Tag,
         backlog: Option<&Backlog>,
         frame: impl Fn(&Entry, &Arc<str>) -> Frame,
     ) {
         let mut streams = self.streams.lock();
-        let (base, mut held, healing) = match streams.remove(channel) {
+        let (base, mut held, healing) = match streams.remove(channel, tag) {
             Some(Track::Live { epoch, last }) => (Some((epoch, last)), Vec::new(), None),
             Some(Track::Held(h)) => (h.base, h.frames, h.healing),
             None => (None, Vec::new(), None),
@@ -230,7 +274,8 @@ impl Gate {
                     let mut frames = vec![(p, f)];
                     frames.extend(rest);
                     streams.insert(
-                        channel.into(),
+                        channel,
+                        tag,
                         Track::Held(Held {
                             frames,
                             base: Some((e.clone(), last)),
@@ -247,26 +292,26 @@ impl Gate {
             epoch = Some(p.epoch);
         }
         if let Some(epoch) = epoch {
-            streams.insert(channel.into(), Track::Live { epoch, last });
+            streams.insert(channel, tag, Track::Live { epoch, last });
         }
     }
 
     /// End a history request's hold on `channel` that no answer came for
     /// (the client never asked): what was held goes out as it is. A gap's
     /// hold, or a stream not held, is left alone.
-    pub fn let_go(&self, conn: &Connection, channel: &str) {
+    pub fn let_go(&self, conn: &Connection, channel: &str, tag: &Tag) {
         let waiting = matches!(
-            self.streams.lock().get(channel),
+            self.streams.lock().get(channel, tag),
             Some(Track::Held(Held { healing: None, .. }))
         );
         if waiting {
-            self.release(conn, channel, None, |_, _| Frame::text(""));
+            self.release(conn, channel, tag, None, |_, _| Frame::text(""));
         }
     }
 
-    /// Forget `channel` (the connection left the stream).
-    pub fn forget(&self, channel: &str) {
-        self.streams.lock().remove(channel);
+    /// Forget `channel` for subscription `tag` (it left the stream).
+    pub fn forget(&self, channel: &str, tag: &Tag) {
+        self.streams.lock().remove(channel, tag);
     }
 }
 
@@ -325,13 +370,15 @@ mod tests {
             .map(|i| h.append_at("s", &i.to_string(), 0).unwrap())
             .collect();
         let gate = Gate::default();
-        gate.hold("s");
+        gate.hold("s", &None);
         // Live 5 and 6 arrive while the answer (3..=6) is prepared.
         for p in &pos[4..] {
             gate.pass(&conn, "s", &None, p, Frame::text(&p.offset.to_string()));
         }
         let backlog = h.after_now("s", &pos[0].epoch, 2).unwrap();
-        gate.release(&conn, "s", Some(&backlog), |e, _| Frame::text(&e.data));
+        gate.release(&conn, "s", &None, Some(&backlog), |e, _| {
+            Frame::text(&e.data)
+        });
         // A late duplicate of 6, then 7.
         gate.pass(&conn, "s", &None, &pos[5], Frame::text("6"));
         let p7 = h.append_at("s", "7", 0).unwrap();
@@ -363,11 +410,11 @@ mod tests {
         gate.pass(&conn, "s", &tag, &pos[6], text(&pos[6]));
         let mut b = h.after_now("s", &pos[0].epoch, 2).unwrap();
         b.entries.truncate(3);
-        gate.release(&conn, "s", Some(&b), |e, _| Frame::text(&e.data));
+        gate.release(&conn, "s", &tag, Some(&b), |e, _| Frame::text(&e.data));
         let gap = gaps.lock().pop().expect("a hole before 7");
         assert_eq!(gap.after, 5);
         let b = h.after_now("s", &pos[0].epoch, 5).unwrap();
-        gate.release(&conn, "s", Some(&b), |e, _| Frame::text(&e.data));
+        gate.release(&conn, "s", &tag, Some(&b), |e, _| Frame::text(&e.data));
         // 6 arrives late: already sent.
         assert!(!gate.pass(&conn, "s", &tag, &pos[5], text(&pos[5])));
         assert_eq!(sent(&conn), ["1", "2", "3", "4", "5", "6", "7"]);
@@ -391,7 +438,7 @@ mod tests {
             entries: Vec::new(),
         };
         for _ in 0..10 {
-            gate.release(&conn, "s", Some(&empty), |e, _| Frame::text(&e.data));
+            gate.release(&conn, "s", &None, Some(&empty), |e, _| Frame::text(&e.data));
         }
         assert_eq!(*gaps.lock(), usize::from(MAX_HEALS));
         assert_eq!(sent(&conn), ["1", "3"]);
@@ -410,13 +457,34 @@ mod tests {
             epoch: Arc::from("e"),
             offset: o,
         };
-        gate.hold("s");
+        gate.hold("s", &None);
         gate.pass(&conn, "s", &None, &at(4), Frame::text("4"));
         gate.pass(&conn, "s", &None, &at(5), Frame::text("5"));
         assert!(sent(&conn).is_empty());
-        gate.let_go(&conn, "s");
-        gate.let_go(&conn, "s");
+        gate.let_go(&conn, "s", &None);
+        gate.let_go(&conn, "s", &None);
         gate.pass(&conn, "s", &None, &at(6), Frame::text("6"));
         assert_eq!(sent(&conn), ["4", "5", "6"]);
+    }
+
+    #[test]
+    fn two_subscriptions_of_one_stream_each_get_every_publication() {
+        let conn = conn();
+        let gate = Gate::default();
+        let at = |o| Position {
+            epoch: Arc::from("e"),
+            offset: o,
+        };
+        let (a, b): (Tag, Tag) = (Some(Arc::from("a")), Some(Arc::from("b")));
+        for o in 1..=2 {
+            for t in [&a, &b] {
+                let text = format!("{}{o}", t.as_deref().unwrap_or_default());
+                assert!(gate.pass(&conn, "s", t, &at(o), Frame::text(&text)));
+            }
+        }
+        gate.forget("s", &a);
+        assert!(gate.pass(&conn, "s", &a, &at(3), Frame::text("a3")));
+        assert!(!gate.pass(&conn, "s", &b, &at(2), Frame::text("b2")));
+        assert_eq!(sent(&conn), ["a1", "b1", "a2", "b2", "a3"]);
     }
 }
