@@ -6,70 +6,11 @@
 #[macro_use]
 mod common;
 
+use common::ext::{broadcast, cable, frame, ident, send};
+
 use common::{Server, TIMEOUT};
-use futures_util::SinkExt;
 use herald_broker::testing::{BrokerServer, Kind};
 use serde_json::{json, Value};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
-
-const EXT: &str = "actioncable-v1-ext-json";
-
-async fn cable(server: &Server, query: &str) -> common::Ws {
-    let mut req = format!("ws://127.0.0.1:{}/cable{query}", server.port)
-        .into_client_request()
-        .unwrap();
-    req.headers_mut()
-        .insert("sec-websocket-protocol", EXT.parse().unwrap());
-    let (ws, resp) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    assert_eq!(
-        resp.headers()
-            .get("sec-websocket-protocol")
-            .and_then(|v| v.to_str().ok()),
-        Some(EXT)
-    );
-    ws
-}
-
-/// The next frame that is not a ping, within [`TIMEOUT`] in all (pings
-/// come every 3 s, so a wait per frame would never end).
-async fn frame(ws: &mut common::Ws) -> Value {
-    tokio::time::timeout(TIMEOUT, frame_unbounded(ws))
-        .await
-        .expect("timed out waiting for a frame")
-}
-
-async fn frame_unbounded(ws: &mut common::Ws) -> Value {
-    loop {
-        match common::next(ws).await {
-            common::Next::Frame(f) if f["type"] == "ping" => continue,
-            common::Next::Frame(f) => return f,
-            common::Next::Close(c) => panic!("closed ({c:?}) while a frame was expected"),
-        }
-    }
-}
-
-async fn send(ws: &mut common::Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).await.unwrap();
-}
-
-async fn broadcast(server: &Server, stream: &str, data: Value) {
-    let body = json!({ "stream": stream, "data": data.to_string() }).to_string();
-    let resp = reqwest::Client::new()
-        .post(server.url("/_broadcast"))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-}
-
-fn ident(stream: &str) -> String {
-    json!({ "channel": "$pubsub", "stream_name": stream }).to_string()
-}
 
 async fn subscribed(server: &Server, stream: &str) -> (common::Ws, String) {
     let mut ws = cable(server, "").await;

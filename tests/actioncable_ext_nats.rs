@@ -8,59 +8,13 @@
 
 mod common;
 
+use common::ext::{broadcast, cable, frame, ident, send};
+
 use base64::Engine as _;
-use common::{free_port, herald_command, Server, TIMEOUT};
-use futures_util::SinkExt;
+use common::{free_port, Server, TIMEOUT};
 use herald_broker::testing::{BrokerServer, Kind};
 use serde_json::{json, Value};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
-
-const EXT: &str = "actioncable-v1-ext-json";
-
-async fn cable(server: &Server, query: &str) -> common::Ws {
-    let mut req = format!("ws://127.0.0.1:{}/cable{query}", server.port)
-        .into_client_request()
-        .unwrap();
-    req.headers_mut()
-        .insert("sec-websocket-protocol", EXT.parse().unwrap());
-    let (ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    ws
-}
-
-async fn frame(ws: &mut common::Ws) -> Value {
-    loop {
-        match common::next(ws).await {
-            common::Next::Frame(f) if f["type"] == "ping" => continue,
-            common::Next::Frame(f) => return f,
-            common::Next::Close(c) => panic!("closed ({c:?}) while a frame was expected"),
-        }
-    }
-}
-
-async fn send(ws: &mut common::Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).await.unwrap();
-}
-
-async fn broadcast(server: &Server, stream: &str, data: Value) {
-    let body = json!({ "stream": stream, "data": data.to_string() }).to_string();
-    let resp = reqwest::Client::new()
-        .post(server.url("/_broadcast"))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-}
-
-fn ident(stream: &str) -> String {
-    json!({ "channel": "$pubsub", "stream_name": stream }).to_string()
-}
 
 fn prefix(name: &str) -> String {
     format!("t-{}-{name}", std::process::id())
@@ -187,45 +141,6 @@ async fn history_appended_on_any_node_is_read_alike_from_every_node() {
     assert_eq!(got, vec![(json!(1), json!(1)), (json!(2), json!(2))]);
 }
 
-/// `herald bench rpc-server`, killed on drop.
-struct App(Child);
-
-impl Drop for App {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn app(port: u16, broadcast_url: &str) -> App {
-    let child = herald_command()
-        .args([
-            "bench",
-            "rpc-server",
-            "--port",
-            &port.to_string(),
-            "--threads",
-            "1",
-            "--broadcast-url",
-            broadcast_url,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn herald bench rpc-server");
-    let app = App(child);
-    let deadline = Instant::now() + TIMEOUT;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "rpc-server did not listen");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    app
-}
-
 #[tokio::test]
 async fn a_session_of_a_killed_node_restores_on_another_without_connect() {
     let broker = BrokerServer::start_jetstream();
@@ -238,7 +153,7 @@ async fn a_session_of_a_killed_node_restores_on_another_without_connect() {
         3,
     )
     .await;
-    let _app = app(rpc_port, &n[0].url("/_broadcast")).await;
+    let _app = common::ext::rpc_app(rpc_port, &n[0].url("/_broadcast")).await;
     let id = json!({ "channel": "BenchmarkChannel" }).to_string();
     let (mut ws, sid) = subscribed(&n[0], &id).await;
     broadcast(&n[0], "all", json!({ "n": 1 })).await;

@@ -8,16 +8,13 @@
 
 mod common;
 
-use common::{herald_command, Server, Ws, TIMEOUT};
-use futures_util::SinkExt;
+use common::ext::{broadcast, cable, frame, ident, send};
+
+use common::{Server, Ws, TIMEOUT};
 use herald_broker::testing::{BrokerServer, Kind};
 use serde_json::{json, Value};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message;
 
-const EXT: &str = "actioncable-v1-ext-json";
 const PREFIX: &str = "hx";
 
 async fn nodes(broker: &BrokerServer, n: usize, extra: &str) -> Vec<Server> {
@@ -30,36 +27,6 @@ async fn nodes(broker: &BrokerServer, n: usize, extra: &str) -> Vec<Server> {
         out.push(Server::start_with(&top, "").await);
     }
     out
-}
-
-async fn cable(server: &Server, query: &str) -> Ws {
-    let mut req = format!("ws://127.0.0.1:{}/cable{query}", server.port)
-        .into_client_request()
-        .unwrap();
-    req.headers_mut()
-        .insert("sec-websocket-protocol", EXT.parse().unwrap());
-    let (ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    ws
-}
-
-/// The next frame that is not a ping, within [`TIMEOUT`] (pings do not
-/// extend it).
-async fn frame(ws: &mut Ws) -> Value {
-    let next = async {
-        loop {
-            match common::next(ws).await {
-                common::Next::Frame(f) if f["type"] == "ping" => continue,
-                common::Next::Frame(f) => return f,
-                common::Next::Close(c) => panic!("closed ({c:?}) while a frame was expected"),
-            }
-        }
-    };
-    tokio::time::timeout(TIMEOUT, next)
-        .await
-        .expect("timed out waiting for a frame")
 }
 
 /// Broadcast probes to `stream` through `node` until `ws` gets one live:
@@ -80,26 +47,6 @@ async fn probe(node: &Server, ws: &mut Ws, stream: &str) -> (String, u64) {
         }
     }
     unreachable!()
-}
-
-async fn send(ws: &mut Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).await.unwrap();
-}
-
-async fn broadcast(server: &Server, stream: &str, data: Value) {
-    let body = json!({ "stream": stream, "data": data.to_string() }).to_string();
-    let resp = reqwest::Client::new()
-        .post(server.url("/_broadcast"))
-        .timeout(TIMEOUT)
-        .body(body)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("POST /_broadcast to port {}: {e}", server.port));
-    assert_eq!(resp.status(), 201);
-}
-
-fn ident(stream: &str) -> String {
-    json!({ "channel": "$pubsub", "stream_name": stream }).to_string()
 }
 
 async fn redis(broker: &BrokerServer) -> redis::aio::MultiplexedConnection {
@@ -311,45 +258,6 @@ async fn history_is_bounded_by_history_limit_on_the_server() {
     );
 }
 
-/// `herald bench rpc-server` (gRPC), killed on drop.
-struct App(Child);
-
-impl Drop for App {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn bench_app(port: u16, broadcast_to: &Server) -> App {
-    let app = herald_command()
-        .args([
-            "bench",
-            "rpc-server",
-            "--port",
-            &port.to_string(),
-            "--threads",
-            "1",
-            "--broadcast-url",
-            &broadcast_to.url("/_broadcast"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn herald bench rpc-server");
-    let app = App(app);
-    let deadline = Instant::now() + TIMEOUT;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "rpc-server did not listen");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    app
-}
-
 #[tokio::test]
 async fn a_session_of_a_killed_node_is_restored_on_another_without_connect() {
     let broker = BrokerServer::start(Kind::Redis);
@@ -361,7 +269,7 @@ async fn a_session_of_a_killed_node_is_restored_on_another_without_connect() {
         &format!("[rpc]\nhost = \"127.0.0.1:{rpc_port}\"\ntimeout_ms = 5000\n"),
     )
     .await;
-    let _app = bench_app(rpc_port, &ns[1]).await;
+    let _app = common::ext::rpc_app(rpc_port, &ns[1].url("/_broadcast")).await;
     let id = json!({ "channel": "BenchmarkChannel", "id": 7 }).to_string();
 
     // A client on node A (the app's Connect and Subscribe run there).

@@ -35,6 +35,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+pub mod ext;
+
 pub const APP_ID: &str = "test-app";
 pub const APP_KEY: &str = "test-key";
 pub const APP_SECRET: &str = "test-secret";
