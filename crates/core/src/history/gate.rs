@@ -106,8 +106,8 @@ struct Held {
     /// What was sent before the hold (a gap's hold keeps it; a history
     /// request's starts afresh: the client said where it stands).
     base: Option<(Arc<str>, u64)>,
-    /// For a gap's hold: the tag to heal with, and the reads so far.
-    healing: Option<(Tag, u8)>,
+    /// For a gap's hold: the history reads so far.
+    healing: Option<u8>,
 }
 
 impl Gate {
@@ -174,7 +174,7 @@ impl Gate {
                 let mut held = Held {
                     frames: Vec::with_capacity(4),
                     base: Some((epoch.clone(), *last)),
-                    healing: Some((tag.clone(), 1)),
+                    healing: Some(1),
                 };
                 held.frames.push((pos.clone(), frame));
                 streams.insert(channel, tag, Track::Held(held));
@@ -261,10 +261,10 @@ impl Gate {
             if same && p.offset <= last {
                 continue;
             }
-            if let (true, Some((tag, reads)), Some(heal), Some(e)) =
-                (same, &healing, self.healer.get(), &epoch)
+            if let (true, Some(reads), Some(heal), Some(e)) =
+                (same, healing, self.healer.get(), &epoch)
             {
-                if p.offset > last + 1 && backlog.is_some() && *reads < MAX_HEALS {
+                if p.offset > last + 1 && backlog.is_some() && reads < MAX_HEALS {
                     let gap = Gap {
                         channel: channel.into(),
                         tag: tag.clone(),
@@ -279,7 +279,7 @@ impl Gate {
                         Track::Held(Held {
                             frames,
                             base: Some((e.clone(), last)),
-                            healing: Some((tag.clone(), reads + 1)),
+                            healing: Some(reads + 1),
                         }),
                     );
                     drop(streams);

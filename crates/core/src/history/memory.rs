@@ -73,17 +73,12 @@ impl MemoryHistory {
 
     /// Whether any history is kept at all (`history_limit` > 0).
     pub fn enabled(&self) -> bool {
-        self.limits.per_stream > 0 && self.limits.ttl_ms > 0
+        self.limits.enabled()
     }
 
     fn new_epoch(&self) -> Arc<str> {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
         Arc::from(format!("{:08x}{g:x}", self.nonce))
-    }
-
-    /// Whether any stream keeps a history now (one atomic load).
-    pub fn any_reliable(&self) -> bool {
-        self.reliable.load(Ordering::Relaxed) > 0
     }
 
     /// Bytes of data and overhead held now.
@@ -252,12 +247,7 @@ impl History for MemoryHistory {
     }
 
     fn append(&self, stream: &str, data: &str) -> BoxFuture<Option<Position>> {
-        let pos = if self.any_reliable() {
-            self.append_at(stream, data, now_ms())
-        } else {
-            None
-        };
-        Box::pin(std::future::ready(pos))
+        Box::pin(std::future::ready(self.append_at(stream, data, now_ms())))
     }
 
     fn after(&self, stream: &str, epoch: &str, offset: u64) -> BoxFuture<Result<Backlog, Miss>> {
