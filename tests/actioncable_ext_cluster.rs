@@ -128,3 +128,52 @@ async fn a_killed_nodes_members_leave_for_everyone(kind: Kind) {
 }
 
 both!(a_killed_nodes_members_leave_for_everyone);
+
+/// Redis: the first extended-protocol subscription to a stream marks it
+/// reliable on the server before `confirm_subscription`, so a publication
+/// made on another node right after the confirmation has a position. The
+/// server's writes are paused while the client subscribes (`CLIENT PAUSE
+/// WRITE`: the marker's script waits, reads and the node's `SUBSCRIBE` do
+/// not), so a confirmation sent before the marker exists is seen as such.
+#[tokio::test]
+async fn a_stream_is_reliable_on_redis_before_its_subscription_is_confirmed() {
+    let broker = BrokerServer::start(Kind::Redis);
+    let n = nodes(&broker, 2, "").await;
+    let mut r = redis::Client::open(broker.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let markers = |r: &mut redis::aio::MultiplexedConnection| {
+        let mut r = r.clone();
+        async move {
+            let k: Vec<String> = redis::cmd("KEYS")
+                .arg("*:hist:*:m")
+                .query_async(&mut r)
+                .await
+                .unwrap();
+            k.len()
+        }
+    };
+    for k in 0..3 {
+        let stream = format!("fresh-{k}");
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(400)
+            .arg("WRITE")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        let mut ws = subscribed(&n[0], &stream).await;
+        assert_eq!(
+            markers(&mut r).await,
+            k + 1,
+            "{stream} confirmed before it was marked reliable on the server"
+        );
+        broadcast(&n[1], &stream, json!({ "n": k })).await;
+        let f = frame(&mut ws).await;
+        assert_eq!(f["message"], json!({ "n": k }), "{f}");
+        assert_eq!(f["offset"], 1, "{stream}: no position: {f}");
+        assert!(f["epoch"].is_string(), "{f}");
+    }
+}
