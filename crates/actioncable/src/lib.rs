@@ -209,6 +209,7 @@ impl Adapter for ActionCable {
         let Some(hub) = hub_of(node, &rpc) else {
             return Ok(());
         };
+        presence::Gone::register(node, &hub);
         // The routes' `Cable` is not reachable from here: the ingest gets
         // its own handle on the broker's history. For a cluster engine that
         // keeps it on its server that is the same history; one kept in

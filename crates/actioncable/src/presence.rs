@@ -19,6 +19,12 @@
 //! of the stream marked [`EVENT`], which the wire writes as a `presence`
 //! frame and which, like a whisper, has no position (AnyCable's
 //! "transient" messages: never in the history).
+//!
+//! The members of a node that died (or left) leave without anyone on
+//! their node to announce it: the engine removes them and has one node
+//! report each removal for the cluster, the same decision Pusher's
+//! `member_removed` webhook is made from; [`Gone`] hears it and announces
+//! the leave on the stream, so every subscriber hears it once.
 
 use crate::config::RpcConfig;
 use crate::wire::json_string;
@@ -27,9 +33,10 @@ use herald_core::fanout::Publication;
 use herald_core::hub::Hub;
 use herald_core::namespace::Namespace;
 use herald_core::node::Node;
+use herald_core::observer::{Change, Observer};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// The hub namespace of presence members (channel = the stream's name),
@@ -272,6 +279,52 @@ pub async fn remove_all(
         if left.member_removed {
             announce(node, hub, &stream, leave_event(&id)).await;
         }
+    }
+}
+
+/// Announces the leave of a member whose node is gone (see the module
+/// doc). Registered for [`NAMESPACE`] only ([`Node::observe_in`]): the
+/// cluster-wide member decisions are then made for presence streams, and
+/// for nothing else.
+pub struct Gone {
+    node: Weak<Node>,
+    app_id: String,
+}
+
+impl Gone {
+    /// Hear, on `node`, of the members of `hub`'s app whose node is gone.
+    pub fn register(node: &Arc<Node>, hub: &Hub) {
+        let gone = Gone {
+            node: Arc::downgrade(node),
+            app_id: hub.app.id.clone(),
+        };
+        node.observe_in(NAMESPACE, Arc::new(gone));
+    }
+}
+
+impl Observer for Gone {
+    /// Leaves of live nodes' members are announced by their node (the
+    /// session, when the member's last connection there leaves).
+    fn changed(&self, _: &str, _: Namespace, _: &Change<'_>) {}
+
+    fn gone(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        let Change::MemberRemoved { channel, user_id } = *change else {
+            return;
+        };
+        if ns != NAMESPACE || app_id != self.app_id {
+            return;
+        }
+        let (Some(node), Ok(rt)) = (self.node.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let Some(hub) = node.hub_by_id(app_id).cloned() else {
+            return;
+        };
+        tracing::debug!(stream = channel, "member of a gone node left");
+        let (stream, event) = (channel.to_owned(), leave_event(user_id));
+        // Observers must not block: the publication goes on a task.
+        rt.spawn(async move { announce(&node, &hub, &stream, event).await });
     }
 }
 

@@ -786,7 +786,9 @@ impl CableSession {
         let tag = Some(self.subs[at].identifier.clone());
         let channel = stream.clone();
         if self.ext {
-            self.cable.reliable.follow(&channel);
+            // Reliable on the engine before the confirmation goes out (a
+            // publication on another node right after it gets a position).
+            self.cable.reliable.follow(&channel).await;
             if self.hold {
                 self.conn.with_gate().hold(&channel, &tag);
             }

@@ -31,6 +31,7 @@
 //! out without one), reads give [`Miss::Unavailable`], stores are dropped,
 //! and one warning per [`LOG_EVERY`] says how many calls failed.
 
+use futures_util::future::{FutureExt, Shared};
 use herald_core::broker::{BoxFuture, Streams};
 use herald_core::history::{Backlog, Entry, History, Limits, Miss, Position};
 use herald_core::sessions::SessionStore;
@@ -287,13 +288,17 @@ impl Streams for RedisStreams {
     }
 }
 
+/// A retain call on its way (or done), shared by whoever waits for it.
+type Retaining = Shared<BoxFuture<()>>;
+
 /// History in Redis Streams (see the module's doc).
 pub struct RedisHistory {
     link: Arc<Link>,
     prefix: String,
     limits: Limits,
-    /// Streams retained lately by this node, and when ([`RETAIN_EVERY`]).
-    retained: Mutex<HashMap<Box<str>, Instant>>,
+    /// Streams retained lately by this node: when ([`RETAIN_EVERY`]), and
+    /// the call, which every subscription to the stream meanwhile awaits.
+    retained: Mutex<HashMap<Box<str>, (Instant, Retaining)>>,
 }
 
 impl RedisHistory {
@@ -395,28 +400,38 @@ impl History for RedisHistory {
         "redis"
     }
 
-    /// Create or refresh the stream's marker, in the background (a
-    /// publication racing it on another node may go out without a
-    /// position, as one just before the subscription would).
+    /// Create or refresh the stream's marker, in the background (the
+    /// periodic refresh of followed streams; a new follower waits for it,
+    /// [`History::retain_now`]).
     fn retain(&self, stream: &str) {
+        drop(self.retain_now(stream));
+    }
+
+    /// The marker's call runs on a task of its own (it completes even if
+    /// nobody waits); the subscriptions to the stream made while it is on
+    /// its way, on this node, all wait for that one call, so none is
+    /// confirmed before the stream is reliable on the server, and a
+    /// publication on any node after the confirmation is appended with a
+    /// position. The wait is bounded by [`CALL_TIMEOUT`] (a server away:
+    /// the subscription goes on, without positions, as publications do).
+    fn retain_now(&self, stream: &str) -> BoxFuture<()> {
         if !self.limits.enabled() {
-            return;
-        }
-        {
-            let mut r = self.retained.lock();
-            if r.get(stream).is_some_and(|at| at.elapsed() < RETAIN_EVERY) {
-                return;
-            }
-            r.insert(stream.into(), Instant::now());
+            return Box::pin(std::future::ready(()));
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
+            return Box::pin(std::future::ready(()));
         };
+        let mut r = self.retained.lock();
+        if let Some((at, call)) = r.get(stream) {
+            if at.elapsed() < RETAIN_EVERY {
+                return Box::pin(call.clone());
+            }
+        }
         let (m, s) = self.keys(stream);
         let link = self.link.clone();
         let ttl = self.limits.ttl_ms;
         let epoch = format!("{:016x}", rand::random::<u64>());
-        rt.spawn(async move {
+        let task = rt.spawn(async move {
             link.call("retain", |sc| {
                 let mut c = redis::cmd("EVALSHA");
                 c.arg(&sc.retain).arg(2).arg(m).arg(s).arg(epoch).arg(ttl);
@@ -424,6 +439,12 @@ impl History for RedisHistory {
             })
             .await;
         });
+        let done: BoxFuture<()> = Box::pin(async move {
+            let _ = task.await;
+        });
+        let call = done.shared();
+        r.insert(stream.into(), (Instant::now(), call.clone()));
+        Box::pin(call)
     }
 
     /// Whether any node may keep a history of some stream is not known
@@ -491,7 +512,7 @@ impl History for RedisHistory {
     fn sweep(&self) {
         self.retained
             .lock()
-            .retain(|_, at| at.elapsed() < RETAIN_EVERY);
+            .retain(|_, (at, _)| at.elapsed() < RETAIN_EVERY);
     }
 }
 

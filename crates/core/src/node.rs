@@ -25,6 +25,9 @@ use std::sync::{Arc, OnceLock};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// An observer, of every namespace (`None`) or of one.
+type Observing = (Option<Namespace>, Arc<dyn Observer>);
+
 pub struct Node {
     pub id: NodeId,
     pub config: Config,
@@ -38,11 +41,17 @@ pub struct Node {
     ready: AtomicBool,
     /// Cancelled when the server starts draining; every session watches it.
     pub shutdown: CancellationToken,
-    /// Told about occupancy, members, ... (see [`crate::observer`]).
-    observers: RwLock<Arc<[Arc<dyn Observer>]>>,
-    /// Whether there are any (read without touching the lock: most
-    /// servers register observers at start or never).
+    /// Told about occupancy, members, ... (see [`crate::observer`]): each
+    /// of every namespace (`None`) or of one.
+    observers: RwLock<Arc<[Observing]>>,
+    /// Whether there is an observer of every namespace (read without
+    /// touching the lock: most servers register observers at start or
+    /// never).
     observed: AtomicBool,
+    /// The namespaces with an observer of their own ([`Node::observe_in`]);
+    /// `scoped` says whether there are any, so the others never read it.
+    scoped: AtomicBool,
+    scoped_ns: RwLock<Arc<[Namespace]>>,
     /// Publications go to observers only while this is above 0.
     publication_watchers: AtomicUsize,
     /// Work an adapter starts that must finish before the process exits
@@ -80,6 +89,8 @@ impl Node {
             shutdown: CancellationToken::new(),
             observers: RwLock::new(Arc::new([])),
             observed: AtomicBool::new(false),
+            scoped: AtomicBool::new(false),
+            scoped_ns: RwLock::new(Arc::new([])),
             publication_watchers: AtomicUsize::new(0),
             tasks: TaskTracker::new(),
         });
@@ -153,34 +164,80 @@ impl Node {
 
     /// Register an observer for every app's changes.
     pub fn observe(&self, observer: Arc<dyn Observer>) {
-        let mut all = self.observers.write();
-        let mut list: Vec<_> = all.iter().cloned().collect();
-        list.push(observer);
-        *all = list.into();
+        self.add_observer(None, observer);
         self.observed.store(true, Ordering::Release);
     }
 
-    /// Tell every observer about `change` in `hub`'s app. Adapters report
-    /// their own happenings (a client event) this way too.
+    /// Register an observer of namespace `ns` only. The cluster-wide
+    /// decisions (occupancy, members) are then made for `ns`'s channels
+    /// whether or not anyone observes every namespace, and no other
+    /// namespace pays for them: an adapter that acts on a member leaving
+    /// the whole cluster (Action Cable's presence `leave`, also for the
+    /// members of a node that died) hears it exactly once, from the node
+    /// the engine has report it, as Pusher's webhooks do.
+    pub fn observe_in(&self, ns: Namespace, observer: Arc<dyn Observer>) {
+        self.add_observer(Some(ns), observer);
+        let mut all = self.scoped_ns.write();
+        if !all.contains(&ns) {
+            let mut list: Vec<_> = all.iter().copied().collect();
+            list.push(ns);
+            *all = list.into();
+        }
+        self.scoped.store(true, Ordering::Release);
+    }
+
+    fn add_observer(&self, ns: Option<Namespace>, observer: Arc<dyn Observer>) {
+        let mut all = self.observers.write();
+        let mut list: Vec<_> = all.iter().cloned().collect();
+        list.push((ns, observer));
+        *all = list.into();
+    }
+
+    /// Whether some observer hears of changes in `ns`.
+    fn observes(&self, ns: Namespace) -> bool {
+        self.observed.load(Ordering::Acquire)
+            || (self.scoped.load(Ordering::Acquire) && self.scoped_ns.read().contains(&ns))
+    }
+
+    /// Tell every observer of `ns` about `change` in `hub`'s app. Adapters
+    /// report their own happenings (a client event) this way too.
     pub fn notify(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
-        if !self.observed.load(Ordering::Acquire) {
+        if !self.observes(ns) {
             return;
         }
         // Observers only queue work: calling them under the read lock
         // holds nobody up.
-        for o in self.observers.read().iter() {
-            o.changed(&hub.app.id, ns, change);
+        for (only, o) in self.observers.read().iter() {
+            if only.is_none_or(|n| n == ns) {
+                o.changed(&hub.app.id, ns, change);
+            }
         }
     }
 
-    /// Tell every observer about a cluster-wide change another node
-    /// reports ([`Observer::seen`]).
+    /// Tell every observer of `ns` about a cluster-wide change another
+    /// node reports ([`Observer::seen`]).
     pub fn notify_seen(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
-        if !self.observed.load(Ordering::Acquire) {
+        if !self.observes(ns) {
             return;
         }
-        for o in self.observers.read().iter() {
-            o.seen(&hub.app.id, ns, change);
+        for (only, o) in self.observers.read().iter() {
+            if only.is_none_or(|n| n == ns) {
+                o.seen(&hub.app.id, ns, change);
+            }
+        }
+    }
+
+    /// Tell every observer of `ns` about a change the removal of a gone
+    /// node made, which the engine has this node report
+    /// ([`Observer::gone`]).
+    pub fn notify_gone(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
+        if !self.observes(ns) {
+            return;
+        }
+        for (only, o) in self.observers.read().iter() {
+            if only.is_none_or(|n| n == ns) {
+                o.gone(&hub.app.id, ns, change);
+            }
         }
     }
 
@@ -194,7 +251,7 @@ impl Node {
     /// Graceful shutdown: let every observer finish before `deadline`.
     pub async fn flush_observers(&self, deadline: std::time::Instant) {
         let observers = self.observers.read().clone();
-        for o in observers.iter() {
+        for (_, o) in observers.iter() {
             o.flush(deadline).await;
         }
     }
@@ -327,7 +384,7 @@ impl Node {
         joined: &Joined,
     ) {
         let app = &hub.app.id;
-        let observed = self.observed.load(Ordering::Acquire);
+        let observed = self.observes(ns);
         if joined.first_here {
             self.broker
                 .interest(self.id, app, ns, channel, pattern, true);
@@ -391,7 +448,7 @@ impl Node {
     ) -> Left {
         let left = hub.unsubscribe(conn, ns, channel, tag, pattern);
         let app = &hub.app.id;
-        let observed = self.observed.load(Ordering::Acquire);
+        let observed = self.observes(ns);
         if let (true, Some(user_id)) = (observed, &left.member_left) {
             let answer = self
                 .broker
@@ -448,8 +505,10 @@ impl Node {
                 tokio::spawn(async move {
                     if answer.await {
                         let c = change(&channel, user.as_deref());
-                        for o in observers.iter() {
-                            o.changed(&app, ns, &c);
+                        for (only, o) in observers.iter() {
+                            if only.is_none_or(|n| n == ns) {
+                                o.changed(&app, ns, &c);
+                            }
                         }
                     }
                 });
@@ -689,6 +748,10 @@ impl Inbox for NodeInbox {
 
     fn seen(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
         self.with(app_id, |node, hub| node.notify_seen(hub, ns, change));
+    }
+
+    fn observed_gone(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        self.with(app_id, |node, hub| node.notify_gone(hub, ns, change));
     }
 
     fn node_gone(&self, gone: NodeId) {

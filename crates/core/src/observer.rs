@@ -73,6 +73,16 @@ pub trait Observer: Send + Sync {
     /// out once, from the node that reports it, through `changed`).
     fn seen(&self, _app_id: &str, _ns: Namespace, _change: &Change<'_>) {}
 
+    /// A member removed (or a channel vacated) for the whole cluster
+    /// because the node that held it is gone (it left, or the engine
+    /// declared it dead): reported once, by the node the engine picks.
+    /// Nobody announced these leaves (the node that could is gone), so an
+    /// adapter that announces leaves itself does it here. By default, as
+    /// any other change.
+    fn gone(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        self.changed(app_id, ns, change)
+    }
+
     /// Graceful shutdown: finish pending work before `deadline`.
     fn flush(&self, _deadline: Instant) -> BoxFuture<()> {
         Box::pin(std::future::ready(()))

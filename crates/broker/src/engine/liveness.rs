@@ -173,7 +173,14 @@ impl Shared {
             return;
         }
         if s.tally.leading {
-            acts.extend(flips.into_iter().map(Act::Observed));
+            // A buried node's flips: nobody announced them (see
+            // `Observer::gone`).
+            let act = if buried.is_some() {
+                Act::ObservedGone
+            } else {
+                Act::Observed
+            };
+            acts.extend(flips.into_iter().map(act));
             return;
         }
         if !buried.is_some_and(|n| s.leader_buried.contains(&n)) {

@@ -144,6 +144,8 @@ enum Act {
     Connections(String, u32),
     /// A cluster-wide flip this node reports.
     Observed(Flip),
+    /// One this node reports that burying a node made.
+    ObservedGone(Flip),
     /// One another node reports (for displays).
     Seen(Flip),
 }
@@ -264,6 +266,7 @@ fn run(inbox: &Arc<dyn Inbox>, acts: Vec<Act>) {
             Act::Gone(n) => inbox.node_gone(n),
             Act::Connections(app, c) => inbox.remote_connections(&app, c),
             Act::Observed(f) => inbox.observed(&f.key.0, f.key.1 .0, &change_of(&f)),
+            Act::ObservedGone(f) => inbox.observed_gone(&f.key.0, f.key.1 .0, &change_of(&f)),
             Act::Seen(f) => inbox.seen(&f.key.0, f.key.1 .0, &change_of(&f)),
         }
     }

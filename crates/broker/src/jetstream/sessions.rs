@@ -8,9 +8,22 @@
 //! interval: its client connects anew). A take reads the entry and deletes
 //! it expecting that revision, so of two nodes taking one sid at once one
 //! gets it.
+//!
+//! Every write is a compare-and-set on the revision this node last wrote
+//! for the sid (the first on "no entry at all"): once another node took
+//! the session (its delete is a newer revision), a snapshot of it this
+//! node writes late (its client closing just as it restored elsewhere) is
+//! refused, so a session restores once. The revisions are kept for
+//! `sessions_ttl` (the entry's own age), as many as sessions written in
+//! that time. A write whose outcome is unknown (timed out) ends the
+//! sid's writes: what landed last stays restorable.
+//!
+//! The bucket holds at most `sessions_max` entries (a delete marker counts
+//! as one until it ages out) and refuses new ones when full (discard
+//! `new`): like the in-process store, a session closing then is not kept.
 
 use super::{Conn, Mode, Throttle, CALL_TIMEOUT};
-use async_nats::jetstream::kv::{Operation, Store};
+use async_nats::jetstream::kv::{Operation, Store, UpdateErrorKind};
 use async_nats::jetstream::{
     self,
     stream::{DiscardPolicy, StorageType},
@@ -18,8 +31,9 @@ use async_nats::jetstream::{
 use base64::Engine as _;
 use herald_core::broker::BoxFuture;
 use herald_core::sessions::{MemorySessions, SessionStore};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Snapshots waiting to be written.
@@ -45,6 +59,8 @@ pub struct NatsSessions {
 struct Bucket {
     name: String,
     ttl: Duration,
+    /// Most entries (`sessions_max`).
+    max: usize,
     store: tokio::sync::Mutex<Option<Store>>,
     log: Throttle,
 }
@@ -63,6 +79,7 @@ impl Bucket {
             description: Some("Herald: resumable Action Cable sessions".into()),
             subjects: vec![format!("$KV.{}.>", self.name)],
             max_messages_per_subject: 1,
+            max_messages: i64::try_from(self.max).unwrap_or(i64::MAX),
             max_age: self.ttl,
             max_message_size: MAX_VALUE,
             storage: StorageType::File,
@@ -112,6 +129,7 @@ impl NatsSessions {
         let bucket = Arc::new(Bucket {
             name: format!("{prefix}_sessions"),
             ttl,
+            max,
             store: tokio::sync::Mutex::new(None),
             log: Throttle::default(),
         });
@@ -126,7 +144,7 @@ impl NatsSessions {
         };
         if let (Some(conn), Ok(rt)) = (conn, tokio::runtime::Handle::try_current()) {
             if me.enabled() {
-                rt.spawn(write(conn, bucket, local, rx));
+                rt.spawn(write(conn, bucket, local, ttl, rx));
             }
         }
         Arc::new(me)
@@ -140,15 +158,50 @@ impl NatsSessions {
     }
 }
 
-/// Puts snapshots in order; routes them to memory when the server turned
-/// out to have no JetStream.
+/// The revision this node last wrote per sid (see the module doc).
+struct Revisions {
+    ttl: Duration,
+    /// sid's key → (revision, when written); `None`: writes ended.
+    last: HashMap<String, (Option<u64>, Instant)>,
+    swept: Instant,
+}
+
+impl Revisions {
+    /// What the next write of `key` must find: `Some(0)` (nothing), the
+    /// revision written last, or `None` (do not write).
+    fn expected(&mut self, key: &str) -> Option<u64> {
+        if self.swept.elapsed() >= self.ttl.min(Duration::from_secs(10)) {
+            let ttl = self.ttl;
+            self.last.retain(|_, (_, at)| at.elapsed() < ttl);
+            self.swept = Instant::now();
+        }
+        match self.last.get(key) {
+            Some((rev, at)) if at.elapsed() < self.ttl => *rev,
+            _ => Some(0),
+        }
+    }
+
+    fn wrote(&mut self, key: String, rev: Option<u64>) {
+        self.last.insert(key, (rev, Instant::now()));
+    }
+}
+
+/// Puts snapshots in order, each expecting the revision this node wrote
+/// before; routes them to memory when the server turned out to have no
+/// JetStream.
 async fn write(
     conn: Arc<Conn>,
     bucket: Arc<Bucket>,
     local: Arc<MemorySessions>,
+    ttl: Duration,
     mut rx: mpsc::Receiver<(String, String)>,
 ) {
     let log = Throttle::default();
+    let mut revisions = Revisions {
+        ttl,
+        last: HashMap::new(),
+        swept: Instant::now(),
+    };
     while let Some((sid, snapshot)) = rx.recv().await {
         let ctx = match conn.ready().await {
             Ok(c) => c,
@@ -167,21 +220,39 @@ async fn write(
             }
         };
         let Some(k) = key(&sid) else { continue };
+        let Some(expected) = revisions.expected(&k) else {
+            continue;
+        };
         let put = async {
-            let store = bucket.get(&ctx).await.ok_or("no bucket".to_owned())?;
+            let store = bucket.get(&ctx).await.ok_or(None)?;
             store
-                .put(k, snapshot.into())
+                .update(&k, snapshot.into(), expected)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(Some)
         };
         match tokio::time::timeout(CALL_TIMEOUT, put).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(rev)) => revisions.wrote(k, Some(rev)),
+            Ok(Err(Some(e))) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                // Taken (restored) elsewhere, or gone: never written again.
+                tracing::debug!(
+                    engine = "nats",
+                    "session taken elsewhere: snapshot not kept"
+                );
+                revisions.wrote(k, None);
+            }
             Ok(Err(e)) => {
                 if log.allow() {
-                    tracing::warn!(engine = "nats", error = %e, "session snapshot not kept (logged once per 10 s)");
+                    let error = e.map_or("no bucket".to_owned(), |e| e.to_string());
+                    tracing::warn!(
+                        engine = "nats",
+                        error,
+                        "session snapshot not kept (logged once per 10 s)"
+                    );
                 }
+                // Not written: the revision this node knows still holds.
             }
             Err(_) => {
+                revisions.wrote(k, None);
                 if log.allow() {
                     tracing::warn!(
                         engine = "nats",

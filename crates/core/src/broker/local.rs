@@ -172,7 +172,7 @@ impl LocalBroker {
                     None => Change::Vacated { channel },
                     Some(user_id) => Change::MemberRemoved { channel, user_id },
                 };
-                inbox.observed(app, *ns, &change);
+                inbox.observed_gone(app, *ns, &change);
             }
         }
         let others: Vec<Arc<dyn Inbox>> = self.state.lock().inboxes.values().cloned().collect();

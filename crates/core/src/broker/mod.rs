@@ -105,6 +105,11 @@ pub trait Inbox: Send + Sync {
     /// did not come from this node's own call to [`Occupancy::occupancy`] or
     /// [`Occupancy::member`]: another node's subscriber, or a node gone.
     fn observed(&self, _app_id: &str, _ns: Namespace, _change: &Change<'_>) {}
+    /// As [`Inbox::observed`], for a change the removal of a gone node
+    /// made (see [`crate::observer::Observer::gone`]).
+    fn observed_gone(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
+        self.observed(app_id, ns, change)
+    }
     /// A cluster-wide change another node reports (for
     /// [`crate::observer::Observer::seen`]).
     fn seen(&self, _app_id: &str, _ns: Namespace, _change: &Change<'_>) {}

@@ -100,6 +100,15 @@ pub trait History: Send + Sync {
     fn name(&self) -> &'static str;
     /// Keep history for `stream` from now on (a subscriber may need it).
     fn retain(&self, stream: &str);
+    /// [`History::retain`], resolving once the engine keeps `stream`'s
+    /// history (or could not be made to): a subscription is confirmed
+    /// only after this, so a publication made anywhere after the
+    /// confirmation gets a position. Engines that mark a stream at once
+    /// need not override it.
+    fn retain_now(&self, stream: &str) -> BoxFuture<()> {
+        self.retain(stream);
+        Box::pin(std::future::ready(()))
+    }
     /// Whether [`History::append`] may return a position now: when it
     /// cannot, publishers skip appending and ordering altogether.
     fn any_reliable(&self) -> bool;
