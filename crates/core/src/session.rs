@@ -208,239 +208,295 @@ enum Wake {
 
 /// Run a session until it ends. `stream` is the upgraded socket; `conn`
 /// the connection's handle, already known to whoever may send to it.
-pub async fn run<S, H>(
+///
+/// This future is what an idle connection costs, so it is kept small: not
+/// an `async fn` (whose arguments the compiler stores twice, as arguments
+/// and again as the body's locals), and every await off the idle path
+/// (a pong, the close, a write) boxed so its state is not part of every
+/// connection's task.
+pub fn run<S, H>(
     mut stream: S,
     conn: Arc<Connection>,
     mut handler: H,
     settings: Settings,
     shutdown: CancellationToken,
-) where
+) -> impl Future<Output = ()> + Send
+where
     S: AsyncRead + AsyncWrite + Unpin + Send,
     H: Handler,
 {
+    // Made out here, so the block keeps the decoder but not its setting.
     let mut decoder = Decoder::new(settings.max_message);
-    let keepalive = handler.keepalive();
-    let mut last_seen = Instant::now();
-    let mut ping_sent: Option<Instant> = None;
-    let first = match keepalive {
-        KeepAlive::WhenIdle { idle, .. } => idle,
-        KeepAlive::Every(every) => every,
-    };
-    // When the next clock keep-alive is due (`KeepAlive::Every`): the timer
-    // also fires for the idle check, which must not send one early.
-    let mut next_keepalive = last_seen + first;
-    let idle_check = handler.idle();
-    let timer = tokio::time::sleep_until(if idle_check {
-        next_keepalive.min(last_seen + settings.idle_timeout)
-    } else {
-        next_keepalive
-    });
-    tokio::pin!(timer);
-    // Poll the timer only after a reset (to register it) or once it has
-    // fired: it is not what wakes this task for a delivery.
-    let mut timer_reset = true;
-    let cancelled = shutdown.cancelled();
-    tokio::pin!(cancelled);
-    let mut registered = false;
-    let mut inbound = RateWindow::new();
-    let mut last_write: Option<Instant> = None;
-    let traffic = metrics::traffic(handler.app_id(), conn.wire.name());
-    traffic.opened();
-    let mut write_failed = false;
-    // The handler closed: what it queued before deciding to close goes out
-    // before the close (its last answers to the client).
-    let mut flush_queued = false;
+    async move {
+        let keepalive = handler.keepalive();
+        let mut last_seen = Instant::now();
+        let mut ping_sent: Option<Instant> = None;
+        let first = match keepalive {
+            KeepAlive::WhenIdle { idle, .. } => idle,
+            KeepAlive::Every(every) => every,
+        };
+        // When the next clock keep-alive is due (`KeepAlive::Every`): the timer
+        // also fires for the idle check, which must not send one early.
+        let mut next_keepalive = last_seen + first;
+        let idle_check = handler.idle();
+        let timer = tokio::time::sleep_until(if idle_check {
+            next_keepalive.min(last_seen + settings.idle_timeout)
+        } else {
+            next_keepalive
+        });
+        tokio::pin!(timer);
+        // Poll the timer only after a reset (to register it) or once it has
+        // fired: it is not what wakes this task for a delivery.
+        let mut timer_reset = true;
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
+        let mut registered = false;
+        let mut inbound = RateWindow::new();
+        let mut last_write: Option<Instant> = None;
+        let traffic = metrics::traffic(handler.app_id(), conn.wire.name());
+        traffic.opened();
+        let mut write_failed = false;
+        // The handler closed: what it queued before deciding to close goes out
+        // before the close (its last answers to the client).
+        let mut flush_queued = false;
 
-    let end: Option<Why> = 'session: loop {
-        let wake = poll_fn(|cx| {
-            if let Some(r) = conn.close_requested() {
-                return Poll::Ready(Wake::Close(r));
-            }
-            // The shutdown future is polled once, to register this task's
-            // waker with the token; after that an atomic load suffices
-            // (the task's waker does not change). Polling it on every wake
-            // would take the token's lock, shared by every connection, once
-            // per delivered batch.
-            if !registered {
-                registered = true;
-                if cancelled.as_mut().poll(cx).is_ready() {
+        let end: Option<Why> = 'session: loop {
+            let wake = poll_fn(|cx| {
+                if let Some(r) = conn.close_requested() {
+                    return Poll::Ready(Wake::Close(r));
+                }
+                // The shutdown future is polled once, to register this task's
+                // waker with the token; after that an atomic load suffices
+                // (the task's waker does not change). Polling it on every wake
+                // would take the token's lock, shared by every connection, once
+                // per delivered batch.
+                if !registered {
+                    registered = true;
+                    if cancelled.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Wake::Shutdown);
+                    }
+                } else if shutdown.is_cancelled() {
                     return Poll::Ready(Wake::Shutdown);
                 }
-            } else if shutdown.is_cancelled() {
-                return Poll::Ready(Wake::Shutdown);
-            }
-            if let Poll::Ready(got) = poll_read(&mut stream, &mut decoder, cx) {
-                return Poll::Ready(if got { Wake::Read } else { Wake::Eof });
-            }
-            // After reads: a busy channel must not starve the client's pongs.
-            if conn.poll_ready(cx).is_ready() {
-                return Poll::Ready(match conn.close_requested() {
-                    Some(r) => Wake::Close(r),
-                    None => Wake::Frames,
-                });
-            }
-            if timer_reset || timer.is_elapsed() {
-                timer_reset = false;
-                if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Wake::Timer);
+                if let Poll::Ready(got) = poll_read(&mut stream, &mut decoder, cx) {
+                    return Poll::Ready(if got { Wake::Read } else { Wake::Eof });
                 }
-            }
-            Poll::Pending
-        })
-        .await;
+                // After reads: a busy channel must not starve the client's pongs.
+                if conn.poll_ready(cx).is_ready() {
+                    return Poll::Ready(match conn.close_requested() {
+                        Some(r) => Wake::Close(r),
+                        None => Wake::Frames,
+                    });
+                }
+                if timer_reset || timer.is_elapsed() {
+                    timer_reset = false;
+                    if timer.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Wake::Timer);
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
 
-        match wake {
-            Wake::Close(r) => break Some(Why::Reason(r)),
-            Wake::Shutdown => break Some(Why::Reason(Reason::ShuttingDown)),
-            Wake::Eof => break None,
-            Wake::Read => {
-                while let Some(msg) = decoder.next() {
-                    last_seen = Instant::now();
-                    ping_sent = None;
-                    let msg = match msg {
-                        Ok(m) => m,
-                        Err(e) => {
-                            metrics::count(&metrics::BAD_MESSAGES);
-                            break 'session Some(Why::Protocol(e));
-                        }
-                    };
-                    if !inbound.allow(settings.max_messages_per_second) {
-                        metrics::count(&metrics::RATE_LIMITED);
-                        break 'session Some(Why::Reason(Reason::RateLimited));
+            match wake {
+                Wake::Close(r) => break Some(Why::Reason(r)),
+                Wake::Shutdown => break Some(Why::Reason(Reason::ShuttingDown)),
+                Wake::Eof => break None,
+                Wake::Read => {
+                    // Boxed: a message's handling is not part of every idle
+                    // connection's task.
+                    let (seen, read) = Box::pin(on_messages(
+                        &mut stream,
+                        &mut decoder,
+                        &mut handler,
+                        &mut inbound,
+                        &traffic,
+                        settings.max_messages_per_second,
+                    ))
+                    .await;
+                    if seen {
+                        last_seen = Instant::now();
+                        ping_sent = None;
                     }
-                    if let Incoming::Text(t) = &msg {
-                        traffic.received(t.len());
-                    } else if let Incoming::Binary(b) = &msg {
-                        traffic.received(b.len());
+                    match read {
+                        Read::Continue => {}
+                        Read::Close(why) => break 'session Some(why),
+                        Read::Handled(why) => {
+                            flush_queued = true;
+                            break 'session Some(why);
+                        }
+                        Read::ClientClosed => return,
                     }
-                    let next = match msg {
-                        // Boxed: the handler's future (a subscription may
-                        // wait on the cluster) would otherwise be part of
-                        // every idle connection's task.
-                        Incoming::Text(text) => Box::pin(handler.on_text(text)).await,
-                        Incoming::Binary(_) => {
-                            metrics::count(&metrics::BAD_MESSAGES);
-                            Next::Close(Why::Binary)
-                        }
-                        Incoming::Ping(payload) => {
-                            // Pongs bypass the queue's bounds: they are tiny
-                            // and the client is evidently reading.
-                            let _ =
-                                write_frames(&mut stream, &[Frame::new(OpCode::Pong, &payload)])
-                                    .await;
-                            Next::Continue
-                        }
-                        Incoming::Pong => Next::Continue,
-                        Incoming::Close(frame) => {
-                            // The client closed first: echo its code
-                            // (RFC 6455 5.5.1) and end.
-                            handler.on_close().await;
-                            traffic.closed(metrics::Closed::Client);
-                            // The decoder refused codes nobody may send
-                            // (1002), so what is here can be echoed.
-                            let echo = match frame {
-                                Some(f) => Frame::close(f.code, &f.reason),
-                                None => Frame::close(1000, ""),
-                            };
-                            let _ = write_frames(&mut stream, &[echo]).await;
-                            return;
-                        }
-                    };
-                    if let Next::Close(why) = next {
-                        flush_queued = true;
-                        break 'session Some(why);
+                    // The keep-alive timer is not moved on every message (that
+                    // would be timer-wheel work per message): when it fires
+                    // early it re-arms itself from `last_seen`.
+                }
+                Wake::Frames => {
+                    let coalesce = !settings.write_delay.is_zero()
+                        && (!settings.write_delay_busy_only
+                            || last_write.is_some_and(|t| t.elapsed() < BUSY_WINDOW));
+                    if coalesce {
+                        // Sleep, then take what came: waiting on the queue
+                        // instead would wake this task once per frame.
+                        Box::pin(tokio::time::sleep(settings.write_delay)).await;
+                    }
+                    let mut batch = Vec::new();
+                    conn.take(&mut batch, MAX_BATCH);
+                    if batch.is_empty() {
+                        continue;
+                    }
+                    // Boxed, like the handler's futures: idle tasks stay small.
+                    if !Box::pin(write_batch(&mut stream, &conn, &mut handler, &batch)).await {
+                        write_failed = true;
+                        break None;
+                    }
+                    metrics::count(&metrics::SOCKET_WRITES);
+                    traffic.sent(batch.len(), batch.iter().map(Frame::len).sum());
+                    if settings.write_delay_busy_only {
+                        last_write = Some(Instant::now());
                     }
                 }
-                // The keep-alive timer is not moved on every message (that
-                // would be timer-wheel work per message): when it fires
-                // early it re-arms itself from `last_seen`.
-            }
-            Wake::Frames => {
-                let coalesce = !settings.write_delay.is_zero()
-                    && (!settings.write_delay_busy_only
-                        || last_write.is_some_and(|t| t.elapsed() < BUSY_WINDOW));
-                if coalesce {
-                    // Sleep, then take what came: waiting on the queue
-                    // instead would wake this task once per frame.
-                    tokio::time::sleep(settings.write_delay).await;
-                }
-                let mut batch = Vec::new();
-                conn.take(&mut batch, MAX_BATCH);
-                if batch.is_empty() {
-                    continue;
-                }
-                // Boxed, like the handler's futures: idle tasks stay small.
-                if !Box::pin(write_batch(&mut stream, &conn, &mut handler, &batch)).await {
-                    write_failed = true;
-                    break None;
-                }
-                metrics::count(&metrics::SOCKET_WRITES);
-                traffic.sent(batch.len(), batch.iter().map(Frame::len).sum());
-                if settings.write_delay_busy_only {
-                    last_write = Some(Instant::now());
-                }
-            }
-            Wake::Timer => {
-                let now = Instant::now();
-                let next = match keepalive {
-                    KeepAlive::Every(every) if now >= next_keepalive => {
-                        if let Some(f) = handler.keepalive_frame() {
-                            conn.send(f);
-                        }
-                        next_keepalive = now + every;
-                        next_keepalive
-                    }
-                    KeepAlive::Every(_) => next_keepalive,
-                    KeepAlive::WhenIdle { idle, wait } => match ping_sent {
-                        Some(at) if now >= at + wait => {
-                            break Some(Why::Reason(Reason::KeepAliveTimeout));
-                        }
-                        Some(at) => at + wait,
-                        None if now >= last_seen + idle => {
+                Wake::Timer => {
+                    let now = Instant::now();
+                    let next = match handler.keepalive() {
+                        KeepAlive::Every(every) if now >= next_keepalive => {
                             if let Some(f) = handler.keepalive_frame() {
                                 conn.send(f);
                             }
-                            ping_sent = Some(now);
-                            now + wait
+                            next_keepalive = now + every;
+                            next_keepalive
                         }
-                        None => last_seen + idle,
-                    },
-                };
-                // Checked here, on the timer, and not per message: an idle
-                // connection is one that wakes only for its timer.
-                let next = if handler.idle() {
-                    let deadline = last_seen + settings.idle_timeout;
-                    if now >= deadline {
-                        break Some(Why::Reason(Reason::Idle));
-                    }
-                    next.min(deadline)
-                } else {
-                    next
-                };
-                timer.as_mut().reset(next);
-                timer_reset = true;
+                        KeepAlive::Every(_) => next_keepalive,
+                        KeepAlive::WhenIdle { idle, wait } => match ping_sent {
+                            Some(at) if now >= at + wait => {
+                                break Some(Why::Reason(Reason::KeepAliveTimeout));
+                            }
+                            Some(at) => at + wait,
+                            None if now >= last_seen + idle => {
+                                if let Some(f) = handler.keepalive_frame() {
+                                    conn.send(f);
+                                }
+                                ping_sent = Some(now);
+                                now + wait
+                            }
+                            None => last_seen + idle,
+                        },
+                    };
+                    // Checked here, on the timer, and not per message: an idle
+                    // connection is one that wakes only for its timer.
+                    let next = if handler.idle() {
+                        let deadline = last_seen + settings.idle_timeout;
+                        if now >= deadline {
+                            break Some(Why::Reason(Reason::Idle));
+                        }
+                        next.min(deadline)
+                    } else {
+                        next
+                    };
+                    timer.as_mut().reset(next);
+                    timer_reset = true;
+                }
             }
-        }
-    };
+        };
 
-    // Leave channels first: the closing handshake may wait on the client.
-    handler.on_close().await;
-    traffic.closed(match &end {
-        None if write_failed => metrics::Closed::WriteError,
-        None => metrics::Closed::Client,
-        Some(why) => why.closed(),
-    });
-    let Some(why) = end else {
-        return;
-    };
-    let closing = handler.closing(&why);
-    Box::pin(close(
-        stream,
-        decoder,
-        closing,
-        flush_queued.then_some(&*conn),
-    ))
-    .await;
+        // Leave channels first: the closing handshake may wait on the client.
+        Box::pin(handler.on_close()).await;
+        traffic.closed(match &end {
+            None if write_failed => metrics::Closed::WriteError,
+            None => metrics::Closed::Client,
+            Some(why) => why.closed(),
+        });
+        let Some(why) = end else {
+            return;
+        };
+        let closing = handler.closing(&why);
+        Box::pin(close(
+            stream,
+            decoder,
+            closing,
+            flush_queued.then_some(&*conn),
+        ))
+        .await;
+    }
+}
+
+/// What handling the client's messages came to.
+enum Read {
+    Continue,
+    /// The loop closes (broken framing, a rate limit, a binary frame).
+    Close(Why),
+    /// The handler closed: what it queued goes out first.
+    Handled(Why),
+    /// The client closed first; its close was echoed and the session left.
+    ClientClosed,
+}
+
+/// Hand every whole message the decoder holds to the handler, in order.
+/// Returns whether there was one (client traffic, for the keep-alive) and
+/// what the loop does next.
+async fn on_messages<S, H>(
+    stream: &mut S,
+    decoder: &mut Decoder,
+    handler: &mut H,
+    inbound: &mut RateWindow,
+    traffic: &metrics::Traffic,
+    max_per_second: u32,
+) -> (bool, Read)
+where
+    S: AsyncWrite + Unpin,
+    H: Handler,
+{
+    let mut seen = false;
+    while let Some(msg) = decoder.next() {
+        seen = true;
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                metrics::count(&metrics::BAD_MESSAGES);
+                return (seen, Read::Close(Why::Protocol(e)));
+            }
+        };
+        if !inbound.allow(max_per_second) {
+            metrics::count(&metrics::RATE_LIMITED);
+            return (seen, Read::Close(Why::Reason(Reason::RateLimited)));
+        }
+        let next = match msg {
+            Incoming::Text(text) => {
+                traffic.received(text.len());
+                handler.on_text(text).await
+            }
+            Incoming::Binary(b) => {
+                traffic.received(b.len());
+                metrics::count(&metrics::BAD_MESSAGES);
+                return (seen, Read::Close(Why::Binary));
+            }
+            Incoming::Ping(payload) => {
+                // Pongs bypass the queue's bounds: they are tiny and the
+                // client is evidently reading.
+                let _ = write_frames(stream, &[Frame::new(OpCode::Pong, &payload)]).await;
+                Next::Continue
+            }
+            Incoming::Pong => Next::Continue,
+            Incoming::Close(frame) => {
+                // The client closed first: echo its code (RFC 6455 5.5.1)
+                // and end.
+                handler.on_close().await;
+                traffic.closed(metrics::Closed::Client);
+                // The decoder refused codes nobody may send (1002), so what
+                // is here can be echoed.
+                let echo = match frame {
+                    Some(f) => Frame::close(f.code, &f.reason),
+                    None => Frame::close(1000, ""),
+                };
+                let _ = write_frames(stream, &[echo]).await;
+                return (seen, Read::ClientClosed);
+            }
+        };
+        if let Next::Close(why) = next {
+            return (seen, Read::Handled(why));
+        }
+    }
+    (seen, Read::Continue)
 }
 
 /// Write one batch. A close asked for while the socket is full (the queue

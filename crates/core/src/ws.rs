@@ -62,24 +62,67 @@ pub fn is_valid_close_code(code: u16) -> bool {
 }
 
 /// Incremental decoder of client frames. Holds bytes only while a frame or
-/// a fragmented message is incomplete; both buffers are freed as soon as
-/// they are consumed, so an idle connection's decoder owns no memory.
+/// a fragmented message is incomplete, or decoded messages wait to be
+/// taken: all of that lives in one box that exists only then, so an idle
+/// connection's decoder is two words (it is part of every connection's
+/// task).
 #[derive(Debug)]
 pub struct Decoder {
-    /// Unconsumed bytes of an incomplete frame.
-    partial: Vec<u8>,
-    /// Payload of a fragmented message so far, and its opcode.
-    message: Vec<u8>,
-    fragmented: Option<u8>,
     /// Largest message (and frame) accepted.
     max: usize,
-    ready: VecDeque<Incoming>,
-    error: Option<WsError>,
+    pending: Option<Box<Pending>>,
 }
 
 impl Decoder {
     pub fn new(max_message: usize) -> Decoder {
         Decoder {
+            max: max_message,
+            pending: None,
+        }
+    }
+
+    /// Feed bytes read from the socket. Complete messages become available
+    /// from [`Decoder::next`]; after an error nothing more is decoded.
+    pub fn feed(&mut self, data: &[u8]) {
+        let max = self.max;
+        let p = self
+            .pending
+            .get_or_insert_with(|| Box::new(Pending::new(max)));
+        p.feed(data);
+        if p.is_empty() {
+            self.pending = None;
+        }
+    }
+
+    /// The next complete message, then (once messages are drained) the error
+    /// that stopped decoding, if any.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Option<Result<Incoming, WsError>> {
+        let p = self.pending.as_mut()?;
+        let next = p.next();
+        if p.is_empty() {
+            self.pending = None;
+        }
+        next
+    }
+}
+
+/// What a decoder holds between reads.
+#[derive(Debug)]
+struct Pending {
+    /// Unconsumed bytes of an incomplete frame.
+    partial: Vec<u8>,
+    /// Payload of a fragmented message so far, and its opcode.
+    message: Vec<u8>,
+    fragmented: Option<u8>,
+    max: usize,
+    ready: VecDeque<Incoming>,
+    error: Option<WsError>,
+}
+
+impl Pending {
+    fn new(max_message: usize) -> Pending {
+        Pending {
             partial: Vec::new(),
             message: Vec::new(),
             fragmented: None,
@@ -89,9 +132,16 @@ impl Decoder {
         }
     }
 
-    /// Feed bytes read from the socket. Complete messages become available
-    /// from [`Decoder::next`]; after an error nothing more is decoded.
-    pub fn feed(&mut self, data: &[u8]) {
+    /// Nothing held: the box can go.
+    fn is_empty(&self) -> bool {
+        self.partial.is_empty()
+            && self.message.is_empty()
+            && self.fragmented.is_none()
+            && self.ready.is_empty()
+            && self.error.is_none()
+    }
+
+    fn feed(&mut self, data: &[u8]) {
         if self.error.is_some() {
             return;
         }
@@ -111,15 +161,8 @@ impl Decoder {
         }
     }
 
-    /// The next complete message, then (once messages are drained) the error
-    /// that stopped decoding, if any.
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> Option<Result<Incoming, WsError>> {
+    fn next(&mut self) -> Option<Result<Incoming, WsError>> {
         if let Some(m) = self.ready.pop_front() {
-            if self.ready.is_empty() {
-                // Give the queue's memory back: idle connections keep none.
-                self.ready = VecDeque::new();
-            }
             return Some(Ok(m));
         }
         self.error.take().map(Err)
@@ -374,7 +417,10 @@ where
         if let Ok(upgraded) = on.await {
             let mut socket = hyper_util::rt::TokioIo::new(upgraded);
             release_read_buffer(&mut socket);
-            then(socket, protocol).await;
+            // The session on a task of its own, this one ending here: a
+            // task's memory is its largest state for its whole life, and
+            // the session then does not carry this wait (nor `then`).
+            tokio::spawn(then(socket, protocol));
         }
     });
     hs.response()
@@ -430,8 +476,7 @@ mod tests {
                 }))),
             ]
         );
-        assert_eq!(d.partial.capacity(), 0);
-        assert_eq!(d.message.capacity(), 0);
+        assert!(d.pending.is_none(), "an emptied decoder holds nothing");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::wire::{self as wire, code, ClientMessage, NAME as WIRE_NAME, WIRE};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use herald_core::connection::{Connection, Reason};
 use herald_core::fanout::Publication;
 use herald_core::frame::Frame;
@@ -24,6 +25,7 @@ use herald_core::ws::Socket;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 /// What the client asked for in the URL.
@@ -78,22 +80,28 @@ pub async fn upgrade(
     if node.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
-    herald_core::ws::upgrade(req, &[], move |socket, _| async move {
-        let Some(hub) = node.hub_by_key(&key).cloned() else {
-            return refuse(socket, code::APP_NOT_FOUND).await;
-        };
-        if let Err(code) = check_version(&params) {
-            return refuse(socket, code).await;
+    // The closure decides synchronously and returns either future: an
+    // `async` block would keep `key`, `params` and the socket twice in every
+    // connection's task for its whole life.
+    herald_core::ws::upgrade(req, &[], move |socket, _| {
+        match admit(&node, &key, &params) {
+            Ok(hub) => Either::Left(run(node, hub, socket)),
+            // Boxed: a refusal's state is larger than a session's.
+        Err(code) => Either::Right(Box::pin(refuse(socket, code))),
         }
-        if let Err(e) = hub.admit() {
-            let code = match e {
-                Refused::OverLimit(_) => code::OVER_CONNECTION_QUOTA,
-                _ => code::APP_DISABLED,
-            };
-            return refuse(socket, code).await;
-        }
-        run(node, hub, socket).await
     })
+}
+
+/// The app of `key`, if it exists, speaks this protocol version and takes
+/// one more connection; else the Pusher error code to close with.
+fn admit(node: &Node, key: &str, params: &ConnectParams) -> Result<Arc<Hub>, u16> {
+    let hub = node.hub_by_key(key).cloned().ok_or(code::APP_NOT_FOUND)?;
+    check_version(params)?;
+    hub.admit().map_err(|e| match e {
+        Refused::OverLimit(_) => code::OVER_CONNECTION_QUOTA,
+        _ => code::APP_DISABLED,
+    })?;
+    Ok(hub)
 }
 
 /// Refuse a connection after the upgrade, as Pusher clients expect: a
@@ -108,7 +116,7 @@ async fn refuse(socket: Socket, code: u16) {
 }
 
 /// Run an admitted connection until it closes.
-async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) {
+fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) -> impl Future<Output = ()> + Send {
     let (id, socket_id) = node.next_connection();
     let session::Opened {
         conn,
@@ -127,8 +135,8 @@ async fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) {
         user: None,
         client_events: RateWindow::new(),
     };
-    session::run(socket, conn, s, settings, shutdown).await;
-    // Dropping the session released the connection (see `Drop`).
+    // Dropping the session releases the connection (see `Drop`).
+    session::run(socket, conn, s, settings, shutdown)
 }
 
 /// Per-connection state only the session touches.
@@ -138,8 +146,9 @@ struct PusherSession {
     conn: Arc<Connection>,
     /// Subscribed channel names.
     channels: Vec<Box<str>>,
-    /// Signed-in user id and watchlist.
-    user: Option<(String, Vec<String>)>,
+    /// Signed-in user id and watchlist (boxed: most connections never
+    /// sign in, and this struct is part of every connection's task).
+    user: Option<Box<(String, Vec<String>)>>,
     client_events: RateWindow,
 }
 
@@ -267,7 +276,7 @@ impl PusherSession {
         // sign-in. Delivery to users goes through the users registry, so
         // this only needs confirming, and only for the signed-in user.
         if let Some(user) = channel.strip_prefix(SERVER_TO_USER_PREFIX) {
-            if self.user.as_ref().is_some_and(|(id, _)| id == user) {
+            if self.user.as_ref().is_some_and(|u| u.0 == user) {
                 self.conn
                     .send(Frame::text(&wire::subscription_succeeded(channel, None)));
             } else {
@@ -448,7 +457,8 @@ impl PusherSession {
                 ))
             }
         };
-        if let Some((old, old_watch)) = self.user.take() {
+        if let Some(signed) = self.user.take() {
+            let (old, old_watch) = *signed;
             self.node.sign_out(&self.hub, &self.conn, &old, &old_watch);
         }
         self.conn
@@ -462,7 +472,7 @@ impl PusherSession {
                 ("offline", &offline),
             ])));
         }
-        self.user = Some((user_id, watchlist));
+        self.user = Some(Box::new((user_id, watchlist)));
         Next::Continue
     }
 
@@ -473,7 +483,8 @@ impl PusherSession {
             self.node
                 .unsubscribe(&self.hub, &self.conn, NAMESPACE, &channel, &None, false);
         }
-        if let Some((user, watchlist)) = self.user.take() {
+        if let Some(signed) = self.user.take() {
+            let (user, watchlist) = *signed;
             self.node.sign_out(&self.hub, &self.conn, &user, &watchlist);
         }
     }
