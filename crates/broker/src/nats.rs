@@ -13,7 +13,6 @@ use async_nats::{Event, ServerAddr};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -26,16 +25,16 @@ const INBOUND: usize = 8192;
 type Inbound = (Arc<str>, Bytes);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    let addr = ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
-    let streams = Arc::new(crate::jetstream::JetStream::new(addr.clone(), prefix));
+    let servers = crate::urls::nats_servers(url)?;
+    let streams = Arc::new(crate::jetstream::JetStream::new(servers.clone(), prefix));
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, addr));
+        tokio::spawn(run(shared, rx, servers));
     });
     Ok(Engine::new("nats", prefix, ttl, ">", start).with_streams(streams))
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr) {
-    let mut options = crate::jetstream::options(&addr, "herald");
+async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, servers: Vec<ServerAddr>) {
+    let mut options = crate::jetstream::options(&servers, "herald");
     let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
     options = options.event_callback(move |ev| {
         let tx = events_tx.clone();
@@ -51,7 +50,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr)
             }
         }
     });
-    let client = match options.connect(addr).await {
+    let client = match options.connect(servers).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(engine = "nats", error = %e, "cannot start the NATS client");

@@ -24,7 +24,7 @@ const SUBSCRIBE_CHUNK: usize = 256;
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+    let client = crate::urls::redis_client(url)?;
     let streams = crate::redis_streams::RedisStreams::new(client.clone(), prefix);
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, client));
