@@ -226,3 +226,13 @@ fn a_list_of_nats_servers_is_accepted() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot listen"), "{stderr}");
 }
+
+#[test]
+fn bad_canary_settings_are_named() {
+    assert_rejected("[broker]\ncanary_timeout = 0\n", "broker.canary_timeout");
+    assert_rejected("[broker]\ncanary_timeout = 61\n", "broker.canary_timeout");
+    assert_rejected(
+        "[broker]\ncanary_interval = 3601\n",
+        "broker.canary_interval",
+    );
+}

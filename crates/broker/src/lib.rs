@@ -52,12 +52,19 @@ use std::sync::Arc;
 pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
     let url = config.url.as_str();
     let bad = |e: String| format!("broker.url {:?}: {e}", config.shown_url());
+    let (every, deadline) = config.canary();
     Ok(match urls::check(config)? {
         urls::Kind::Local => Arc::new(LocalBroker::with_ttl(config.ttl())),
-        urls::Kind::Redis => {
-            Arc::new(redis::engine(url, &config.prefix, config.ttl()).map_err(bad)?)
-        }
-        urls::Kind::Nats => Arc::new(nats::engine(url, &config.prefix, config.ttl()).map_err(bad)?),
+        urls::Kind::Redis => Arc::new(
+            redis::engine(url, &config.prefix, config.ttl())
+                .map_err(bad)?
+                .with_canary(every, deadline),
+        ),
+        urls::Kind::Nats => Arc::new(
+            nats::engine(url, &config.prefix, config.ttl())
+                .map_err(bad)?
+                .with_canary(every, deadline),
+        ),
     })
 }
 

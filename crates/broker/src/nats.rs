@@ -59,7 +59,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, servers: Vec<Serv
     };
     let (in_tx, mut inbound) = mpsc::channel::<Inbound>(INBOUND);
     let mut subs: HashMap<String, JoinHandle<()>> = HashMap::new();
-    let base = [shared.all(), shared.own_subject()];
+    let base = [shared.all(), shared.own_subject(), shared.canary_subject()];
     for s in &base {
         if let Err(e) = subscribe(&client, s, &in_tx, &mut subs).await {
             tracing::error!(engine = "nats", error = %e, "cannot subscribe");
@@ -91,6 +91,16 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, servers: Vec<Serv
             }
             _ = shared.wake.notified() => {
                 apply_dirty(&shared, &client, &in_tx, &mut subs).await;
+            }
+            _ = shared.canary.reconnect.notified() => {
+                // The canary did not come back: drop this connection (a
+                // server that stopped delivering) for a new one, perhaps to
+                // another server of the cluster; the client subscribes to
+                // everything again, and its events tell us when it is up.
+                shared.set_up(false, "broker canary not heard back");
+                if let Err(e) = client.force_reconnect().await {
+                    tracing::debug!(engine = "nats", error = %e, "reconnect request failed");
+                }
             }
             o = rx.recv() => match o {
                 None => return,

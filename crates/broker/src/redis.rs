@@ -85,7 +85,7 @@ async fn session(
     let (mut sink, mut stream) = pubsub.split();
     let mut exact: HashSet<String> = HashSet::new();
     let mut patterns: HashSet<String> = HashSet::new();
-    let base = [shared.all(), shared.own_subject()];
+    let base = [shared.all(), shared.own_subject(), shared.canary_subject()];
     if let Err(e) = sink.subscribe(&base).await {
         return e.to_string();
     }
@@ -126,6 +126,9 @@ async fn session(
                     return e;
                 }
             }
+            // The canary did not come back: this session's connections are
+            // open but deliver nothing; start a new session.
+            _ = shared.canary.reconnect.notified() => return "broker canary not heard back".into(),
             n = rx.recv_many(&mut batch, BATCH) => {
                 if n == 0 {
                     return "engine stopped".into();

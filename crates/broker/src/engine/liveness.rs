@@ -341,6 +341,7 @@ impl Cluster for Engine {
         let _ = self.shared.inbox.set(inbox);
         if let Some((start, rx)) = self.start.lock().take() {
             start(self.shared.clone(), rx);
+            tokio::spawn(super::canary::run(self.shared.clone()));
         }
     }
 
@@ -367,7 +368,7 @@ impl Cluster for Engine {
     }
 
     fn connected(&self) -> bool {
-        self.shared.is_settled()
+        self.shared.is_settled() && self.shared.canary.ok()
     }
 
     fn flush(&self) -> BoxFuture<()> {
