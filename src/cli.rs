@@ -124,6 +124,7 @@ struct ServeArgs {
     #[arg(long, env = "HERALD_DASHBOARD_TOKEN", hide_env_values = true)]
     dashboard_token: Option<String>,
     /// Cluster broker: `local` (default), redis://…, rediss://…, nats://…
+    /// (several NATS servers comma-separated)
     /// (see docs/cluster.md).
     #[arg(long, env = "HERALD_BROKER", hide_env_values = true)]
     broker: Option<String>,
@@ -413,6 +414,12 @@ fn serve(args: ServeArgs, matches: Option<&ArgMatches>, adapters: Adapters) -> E
         }
     };
     let config = eff.config.clone();
+    // A bad broker URL is a configuration error like any other: refused
+    // before anything listens, naming the setting.
+    if let Err(e) = herald_broker::urls::check(&config.broker) {
+        eprintln!("herald: {e}");
+        return ExitCode::from(2);
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
         .with_writer(std::io::stderr);

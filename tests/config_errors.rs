@@ -180,3 +180,59 @@ fn webhook_dashboard_and_metrics_errors_are_named() {
     assert_rejected("metrics_port = 70000\n", "metrics_port");
     assert_rejected("webhook_batch_size = 0\n", "webhook_batch_size");
 }
+
+/// Every form of a bad `broker.url`, from the file, the environment and
+/// the flag, is refused at start naming the setting, and the password in
+/// it is never printed.
+#[test]
+fn bad_broker_urls_are_named_without_their_credentials() {
+    let bad = [
+        "http://127.0.0.1:6379",
+        "redis://127.0.0.1:notaport",
+        "redis://:hunter2secret@127.0.0.1:99999",
+        "redis://127.0.0.1:6379/notadb",
+        "redis://a:6379,redis://b:6379",
+        "nats://",
+        "nats://127.0.0.1:4222,",
+        "nats://127.0.0.1:4222,,nats://127.0.0.1:4223",
+        "nats://127.0.0.1:notaport",
+        "nats://127.0.0.1:4222,redis://127.0.0.1:6379",
+        "nats://u:hunter2secret@127.0.0.1:4222,nats://127.0.0.1:4223",
+    ];
+    for url in bad {
+        let file = serve_with(&format!("[broker]\nurl = \"{url}\"\n"));
+        let env = serve(&[], &[("HERALD_BROKER", url)]);
+        let flag = serve(&["--broker", url], &[]);
+        for (how, out) in [("file", &file), ("env", &env), ("flag", &flag)] {
+            assert_config_error(out, &format!("{url} ({how})"), "broker.url");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!stderr.contains("hunter2secret"), "{url} ({how}): {stderr}");
+        }
+    }
+}
+
+/// Several NATS servers, comma-separated, are accepted (the node then
+/// fails to bind the occupied port: status 1, past the configuration).
+#[test]
+fn a_list_of_nats_servers_is_accepted() {
+    let out = serve(
+        &[
+            "--broker",
+            "nats://127.0.0.1:4222, nats://127.0.0.1:4223,127.0.0.1:4224",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot listen"), "{stderr}");
+}
+
+#[test]
+fn bad_canary_settings_are_named() {
+    assert_rejected("[broker]\ncanary_timeout = 0\n", "broker.canary_timeout");
+    assert_rejected("[broker]\ncanary_timeout = 61\n", "broker.canary_timeout");
+    assert_rejected(
+        "[broker]\ncanary_interval = 3601\n",
+        "broker.canary_interval",
+    );
+}

@@ -21,6 +21,7 @@
 //! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! redis_streams  history and sessions on the Redis server (issue 19)
+//! urls        `broker.url` checked at start; NATS server lists
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //! ```
 
@@ -37,6 +38,7 @@ pub mod tally;
 /// the crate's own unit tests.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod urls;
 
 use herald_core::broker::local::LocalBroker;
 use herald_core::broker::Broker;
@@ -49,19 +51,21 @@ use std::sync::Arc;
 /// clients and `connected()` is false.
 pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
     let url = config.url.as_str();
-    if url == "local" {
-        return Ok(Arc::new(LocalBroker::with_ttl(config.ttl())));
-    }
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        return Ok(Arc::new(redis::engine(url, &config.prefix, config.ttl())?));
-    }
-    if url.starts_with("nats://") || url.starts_with("tls://") {
-        return Ok(Arc::new(nats::engine(url, &config.prefix, config.ttl())?));
-    }
-    Err(format!(
-        "broker.url {:?}: expected local, redis://, rediss://, nats:// or tls://",
-        config.shown_url()
-    ))
+    let bad = |e: String| format!("broker.url {:?}: {e}", config.shown_url());
+    let (every, deadline) = config.canary();
+    Ok(match urls::check(config)? {
+        urls::Kind::Local => Arc::new(LocalBroker::with_ttl(config.ttl())),
+        urls::Kind::Redis => Arc::new(
+            redis::engine(url, &config.prefix, config.ttl())
+                .map_err(bad)?
+                .with_canary(every, deadline),
+        ),
+        urls::Kind::Nats => Arc::new(
+            nats::engine(url, &config.prefix, config.ttl())
+                .map_err(bad)?
+                .with_canary(every, deadline),
+        ),
+    })
 }
 
 /// Backoff before reconnect attempt `n` (from 0): 100 ms doubling to 5 s.

@@ -13,7 +13,6 @@ use async_nats::{Event, ServerAddr};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -26,16 +25,16 @@ const INBOUND: usize = 8192;
 type Inbound = (Arc<str>, Bytes);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    let addr = ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
-    let streams = Arc::new(crate::jetstream::JetStream::new(addr.clone(), prefix));
+    let servers = crate::urls::nats_servers(url)?;
+    let streams = Arc::new(crate::jetstream::JetStream::new(servers.clone(), prefix));
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, addr));
+        tokio::spawn(run(shared, rx, servers));
     });
     Ok(Engine::new("nats", prefix, ttl, ">", start).with_streams(streams))
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr) {
-    let mut options = crate::jetstream::options(&addr, "herald");
+async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, servers: Vec<ServerAddr>) {
+    let mut options = crate::jetstream::options(&servers, "herald");
     let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
     options = options.event_callback(move |ev| {
         let tx = events_tx.clone();
@@ -51,7 +50,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr)
             }
         }
     });
-    let client = match options.connect(addr).await {
+    let client = match options.connect(servers).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(engine = "nats", error = %e, "cannot start the NATS client");
@@ -60,7 +59,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr)
     };
     let (in_tx, mut inbound) = mpsc::channel::<Inbound>(INBOUND);
     let mut subs: HashMap<String, JoinHandle<()>> = HashMap::new();
-    let base = [shared.all(), shared.own_subject()];
+    let base = [shared.all(), shared.own_subject(), shared.canary_subject()];
     for s in &base {
         if let Err(e) = subscribe(&client, s, &in_tx, &mut subs).await {
             tracing::error!(engine = "nats", error = %e, "cannot subscribe");
@@ -92,6 +91,16 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, addr: ServerAddr)
             }
             _ = shared.wake.notified() => {
                 apply_dirty(&shared, &client, &in_tx, &mut subs).await;
+            }
+            _ = shared.canary.reconnect.notified() => {
+                // The canary did not come back: drop this connection (a
+                // server that stopped delivering) for a new one, perhaps to
+                // another server of the cluster; the client subscribes to
+                // everything again, and its events tell us when it is up.
+                shared.set_up(false, "broker canary not heard back");
+                if let Err(e) = client.force_reconnect().await {
+                    tracing::debug!(engine = "nats", error = %e, "reconnect request failed");
+                }
             }
             o = rx.recv() => match o {
                 None => return,

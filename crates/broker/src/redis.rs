@@ -24,7 +24,7 @@ const SUBSCRIBE_CHUNK: usize = 256;
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+    let client = crate::urls::redis_client(url)?;
     let streams = crate::redis_streams::RedisStreams::new(client.clone(), prefix);
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, client));
@@ -85,7 +85,7 @@ async fn session(
     let (mut sink, mut stream) = pubsub.split();
     let mut exact: HashSet<String> = HashSet::new();
     let mut patterns: HashSet<String> = HashSet::new();
-    let base = [shared.all(), shared.own_subject()];
+    let base = [shared.all(), shared.own_subject(), shared.canary_subject()];
     if let Err(e) = sink.subscribe(&base).await {
         return e.to_string();
     }
@@ -126,6 +126,9 @@ async fn session(
                     return e;
                 }
             }
+            // The canary did not come back: this session's connections are
+            // open but deliver nothing; start a new session.
+            _ = shared.canary.reconnect.notified() => return "broker canary not heard back".into(),
             n = rx.recv_many(&mut batch, BATCH) => {
                 if n == 0 {
                     return "engine stopped".into();

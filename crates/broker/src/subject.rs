@@ -5,6 +5,7 @@
 //! {prefix}.all                  every node: heartbeats, leaving, control,
 //!                               requests, signed-in users, user events, state
 //! {prefix}.node.{id}            one node: replies, a heartbeat for a newcomer
+//! {prefix}.canary.{id}          one node: its own broker canary
 //! {prefix}.c.{app}.{ns}.{channel}  nodes with subscribers to that channel
 //!                               of namespace `ns` (the protocol's): its
 //!                               publications, members, counts
@@ -67,6 +68,12 @@ pub fn all(prefix: &str) -> String {
 /// Only node `node` listens here.
 pub fn node(prefix: &str, node: u64) -> String {
     format!("{prefix}.node.{node}")
+}
+
+/// `{prefix}.canary.{id}`: the subject only node `id` listens to, for the
+/// broker canary ([`crate::engine`]'s `canary`).
+pub fn canary(prefix: &str, node: u64) -> String {
+    format!("{prefix}.canary.{node}")
 }
 
 /// The subject of an exact channel.

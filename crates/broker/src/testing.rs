@@ -1,6 +1,7 @@
 //! Real broker servers for tests: `redis-server` or `nats-server` (Debian's
 //! packages; the README's test command installs them) on a free loopback
-//! port, killed on drop, restartable on the same port.
+//! port, killed on drop, restartable on the same port; and a cluster of
+//! `nats-server`s routed together ([`NatsCluster`]).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -158,6 +159,221 @@ impl Drop for BrokerServer {
         self.kill();
         if let Some(dir) = &self.store {
             let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl BrokerServer {
+    /// The server's process id (to SIGSTOP it: a broker that stops
+    /// delivering without closing anyone's socket).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) the server.
+    pub fn freeze(&self, stop: bool) {
+        if let Some(pid) = self.pid() {
+            signal(pid, stop);
+        }
+    }
+}
+
+fn signal(pid: u32, stop: bool) {
+    let sig = if stop { "-STOP" } else { "-CONT" };
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
+/// One `nats-server` of a [`NatsCluster`].
+struct Member {
+    port: u16,
+    route_port: u16,
+    monitor_port: u16,
+    child: Option<Child>,
+    store: Option<std::path::PathBuf>,
+}
+
+/// Several `nats-server` processes routed into one cluster on loopback
+/// (`--cluster`, `--routes` to every other member, one cluster name; the
+/// monitoring port binds the `-a` address too),
+/// optionally with JetStream (`-js`, a store each, unique server names).
+/// Killed on drop; a member can be killed, restarted on its ports, frozen.
+pub struct NatsCluster {
+    members: Vec<Member>,
+    name: String,
+}
+
+impl NatsCluster {
+    /// Start `n` servers and wait until every one has a route to every
+    /// other (from their monitoring endpoint), at most 20 s.
+    pub fn start(n: usize, jetstream: bool) -> NatsCluster {
+        let c = Self::start_unrouted(n, jetstream);
+        c.wait_routed();
+        c
+    }
+
+    /// Start `n` servers without waiting for their routes (as a user
+    /// starting servers and nodes together would).
+    pub fn start_unrouted(n: usize, jetstream: bool) -> NatsCluster {
+        let name = format!("herald-{}-{}", std::process::id(), free_port());
+        let members = (0..n)
+            .map(|i| Member {
+                port: free_port(),
+                route_port: free_port(),
+                monitor_port: free_port(),
+                child: None,
+                store: jetstream.then(|| {
+                    let d = std::env::temp_dir().join(format!("{name}-js-{i}"));
+                    let _ = std::fs::remove_dir_all(&d);
+                    d
+                }),
+            })
+            .collect();
+        let mut c = NatsCluster { members, name };
+        for i in 0..n {
+            c.spawn(i);
+        }
+        c
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Member `i`'s client URL.
+    pub fn url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.members[i].port)
+    }
+
+    /// Every member's client URL, comma-separated (as NATS clients take them).
+    pub fn urls(&self) -> String {
+        (0..self.len())
+            .map(|i| self.url(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(Child::id)
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let routes: Vec<String> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, m)| format!("nats://127.0.0.1:{}", m.route_port))
+            .collect();
+        let m = &self.members[i];
+        let mut cmd = Command::new("nats-server");
+        cmd.args(["-a", "127.0.0.1", "-p", &m.port.to_string()])
+            .args(["-m", &m.monitor_port.to_string()])
+            .args(["--cluster", &format!("nats://127.0.0.1:{}", m.route_port)])
+            .args(["--cluster_name", &self.name])
+            .args(["--routes", &routes.join(",")])
+            .args(["--server_name", &format!("n{i}")]);
+        if let Some(dir) = &m.store {
+            cmd.arg("-js").arg("-sd").arg(dir);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run nats-server ({e}); apt-get install nats-server")
+            });
+        let port = m.port;
+        self.members[i].child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(Ok(Some(st))) = self.members[i].child.as_mut().map(|c| c.try_wait()) {
+                panic!("nats-server {i} exited at start ({st}); a port may be taken");
+            }
+            assert!(Instant::now() < deadline, "nats-server {i} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Routes member `i` has now (its `/routez`), `None` if it does not answer.
+    pub fn routes(&self, i: usize) -> Option<usize> {
+        use std::io::{Read, Write};
+        let mut s =
+            std::net::TcpStream::connect(("127.0.0.1", self.members[i].monitor_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /routez HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        let at = body.find("\"num_routes\":")? + "\"num_routes\":".len();
+        body[at..]
+            .trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// Wait until every running member routes to every other running one.
+    pub fn wait_routed(&self) {
+        let running: Vec<usize> = (0..self.len())
+            .filter(|i| self.members[*i].child.is_some())
+            .collect();
+        let want = running.len() - 1;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for &i in &running {
+            loop {
+                if self.routes(i).is_some_and(|r| r >= want) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "nats-server {i} has {:?} routes, wanted {want}",
+                    self.routes(i)
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// SIGKILL member `i` and wait until it is gone.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start member `i` again on its ports and wait for the routes.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+        self.wait_routed();
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) member `i`.
+    pub fn freeze(&self, i: usize, stop: bool) {
+        if let Some(pid) = self.pid(i) {
+            signal(pid, stop);
+        }
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.len() {
+            self.kill(i);
+            if let Some(dir) = &self.members[i].store {
+                let _ = std::fs::remove_dir_all(dir);
+            }
         }
     }
 }

@@ -140,6 +140,13 @@ pub struct BrokerConfig {
     /// `/ready` answers 503 while the broker is unreachable, so a load
     /// balancer moves new clients to nodes that reach the cluster.
     pub ready_needs_broker: bool,
+    /// Seconds between broker canaries (a message to a subject only this
+    /// node hears; 0: none), to notice a broker that stops delivering
+    /// without closing the connection.
+    pub canary_interval: u64,
+    /// Seconds a canary may take to come back before the node reports
+    /// itself not ready and reconnects.
+    pub canary_timeout: u64,
 }
 
 impl Default for BrokerConfig {
@@ -149,6 +156,8 @@ impl Default for BrokerConfig {
             prefix: "herald".into(),
             ttl: 30,
             ready_needs_broker: true,
+            canary_interval: 5,
+            canary_timeout: 2,
         }
     }
 }
@@ -171,6 +180,14 @@ pub fn redact_url(url: &str) -> String {
 impl BrokerConfig {
     pub fn ttl(&self) -> Duration {
         Duration::from_secs(self.ttl)
+    }
+
+    /// The canary's (interval, timeout); a zero interval: no canary.
+    pub fn canary(&self) -> (Duration, Duration) {
+        (
+            Duration::from_secs(self.canary_interval),
+            Duration::from_secs(self.canary_timeout),
+        )
     }
 
     /// The URL without its password or token, for logs.
@@ -594,6 +611,18 @@ impl Config {
         }
         if b.ttl == 0 || b.ttl > 3600 {
             return Err(invalid("broker.ttl", "must be 1 to 3600 (seconds)"));
+        }
+        if b.canary_interval > 3600 {
+            return Err(invalid(
+                "broker.canary_interval",
+                "must be 0 (off) to 3600 (seconds)",
+            ));
+        }
+        if b.canary_timeout == 0 || b.canary_timeout > 60 {
+            return Err(invalid(
+                "broker.canary_timeout",
+                "must be 1 to 60 (seconds)",
+            ));
         }
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
             return Err(invalid("log", "is not a valid log filter"));

@@ -12,6 +12,9 @@ type Guard<'a> = parking_lot::MutexGuard<'a, State>;
 impl Shared {
     /// A message arrived on subscription `via` (a subject or a pattern).
     pub fn on_message(&self, via: &str, payload: &[u8]) {
+        if self.on_canary(via, payload) {
+            return;
+        }
         let Ok(msg) = serde_json::from_slice::<Msg>(payload) else {
             tracing::debug!(via, "unreadable broker message ignored");
             return;

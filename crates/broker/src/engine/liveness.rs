@@ -348,6 +348,7 @@ impl Cluster for Engine {
         let _ = self.shared.inbox.set(inbox);
         if let Some((start, rx)) = self.start.lock().take() {
             start(self.shared.clone(), rx);
+            tokio::spawn(super::canary::run(self.shared.clone()));
         }
     }
 
@@ -374,7 +375,7 @@ impl Cluster for Engine {
     }
 
     fn connected(&self) -> bool {
-        self.shared.is_settled()
+        self.shared.is_settled() && self.shared.canary.ok()
     }
 
     fn flush(&self) -> BoxFuture<()> {

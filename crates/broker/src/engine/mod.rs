@@ -32,10 +32,12 @@
 //! interest, counts), [`liveness`] (heartbeats, leader election, burying
 //! silent nodes, the reconnect state exchange), [`presence`] (members per
 //! node and their reconciliation), [`queries`] (request/reply: figures,
-//! members, a cache channel's last event) and [`inbound`] (what arrives
-//! from the transport, dispatched by kind). This file holds the shared
+//! members, a cache channel's last event), [`inbound`] (what arrives
+//! from the transport, dispatched by kind) and [`canary`] (noticing a
+//! broker that silently stopped delivering). This file holds the shared
 //! state and the engine handle.
 
+mod canary;
 mod inbound;
 mod liveness;
 mod presence;
@@ -176,7 +178,11 @@ pub struct Shared {
     /// The scope a pending members request is about.
     scopes: Mutex<HashMap<u64, ScopeKey>>,
     next_request: AtomicU64,
+    /// The broker canary's settings and state.
+    pub canary: canary::Canary,
 }
+
+pub use canary::CANARY_FAILURES;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -322,6 +328,7 @@ impl Engine {
                 pending: Mutex::new(HashMap::new()),
                 scopes: Mutex::new(HashMap::new()),
                 next_request: AtomicU64::new(1),
+                canary: canary::Canary::default(),
             }),
             start: Mutex::new(Some((start, rx))),
             streams: None,
@@ -332,6 +339,13 @@ impl Engine {
     /// instead of in each node.
     pub fn with_streams(mut self, streams: Arc<dyn herald_core::broker::Streams>) -> Engine {
         self.streams = Some(streams);
+        self
+    }
+
+    /// Publish a canary every `every` and expect it back within
+    /// `deadline` (see [`canary`]); never called: no canary.
+    pub fn with_canary(self, every: Duration, deadline: Duration) -> Engine {
+        self.shared.canary.configure(every, deadline);
         self
     }
 

@@ -102,15 +102,15 @@ impl Conn {
 
 /// The NATS engine's [`Streams`]: history and sessions on JetStream.
 pub struct JetStream {
-    addr: ServerAddr,
+    servers: Vec<ServerAddr>,
     prefix: String,
     conn: OnceLock<Option<Arc<Conn>>>,
 }
 
 impl JetStream {
-    pub fn new(addr: ServerAddr, prefix: &str) -> JetStream {
+    pub fn new(servers: Vec<ServerAddr>, prefix: &str) -> JetStream {
         JetStream {
-            addr,
+            servers,
             prefix: prefix.to_owned(),
             conn: OnceLock::new(),
         }
@@ -128,7 +128,7 @@ impl JetStream {
                     started: Instant::now(),
                     client: Mutex::new(None),
                 });
-                runtime.spawn(probe(conn.clone(), tx, self.addr.clone()));
+                runtime.spawn(probe(conn.clone(), tx, self.servers.clone()));
                 Some(conn)
             })
             .clone()
@@ -146,8 +146,10 @@ impl Streams for JetStream {
 }
 
 /// Connection options shared with the pub/sub transport (credentials from
-/// the URL, reconnects forever with the crate's backoff).
-pub fn options(addr: &ServerAddr, name: &str) -> ConnectOptions {
+/// the URLs, which [`crate::urls`] made sure agree; reconnects forever with
+/// the crate's backoff, to any server of the list or that the servers
+/// told of).
+pub fn options(servers: &[ServerAddr], name: &str) -> ConnectOptions {
     let mut options = ConnectOptions::new()
         .name(name)
         .retry_on_initial_connect()
@@ -155,6 +157,9 @@ pub fn options(addr: &ServerAddr, name: &str) -> ConnectOptions {
         .connection_timeout(Duration::from_secs(5))
         .ping_interval(Duration::from_secs(5))
         .reconnect_delay_callback(|n| crate::backoff(n as u32));
+    let Some(addr) = servers.first() else {
+        return options;
+    };
     match (addr.username(), addr.password()) {
         (Some(u), Some(p)) => options = options.user_and_password(u.into(), p.into()),
         (Some(token), None) => options = options.token(token.into()),
@@ -165,8 +170,8 @@ pub fn options(addr: &ServerAddr, name: &str) -> ConnectOptions {
 
 /// Connect, then ask the server about JetStream until it answers: ready,
 /// or none (one warning, per-node fallback for the life of the process).
-async fn probe(conn: Arc<Conn>, tx: watch::Sender<Mode>, addr: ServerAddr) {
-    let client = match options(&addr, "herald-jetstream").connect(addr).await {
+async fn probe(conn: Arc<Conn>, tx: watch::Sender<Mode>, servers: Vec<ServerAddr>) {
+    let client = match options(&servers, "herald-jetstream").connect(servers).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(engine = "nats", error = %e, "cannot start the JetStream client; history and sessions are per node");

@@ -1,0 +1,163 @@
+//! `broker.url`, read once at start: which engine, and for NATS the list of
+//! servers. A bad URL is refused before the node listens, with a message
+//! that names the setting and never shows the credentials.
+//!
+//! NATS takes several servers as NATS clients do: comma-separated URLs
+//! (`nats://a:4222,nats://b:4222`; an entry without a scheme takes the
+//! first's, as `nats.go` does). The client also learns the rest of a
+//! cluster from any one server (the servers gossip their client URLs), so
+//! one URL of a routed cluster is enough to fail over; listing several
+//! only matters for the first connection.
+
+use async_nats::ServerAddr;
+use herald_core::config::BrokerConfig;
+use std::str::FromStr;
+
+/// Most servers in one `nats://` list (a bound on what a setting can make
+/// the client try in turn).
+pub const MAX_NATS_SERVERS: usize = 64;
+
+/// The engine a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Local,
+    Redis,
+    Nats,
+}
+
+/// Check `config.url` the way the engine will read it; the error names
+/// `broker.url` and shows the URL without credentials.
+pub fn check(config: &BrokerConfig) -> Result<Kind, String> {
+    let url = config.url.as_str();
+    let bad = |why: String| format!("broker.url {:?}: {why}", config.shown_url());
+    if url == "local" {
+        return Ok(Kind::Local);
+    }
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        redis_client(url).map_err(bad)?;
+        return Ok(Kind::Redis);
+    }
+    if url.starts_with("nats://") || url.starts_with("tls://") {
+        nats_servers(url).map_err(bad)?;
+        return Ok(Kind::Nats);
+    }
+    Err(bad(
+        "expected local, redis://, rediss://, nats:// or tls:// (several NATS servers comma-separated)"
+            .into(),
+    ))
+}
+
+/// The Redis client for `url` (parsing only; nothing connects).
+pub(crate) fn redis_client(url: &str) -> Result<redis::Client, String> {
+    if url.contains(',') {
+        return Err("one Redis server only (a comma-separated list is for NATS)".into());
+    }
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let info = client.get_connection_info();
+    if let redis::ConnectionAddr::Tcp(host, _) | redis::ConnectionAddr::TcpTls { host, .. } =
+        info.addr()
+    {
+        if host.is_empty() {
+            return Err("no host".into());
+        }
+    }
+    Ok(client)
+}
+
+/// The servers of a `nats://` / `tls://` URL or comma-separated list.
+pub fn nats_servers(url: &str) -> Result<Vec<ServerAddr>, String> {
+    let parts: Vec<&str> = url.split(',').map(str::trim).collect();
+    if parts.len() > MAX_NATS_SERVERS {
+        return Err(format!("at most {MAX_NATS_SERVERS} servers"));
+    }
+    let scheme = url.split("://").next().unwrap_or("nats");
+    let mut out = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        if part.is_empty() {
+            return Err(format!("server {} of the list is empty", i + 1));
+        }
+        let full = if part.contains("://") {
+            (*part).to_owned()
+        } else {
+            format!("{scheme}://{part}")
+        };
+        if !(full.starts_with("nats://") || full.starts_with("tls://")) {
+            return Err(format!(
+                "server {} of the list: expected nats:// or tls://",
+                i + 1
+            ));
+        }
+        let addr = ServerAddr::from_str(&full)
+            .map_err(|e| format!("server {} of the list: {e}", i + 1))?;
+        if addr.host().is_empty() {
+            return Err(format!("server {} of the list has no host", i + 1));
+        }
+        // One connection's credentials: the client sends the same to every
+        // server it tries, so differing ones would fail on some of them.
+        if let Some(first) = out.first() {
+            let first: &ServerAddr = first;
+            if (first.username(), first.password()) != (addr.username(), addr.password()) {
+                return Err("every server of the list must carry the same credentials".into());
+            }
+        }
+        out.push(addr);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(url: &str) -> BrokerConfig {
+        BrokerConfig {
+            url: url.into(),
+            ..BrokerConfig::default()
+        }
+    }
+
+    #[test]
+    fn good_urls() {
+        for (url, kind) in [
+            ("local", Kind::Local),
+            ("redis://127.0.0.1:6379", Kind::Redis),
+            ("redis://:pw@127.0.0.1:6379/2", Kind::Redis),
+            ("rediss://redis.internal:6380", Kind::Redis),
+            ("nats://127.0.0.1:4222", Kind::Nats),
+            ("tls://nats.internal:4222", Kind::Nats),
+            ("nats://a:4222,nats://b:4222,nats://c:4222", Kind::Nats),
+            ("nats://a:4222, b:4223", Kind::Nats),
+            ("nats://u:p@a:4222,nats://u:p@b:4222", Kind::Nats),
+            ("nats://a", Kind::Nats),
+        ] {
+            assert_eq!(check(&config(url)), Ok(kind), "{url}");
+        }
+        assert_eq!(nats_servers("nats://a:1, b:2").unwrap().len(), 2);
+        assert_eq!(nats_servers("tls://a:1,b:2").unwrap()[1].scheme(), "tls");
+    }
+
+    #[test]
+    fn bad_urls_name_the_setting_and_hide_credentials() {
+        for url in [
+            "",
+            "http://x",
+            "redis://127.0.0.1:notaport",
+            "redis://:secretpw@127.0.0.1:99999",
+            "redis://a:1,redis://b:2",
+            "redis://127.0.0.1:6379/notadb",
+            "nats://",
+            "nats://a:4222,",
+            "nats://a:4222,,nats://b:4222",
+            "nats://a:notaport",
+            "nats://a:4222,redis://b:6379",
+            "nats://u:secretpw@a:1,nats://b:2",
+            "nats://a:99999",
+        ] {
+            let e = check(&config(url)).expect_err(url);
+            assert!(e.starts_with("broker.url"), "{url}: {e}");
+            assert!(!e.contains("secretpw"), "{url}: {e}");
+        }
+        let long = vec!["nats://a:1"; MAX_NATS_SERVERS + 1].join(",");
+        assert!(check(&config(&long)).is_err());
+    }
+}
