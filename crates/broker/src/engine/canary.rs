@@ -89,7 +89,12 @@ impl Shared {
 
     /// Whether `via` is this node's canary subject; if so, it is handled.
     pub(super) fn on_canary(&self, via: &str, payload: &[u8]) -> bool {
-        if via != self.canary_subject() {
+        // Every message from the broker passes here: tell the canary's
+        // subject by its shape before building it to compare.
+        let is_canary = via
+            .strip_prefix(self.prefix.as_str())
+            .is_some_and(|rest| rest.starts_with(".canary."));
+        if !is_canary || via != self.canary_subject() {
             return false;
         }
         self.canary.heard(payload);
