@@ -20,9 +20,17 @@ action=$1; n=$2; sig=${3:-TERM}
 dir=${NODE_DIR:?NODE_DIR: the directory with node-N.cmd and node-N.port}
 case "$sig" in TERM|KILL) ;; *) echo "signal: TERM or KILL, not $sig" >&2; exit 2 ;; esac
 
-# Alive: /proc has it and it is not a zombie (the node's parent, this
-# script, is gone, and whoever inherits it may be slow to reap).
-alive() { [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+# Alive: one of its threads is not a zombie yet. (The node's parent, this
+# script, is gone and whoever inherits it may be slow to reap; after
+# SIGKILL the main thread turns zombie before the others have exited, and
+# the sockets, the listener's among them, close only with the last.)
+alive() {
+  local t
+  for t in /proc/"$1"/task/*/stat; do
+    [ -r "$t" ] && [ "$(awk '{print $3}' "$t" 2>/dev/null)" != Z ] && return 0
+  done
+  return 1
+}
 
 stop() {
   local pid
@@ -40,14 +48,21 @@ stop() {
 }
 
 start() {
-  local port pid
+  local port pid log=$dir/node-$n.log from
   port=$(cat "$dir/node-$n.port")
+  from=$(($(stat -c %s "$log" 2>/dev/null || echo 0) + 1))
   # The node's own process (exec), so node-N.pid is what gets the signal.
-  nohup bash -c "exec $(cat "$dir/node-$n.cmd")" </dev/null >>"$dir/node-$n.log" 2>&1 &
+  nohup bash -c "exec $(cat "$dir/node-$n.cmd")" </dev/null >>"$log" 2>&1 &
   pid=$!
   echo "$pid" >"$dir/node-$n.pid"
   for _ in $(seq 600); do
-    alive "$pid" || { echo "node $n exited at start; its log:" >&2; tail -20 "$dir/node-$n.log" >&2; exit 1; }
+    if ! alive "$pid"; then
+      # The port still held by what is closing (at most 10 s): try again.
+      if [ "${tries:-0}" -lt 50 ] && tail -c "+$from" "$log" | grep -q "Address already in use"; then
+        tries=$((${tries:-0} + 1)); sleep 0.2; start; return
+      fi
+      echo "node $n exited at start; its log:" >&2; tail -c "+$from" "$log" | tail -20 >&2; exit 1
+    fi
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       [ -f "$dir/node-$n.ready" ] || return 0
       [ "$(curl -s -o /dev/null -w '%{http_code}' "$(cat "$dir/node-$n.ready")")" = 200 ] && return 0
