@@ -13,11 +13,11 @@
 # missing); ANYCABLE: anycable-go (default anycable-go on PATH); PROTOCOL:
 # actioncable-ext (default) or actioncable; SIGNAL: term (default) or
 # kill; OUT: where TAG.json and the logs go (default /tmp/rolling-bench).
-# Prints the bench's summary, the load before and after, and each node's
-# restarts from its log.
+# Prints the bench's summary and the load before and after; the nodes'
+# logs stay in $OUT/TAG/node-N.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n '2,17p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,18p' "$0"; exit 2; }
 kind=$1; tag=$2; shift 2
 BIN=${HERALD:-target/release/herald}
 ANY=${ANYCABLE:-anycable-go}
