@@ -17,7 +17,7 @@
 # logs stay in $OUT/TAG/node-N.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,17p' "$0"; exit 2; }
 kind=$1; tag=$2; shift 2
 BIN=${HERALD:-target/release/herald}
 ANY=${ANYCABLE:-anycable-go}
