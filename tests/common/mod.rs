@@ -744,7 +744,7 @@ pub fn metric_in(
 }
 
 /// `herald bench rpc-server`, killed on drop.
-pub struct RpcServer(Child);
+pub struct RpcServer(pub Child);
 
 impl Drop for RpcServer {
     fn drop(&mut self) {

@@ -175,6 +175,25 @@ struct StormArgs {
     rate: f64,
     #[command(flatten)]
     broadcast: BroadcastTo,
+    /// The nodes of a cluster (comma-separated ws:// URLs; replaces --url):
+    /// clients spread round-robin, and one that loses its node reconnects
+    /// to another, as a load balancer would send it; publishes go through
+    /// a node that is up (each node's /_broadcast over Action Cable).
+    #[arg(long, value_delimiter = ',')]
+    node_url: Vec<String>,
+    /// A rolling restart instead of the storm's drop: run this shell
+    /// command for each node in turn ({n}: its index from 0, {signal}: TERM
+    /// or KILL); it must stop the node, start it again and return once it
+    /// listens. The bench waits after each until every client is back.
+    #[arg(long)]
+    restart_cmd: Option<String>,
+    /// The signal `{signal}` names in --restart-cmd: term (a graceful
+    /// shutdown) or kill.
+    #[arg(long, default_value = "term", value_parser = ["term", "kill"])]
+    restart_signal: String,
+    /// Longest a --restart-cmd may run.
+    #[arg(long, default_value = "120s", value_parser = super::parse_duration)]
+    restart_timeout: std::time::Duration,
 }
 
 #[derive(Args)]
@@ -627,6 +646,26 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.timeout = common.timeout;
                 p.progress = progress;
                 p.server_pid = common.server_pid;
+                for url in &a.node_url {
+                    p.nodes.push(Target::new(
+                        url,
+                        &common.app_id,
+                        &common.key,
+                        &common.secret,
+                        common.allow_remote,
+                    )?);
+                }
+                if let Some(first) = p.nodes.first() {
+                    p.target = first.clone();
+                }
+                p.restart = a.restart_cmd.map(|command| super::rolling::Restart {
+                    command,
+                    signal: match a.restart_signal.as_str() {
+                        "kill" => super::rolling::Signal::Kill,
+                        _ => super::rolling::Signal::Term,
+                    },
+                    timeout: a.restart_timeout,
+                });
                 super::storm::run(&p).await
             }
             BenchScenario::Slow(a) => {

@@ -19,9 +19,8 @@
 use super::client::bench_data;
 use super::ledger::{MsgId, Receipt, SeqSet};
 use super::metrics::Live;
-use super::proto::Publisher;
 use super::report::Report;
-use super::Target;
+use super::rolling::Publishers;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -65,13 +64,13 @@ impl Publishing {
 }
 
 /// One channel's publisher: a message every `interval` (late ticks are
-/// delayed, not bunched) until `stop` turns true.
-#[allow(clippy::too_many_arguments)]
+/// delayed, not bunched) until `stop` turns true, through a node that is
+/// up ([`Publishers::pick`]): after a failed publish it moves on to the
+/// next node, as a backend behind a load balancer would be sent to another.
 pub async fn publish(
     index: usize,
     name: String,
-    publisher: Publisher,
-    target: Target,
+    nodes: Arc<Publishers>,
     interval: Duration,
     state: Arc<Publishing>,
     live: Arc<Live>,
@@ -79,6 +78,8 @@ pub async fn publish(
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The node this channel's publishes go to first: spread over them.
+    let mut prefer = index;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -93,10 +94,14 @@ pub async fn publish(
             seq,
         };
         let data = bench_data(super::now_us(), id);
+        let (node, publisher) = nodes.pick(prefer);
         if let Err(e) = publisher.publish(&name, EVENT, &data).await {
+            // Neither expected nor counted: a failed publish may still
+            // have been delivered, and is never sent again.
             state.failed[index].lock().unwrap().insert(seq);
             state.failures.fetch_add(1, Relaxed);
-            live.error(e.kind(), publisher.explain(&e, &target));
+            live.error(e.kind(), publisher.explain(&e, nodes.target(node)));
+            prefer = node + 1;
         }
         state.next[index].store(seq + 1, Relaxed);
     }
@@ -115,11 +120,27 @@ pub struct Track {
     pub out_of_order: u64,
     /// Messages of another channel, or numbers the bench never sent.
     pub unexpected: u64,
-    /// The channel's publishes finished at the drop and at the return.
-    pub gap: (u64, u64),
+    /// The channel's publishes finished at the drop, while it is away.
+    pub away_since: Option<u64>,
+    /// Messages published on its channel while it was away, over all its
+    /// gaps (a rolling restart can move a client more than once).
+    pub during_gaps: u64,
 }
 
 impl Track {
+    /// The client lost its connection; `published`: its channel's count.
+    pub fn left(&mut self, published: u64) {
+        self.away_since = Some(published);
+    }
+
+    /// The client is subscribed again.
+    pub fn back(&mut self, published: u64) {
+        self.returned = true;
+        if let Some(since) = self.away_since.take() {
+            self.during_gaps += published.saturating_sub(since);
+        }
+    }
+
     /// A message `id` arrived for a client of channel `channel`.
     pub fn record(&mut self, channel: usize, id: MsgId) {
         if id.sender != channel as u64 {
@@ -191,7 +212,7 @@ pub fn tally(
         t.duplicated += track.duplicated;
         t.out_of_order += track.out_of_order;
         t.unexpected += track.unexpected;
-        t.published_during_gaps += track.gap.1.saturating_sub(track.gap.0);
+        t.published_during_gaps += track.during_gaps;
         t.clients_missing += u64::from(missed > 0);
         t.clients_duplicated += u64::from(track.duplicated > 0);
         t.clients_out_of_order += u64::from(track.out_of_order > 0);
@@ -253,8 +274,8 @@ mod tests {
         {
             let mut t = tracks[0].lock().unwrap();
             t.active = true;
-            t.returned = true;
-            t.gap = (4, 7);
+            t.left(4);
+            t.back(7);
             for q in [0, 1, 2, 3, 7, 4, 5, 6, 7, 8] {
                 t.record(0, id(0, q));
             }
@@ -273,8 +294,11 @@ mod tests {
         {
             let mut t = tracks[2].lock().unwrap();
             t.active = true;
-            t.returned = true;
-            t.gap = (4, 7);
+            // Two gaps (a rolling restart moved it twice): 4..=5, 6.
+            t.left(4);
+            t.back(6);
+            t.left(6);
+            t.back(7);
             for q in [0, 1, 2, 3, 7, 8] {
                 t.record(0, id(0, q));
             }

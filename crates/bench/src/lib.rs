@@ -60,6 +60,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod proto;
 pub mod report;
+pub mod rolling;
 pub mod rpc;
 pub mod slow;
 pub mod soak;

@@ -43,8 +43,15 @@
 //! (0.2 s, 0.4 s, ... under 5 s, then every minute). `--jitter` adds a
 //! uniform spread to the first attempt for every protocol.
 //!
-//! (A little over 800 lines: the storm, the ledger hooks of its clients
-//! and the mass disconnect share one `Shared` and one client task.)
+//! `--node-url` spreads the clients over a cluster's nodes and
+//! `--restart-cmd` replaces the drop with a rolling restart of those
+//! nodes, one at a time, each node's clients reconnecting to the others
+//! ([`super::rolling`]); the ledger counts across every gap a client had.
+//!
+//! (About 950 lines: the storm, its rolling variant, the ledger hooks of
+//! its clients and the mass disconnect share one `Shared` and one client
+//! task; the nodes, the publishers' routing and the restarts themselves
+//! are in `rolling.rs`.)
 //!
 //! `--protocol actioncable-ext` speaks AnyCable's extended protocol
 //! (`actioncable-v1-ext-json`) and comes back as `@anycable/core` does
@@ -61,6 +68,7 @@ use super::client::{ClientError, Conn};
 use super::gap::{self, Publishing, Track};
 use super::metrics::{Latency, Live, Monitor};
 use super::proto::{Broadcast, Proto, Publisher, Reconnect};
+use super::rolling::{self, Nodes, Publishers, Restart};
 use super::worst::{self, Api, Metrics};
 use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use std::collections::{BTreeMap, HashMap};
@@ -103,6 +111,11 @@ pub struct StormParams {
     pub timeout: Duration,
     pub progress: bool,
     pub server_pid: Option<u32>,
+    /// Every node of a cluster, `target` among them (empty: `target`
+    /// alone): clients spread round-robin, reconnecting to another node.
+    pub nodes: Vec<Target>,
+    /// Restart the nodes in turn instead of dropping every client at once.
+    pub restart: Option<Restart>,
 }
 
 impl StormParams {
@@ -125,6 +138,8 @@ impl StormParams {
             timeout: Duration::from_secs(30),
             progress: true,
             server_pid: None,
+            nodes: Vec::new(),
+            restart: None,
         }
     }
 }
@@ -147,6 +162,8 @@ pub fn channel_of(p: &StormParams, i: usize) -> String {
 enum Phase {
     Hold,
     Storm,
+    /// The nodes are being restarted in turn ([`super::rolling`]).
+    Rolling,
     Leave,
 }
 
@@ -183,6 +200,12 @@ struct Shared {
     fresh: AtomicU64,
     history_confirmed: AtomicU64,
     history_rejected: AtomicU64,
+    /// The nodes the clients connect to, and how many each holds.
+    nodes: Arc<Nodes>,
+    /// A rolling restart instead of the storm's drop.
+    rolling: bool,
+    /// Clients that lost their connection and are not back (nor gave up).
+    away: AtomicUsize,
 }
 
 /// The distinct channels of the clients, in order, and each client's
@@ -203,11 +226,12 @@ fn channels(p: &StormParams) -> (Vec<String>, Vec<usize>) {
 
 async fn open_and_subscribe(
     s: &Shared,
+    node: usize,
     channel: &str,
     user: &str,
     timeout: Duration,
 ) -> Result<Conn, ClientError> {
-    let t = &s.p.target;
+    let t = s.nodes.target(node);
     let proto = s.p.protocol;
     let id = s.next_conn.fetch_add(1, Relaxed);
     let mut conn = proto.open(t, t.source_for(id), timeout).await?;
@@ -220,19 +244,21 @@ async fn open_and_subscribe(
 /// The first connect: over the extended protocol, keeping the `sid`.
 async fn first_connect(
     s: &Shared,
+    node: usize,
     channel: &str,
     user: &str,
     resume: &mut Option<Resume>,
 ) -> Result<Conn, ClientError> {
     let p = &s.p;
     if p.protocol != Proto::ActionCableExt {
-        return open_and_subscribe(s, channel, user, p.timeout).await;
+        return open_and_subscribe(s, node, channel, user, p.timeout).await;
     }
+    let t = s.nodes.target(node);
     let id = s.next_conn.fetch_add(1, Relaxed);
-    let (mut conn, _) = ext::open(&p.target, p.target.source_for(id), "", p.timeout).await?;
+    let (mut conn, _) = ext::open(t, t.source_for(id), "", p.timeout).await?;
     *resume = Some(Resume::new(conn.socket_id.clone()));
     p.protocol
-        .subscribe(&mut conn, &p.target, &[channel], user, p.timeout)
+        .subscribe(&mut conn, t, &[channel], user, p.timeout)
         .await?;
     Ok(conn)
 }
@@ -241,15 +267,16 @@ async fn first_connect(
 /// for what was missed, as `@anycable/core` does; else as the first time.
 async fn reopen(
     s: &Shared,
+    node: usize,
     channel: &str,
     user: &str,
     timeout: Duration,
     resume: &mut Option<Resume>,
 ) -> Result<Conn, ClientError> {
     let Some(r) = resume else {
-        return open_and_subscribe(s, channel, user, timeout).await;
+        return open_and_subscribe(s, node, channel, user, timeout).await;
     };
-    let t = &s.p.target;
+    let t = s.nodes.target(node);
     let id = s.next_conn.fetch_add(1, Relaxed);
     let (mut conn, welcome) = ext::open(t, t.source_for(id), &r.sid, timeout).await?;
     r.sid = conn.socket_id.clone();
@@ -327,72 +354,103 @@ async fn member(
     let user = format!("storm-user-{i}");
     let mut reconnect = Reconnect::new(p.protocol, Instant::now(), Rng::new(i as u64 + 1_000_003));
     let mut resume = None;
+    let mut node = s.nodes.first_for(i);
     let first = {
         let _permit = gate.acquire().await;
-        first_connect(&s, &channel, &user, &mut resume).await
+        first_connect(&s, node, &channel, &user, &mut resume).await
     };
     let mut conn = match first {
         Ok(c) => c,
         Err(e) => {
-            s.live.error(e.kind(), p.protocol.explain(&e, &p.target));
+            s.live
+                .error(e.kind(), p.protocol.explain(&e, s.nodes.target(node)));
             s.first_failed.fetch_add(1, Relaxed);
             return;
         }
     };
     reconnect.connected(Instant::now());
+    s.nodes.joined(node);
     s.live.connections.fetch_add(1, Relaxed);
     presence_delta(&s, &channel, 1);
     s.tracks[i].lock().unwrap().active = true;
     s.ready.fetch_add(1, Relaxed);
-    // Hold until the storm.
-    if !hold(&s, i, &mut conn, &mut phase, &mut reconnect, &mut resume).await {
-        s.lost_while_held.fetch_add(1, Relaxed);
-    }
-    // The drop: the socket is closed without a WebSocket close, as when a
-    // network goes away under the clients.
-    drop(conn);
-    s.tracks[i].lock().unwrap().gap.0 = s.publishing.published(s.chan[i]);
-    s.live.connections.fetch_sub(1, Relaxed);
-    presence_delta(&s, &channel, -1);
-    if *phase.borrow() == Phase::Leave {
-        return;
-    }
-    let started = s.storm_started.lock().unwrap().unwrap_or_else(Instant::now);
     let mut rng = Rng::new(i as u64 + 7);
-    let first = reconnect.dropped(Instant::now()) + p.jitter.mul_f64(rng.next_f64());
-    tokio::time::sleep_until(first.into()).await;
-    let mut conn = loop {
-        s.reconnect_attempts.fetch_add(1, Relaxed);
-        let limit = reconnect.attempt_timeout(p.timeout);
-        match reopen(&s, &channel, &user, limit, &mut resume).await {
-            Ok(c) => break c,
-            Err(e) => {
-                s.live.error(e.kind(), p.protocol.explain(&e, &p.target));
-                let next = reconnect.failed(Instant::now(), &e);
-                let Some(next) = next.filter(|_| started.elapsed() < p.give_up) else {
-                    s.gave_up.fetch_add(1, Relaxed);
-                    return;
-                };
-                tokio::time::sleep_until(next.into()).await;
+    let mut returns = 0;
+    loop {
+        // Hold until the storm, the end, or (rolling restart) the loss of
+        // this client's node; the restart beginning is no reason to drop.
+        let held = loop {
+            let held = hold(&s, i, &mut conn, &mut phase, &mut reconnect, &mut resume).await;
+            if !(held && *phase.borrow() == Phase::Rolling) {
+                break held;
             }
+        };
+        let at = *phase.borrow();
+        if !held && at != Phase::Rolling {
+            s.lost_while_held.fetch_add(1, Relaxed);
         }
-    };
-    reconnect.connected(Instant::now());
-    s.back_after.record_duration(i, started.elapsed());
-    s.live.connections.fetch_add(1, Relaxed);
-    presence_delta(&s, &channel, 1);
-    {
-        let mut track = s.tracks[i].lock().unwrap();
-        track.returned = true;
-        track.gap.1 = s.publishing.published(s.chan[i]);
+        // Only the rolling restart moves a client more than once. Away
+        // before it leaves its node, so the restart never sees neither.
+        let again = !(at == Phase::Leave || (returns > 0 && !s.rolling));
+        if again {
+            s.away.fetch_add(1, Relaxed);
+        }
+        // The storm's drop closes the socket without a WebSocket close, as
+        // when a network goes away under the clients.
+        drop(conn);
+        s.nodes.left(node);
+        s.live.connections.fetch_sub(1, Relaxed);
+        presence_delta(&s, &channel, -1);
+        if !again {
+            return;
+        }
+        s.tracks[i]
+            .lock()
+            .unwrap()
+            .left(s.publishing.published(s.chan[i]));
+        let started = match s.rolling {
+            true => Instant::now(),
+            false => s.storm_started.lock().unwrap().unwrap_or_else(Instant::now),
+        };
+        let first = reconnect.dropped(Instant::now()) + p.jitter.mul_f64(rng.next_f64());
+        tokio::time::sleep_until(first.into()).await;
+        let lost = node;
+        let mut attempt = 0;
+        conn = loop {
+            node = s.nodes.next_for(i, lost, attempt);
+            attempt += 1;
+            s.reconnect_attempts.fetch_add(1, Relaxed);
+            let limit = reconnect.attempt_timeout(p.timeout);
+            match reopen(&s, node, &channel, &user, limit, &mut resume).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    s.live
+                        .error(e.kind(), p.protocol.explain(&e, s.nodes.target(node)));
+                    let next = reconnect.failed(Instant::now(), &e);
+                    let Some(next) = next.filter(|_| started.elapsed() < p.give_up) else {
+                        s.gave_up.fetch_add(1, Relaxed);
+                        s.away.fetch_sub(1, Relaxed);
+                        return;
+                    };
+                    tokio::time::sleep_until(next.into()).await;
+                }
+            }
+        };
+        reconnect.connected(Instant::now());
+        s.back_after.record_duration(i, started.elapsed());
+        s.nodes.joined(node);
+        s.live.connections.fetch_add(1, Relaxed);
+        presence_delta(&s, &channel, 1);
+        s.tracks[i]
+            .lock()
+            .unwrap()
+            .back(s.publishing.published(s.chan[i]));
+        if returns == 0 {
+            s.back.fetch_add(1, Relaxed);
+        }
+        returns += 1;
+        s.away.fetch_sub(1, Relaxed);
     }
-    s.back.fetch_add(1, Relaxed);
-    if !hold(&s, i, &mut conn, &mut phase, &mut reconnect, &mut resume).await {
-        s.lost_while_held.fetch_add(1, Relaxed);
-    }
-    drop(conn);
-    s.live.connections.fetch_sub(1, Relaxed);
-    presence_delta(&s, &channel, -1);
 }
 
 /// New clients at the asked rate for `length`; those started after
@@ -469,6 +527,27 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     if !(p.rate >= 0.0 && p.rate.is_finite()) {
         return super::err("storm's --rate is publishes per second: 0 or more");
     }
+    if p.nodes.len() > 1 && p.broadcast.url.is_some() {
+        return super::err(
+            "with several nodes each node's publishes go to /_broadcast on its own port; \
+             --broadcast-url names one endpoint",
+        );
+    }
+    if p.restart.is_some() && p.server_pid.is_some() {
+        return super::err(
+            "a rolling restart replaces the server processes: --server-pid would name one that \
+             is gone",
+        );
+    }
+    let rolling = p.restart.is_some();
+    let nodes = Arc::new(Nodes::new(if p.nodes.is_empty() {
+        vec![p.target.clone()]
+    } else {
+        p.nodes.clone()
+    }));
+    // One node, dropped all at once: the server's gauge and descriptors
+    // tell the whole story. Over several, `--url`'s gauge is its share.
+    let single = nodes.len() == 1 && !rolling;
     let proto = p.protocol;
     let ledger = p.rate > 0.0;
     let (names, chan) = channels(p);
@@ -476,6 +555,30 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     let interval = Duration::from_secs_f64(names.len() as f64 / p.rate.max(1e-9));
     let mut report = Report::new("storm");
     report.param("url", &p.target.url);
+    if nodes.len() > 1 {
+        report.param(
+            "nodes",
+            format!(
+                "{}: clients round-robin, each reconnecting to another node; publishes \
+                 through a node that is up",
+                p.nodes
+                    .iter()
+                    .map(|t| t.url.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    if let Some(r) = &p.restart {
+        report.param(
+            "rolling_restart",
+            format!(
+                "SIG{} each node in turn, `{}`, waiting after each until every client is back",
+                r.signal.name(),
+                r.command
+            ),
+        );
+    }
     if proto != Proto::Pusher {
         report.param("protocol", proto.name());
     }
@@ -515,13 +618,15 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
             p.jitter
         ),
     );
-    report.param(
-        "newcomers",
-        format!(
-            "{}/s, {:?} after the mass disconnect",
-            p.newcomer_rate, p.window
-        ),
-    );
+    if !rolling {
+        report.param(
+            "newcomers",
+            format!(
+                "{}/s, {:?} after the mass disconnect",
+                p.newcomer_rate, p.window
+            ),
+        );
+    }
     if ledger {
         report.param(
             "publishing",
@@ -558,7 +663,7 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
             other.preflight(&p.target, check.as_ref()).await?
         }
     }
-    let publisher = Publisher::new(proto, &p.target, &p.broadcast);
+    let publishers = Arc::new(Publishers::new(proto, nodes.clone(), &p.broadcast));
     let metrics = Metrics::new(&p.target, p.metrics_url.as_deref());
     let api = Api::new(&p.target);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -590,6 +695,9 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
         fresh: AtomicU64::new(0),
         history_confirmed: AtomicU64::new(0),
         history_rejected: AtomicU64::new(0),
+        nodes: nodes.clone(),
+        rolling,
+        away: AtomicUsize::new(0),
     });
     let monitor = Monitor::start("storm", s.live.clone(), None, p.progress);
     let started = Instant::now();
@@ -624,15 +732,14 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     // With --rate: publishers from now on, until a little after everyone
     // is back; the drop once every client has had a message.
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut publishers = tokio::task::JoinSet::new();
+    let mut publishers_running = tokio::task::JoinSet::new();
     let mut connects_before = None;
     if ledger {
         for (c, name) in names.iter().enumerate() {
-            publishers.spawn(gap::publish(
+            publishers_running.spawn(gap::publish(
                 c,
                 name.clone(),
-                publisher.clone(),
-                p.target.clone(),
+                publishers.clone(),
                 interval,
                 s.publishing.clone(),
                 s.live.clone(),
@@ -656,14 +763,26 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
         }
     }
 
-    // (a) The storm: all drop at once and come back.
+    // (a) The storm: all drop at once and come back; or the nodes are
+    // restarted in turn, their clients moving to the others.
     *s.storm_started.lock().unwrap() = Some(Instant::now());
     let storm_at = Instant::now();
-    let _ = phase_tx.send(Phase::Storm);
-    let all_back = until(p.give_up + Duration::from_secs(60), || {
-        s.back.load(Relaxed) + s.gave_up.load(Relaxed) >= connected
-    })
-    .await;
+    let all_back = match &p.restart {
+        None => {
+            let _ = phase_tx.send(Phase::Storm);
+            until(p.give_up + Duration::from_secs(60), || {
+                s.back.load(Relaxed) + s.gave_up.load(Relaxed) >= connected
+            })
+            .await
+        }
+        Some(restart) => {
+            let _ = phase_tx.send(Phase::Rolling);
+            let away = || s.away.load(Relaxed);
+            let limit = p.give_up + Duration::from_secs(60);
+            rolling::roll(restart, &nodes, away, limit, &mut report).await;
+            away() == 0
+        }
+    };
     let back = s.back.load(Relaxed);
     report.rate("back_and_subscribed", back as u64, connected as u64);
     report.value(
@@ -678,10 +797,10 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     if ledger {
         tokio::time::sleep(tail(interval)).await;
         let _ = stop_tx.send(true);
-        while publishers.join_next().await.is_some() {}
-        // Its pooled HTTP connections close with it, before the
+        while publishers_running.join_next().await.is_some() {}
+        // Their pooled HTTP connections close with them, before the
         // descriptors are compared with the baseline.
-        drop(publisher);
+        drop(publishers);
         let pubs = &s.publishing;
         let drained = until(p.timeout, || {
             s.tracks.iter().enumerate().all(|(i, t)| {
@@ -755,7 +874,7 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
     }
     let gauge_after_storm = metrics.get("herald_connections").await;
     report.value("connections_gauge_after_storm", gauge_after_storm, "");
-    if let (Some(b), Some(g)) = (gauge_base, gauge_after_storm) {
+    if let (Some(b), Some(g), true) = (gauge_base, gauge_after_storm, single) {
         if g != b + back as f64 {
             report.notes.push(format!(
                 "after the storm herald_connections is {g}, but {back} clients are connected \
@@ -764,23 +883,32 @@ pub async fn run(p: &StormParams) -> Result<Report, BenchError> {
         }
     }
 
-    // (b) The mass disconnect, with new clients arriving throughout.
-    let disconnect_at = Arc::new(Mutex::new(None));
-    let lead = Duration::from_secs(1);
-    let stream = tokio::spawn(newcomers(s.clone(), lead + p.window, disconnect_at.clone()));
-    tokio::time::sleep(lead).await;
-    *disconnect_at.lock().unwrap() = Some(Instant::now());
-    let _ = phase_tx.send(Phase::Leave);
-    while members.join_next().await.is_some() {}
-    let _ = stream.await;
-    report.counter("newcomers_during_disconnect", s.newcomers.load(Relaxed));
-    report.rate(
-        "newcomer_success",
-        s.newcomers_ok.load(Relaxed),
-        s.newcomers.load(Relaxed),
-    );
-    report.trend("newcomer_connect", s.newcomer_connect.total());
-    report.trend("newcomer_setup", s.newcomer_setup.total());
+    // (b) The mass disconnect, with new clients arriving throughout (not
+    // after a rolling restart: its clients simply leave).
+    if rolling {
+        let _ = phase_tx.send(Phase::Leave);
+        while members.join_next().await.is_some() {}
+        report
+            .notes
+            .push("rolling restart: no mass disconnect, the clients leave at the end".into());
+    } else {
+        let disconnect_at = Arc::new(Mutex::new(None));
+        let lead = Duration::from_secs(1);
+        let stream = tokio::spawn(newcomers(s.clone(), lead + p.window, disconnect_at.clone()));
+        tokio::time::sleep(lead).await;
+        *disconnect_at.lock().unwrap() = Some(Instant::now());
+        let _ = phase_tx.send(Phase::Leave);
+        while members.join_next().await.is_some() {}
+        let _ = stream.await;
+        report.counter("newcomers_during_disconnect", s.newcomers.load(Relaxed));
+        report.rate(
+            "newcomer_success",
+            s.newcomers_ok.load(Relaxed),
+            s.newcomers.load(Relaxed),
+        );
+        report.trend("newcomer_connect", s.newcomer_connect.total());
+        report.trend("newcomer_setup", s.newcomer_setup.total());
+    }
     report.counter(
         "connections_lost_while_held",
         s.lost_while_held.load(Relaxed),
