@@ -80,10 +80,50 @@ pub async fn upgrade(
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
     let info = request_info(&node, &cable, req.headers(), req.uri(), peer);
-    herald_core::ws::upgrade(req, wire::PROTOCOLS, move |socket, protocol| async move {
+    herald_core::ws::upgrade(req, wire::PROTOCOLS, move |socket, protocol| {
         let ext = protocol == Some(crate::ext::PROTOCOL);
-        open(node, cable, socket, info, ext).await
+        start(node, cable, socket, info, ext)
     })
+}
+
+/// A connection's life: its opening (who it is: a restored session, a
+/// token or the app's `Connect`), then its session. The opening is boxed,
+/// and built out here rather than inside the block: its state is several
+/// times the session's (the request, the call, the refusals) and, in a
+/// reconnect storm, waits behind `rpc.concurrency`; boxed, it is freed
+/// once the connection is open, and the task keeps only the session.
+fn start(
+    node: Arc<Node>,
+    cable: Arc<Cable>,
+    socket: Socket,
+    info: Request0,
+    ext: bool,
+) -> impl std::future::Future<Output = ()> + Send {
+    let opening = Box::pin(open(node, cable, socket, info, ext));
+    async move {
+        // Not `if let`: its scrutinee would stay in the task beside the
+        // session for the session's whole life.
+        let Some(open) = opening.await else { return };
+        open.run().await
+    }
+}
+
+/// An opened connection, ready for its session.
+struct Open {
+    socket: Socket,
+    session: CableSession,
+    opened: session::Opened,
+}
+
+impl Open {
+    fn run(self) -> impl std::future::Future<Output = ()> + Send {
+        let session::Opened {
+            conn,
+            settings,
+            shutdown,
+        } = self.opened;
+        session::run(self.socket, conn, self.session, settings, shutdown)
+    }
 }
 
 fn request_info(
@@ -146,17 +186,25 @@ fn request_info(
 
 /// Write `frames` and a close, give the client a moment to read them, and
 /// drop the socket (a connection refused before its session started).
-async fn refuse(socket: Socket, frames: Vec<Frame>, code: u16, message: &str) {
+/// Refuse the connection; nothing is left to run.
+async fn refuse(socket: Socket, frames: Vec<Frame>, code: u16, message: &str) -> Option<Open> {
     let mut all = frames;
     all.push(Frame::close(code, message));
     session::refuse(socket, &all).await;
+    None
 }
 
 fn text_frames(transmissions: &[String]) -> Vec<Frame> {
     transmissions.iter().map(|t| Frame::text(t)).collect()
 }
 
-async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0, ext: bool) {
+async fn open(
+    node: Arc<Node>,
+    cable: Arc<Cable>,
+    socket: Socket,
+    info: Request0,
+    ext: bool,
+) -> Option<Open> {
     let hub = cable.hub.clone();
     if hub.admit().is_err() {
         let bye = Frame::text(&wire::disconnect(reason::OVER_CAPACITY, true));
@@ -310,7 +358,15 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
         s.restore(snap).await;
     }
     s.save();
-    session::run(socket, conn, s, settings, shutdown).await;
+    Some(Open {
+        socket,
+        session: s,
+        opened: session::Opened {
+            conn,
+            settings,
+            shutdown,
+        },
+    })
 }
 
 /// Fills a gap in a reliable stream's live offsets (publications from

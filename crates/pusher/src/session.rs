@@ -87,7 +87,7 @@ pub async fn upgrade(
         match admit(&node, &key, &params) {
             Ok(hub) => Either::Left(run(node, hub, socket)),
             // Boxed: a refusal's state is larger than a session's.
-        Err(code) => Either::Right(Box::pin(refuse(socket, code))),
+            Err(code) => Either::Right(Box::pin(refuse(socket, code))),
         }
     })
 }
