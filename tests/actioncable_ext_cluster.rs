@@ -202,16 +202,14 @@ async fn a_session_taken_elsewhere_is_not_written_back_by_its_old_node() {
                 .map(|v| String::from_utf8_lossy(&v).into_owned())
         }
     };
-    let until_kept = |sid: String, what: &'static str| {
-        async move {
-            let deadline = Instant::now() + TIMEOUT;
-            loop {
-                if value(sid.clone()).await.is_some_and(|v| v.contains(what)) {
-                    return;
-                }
-                assert!(Instant::now() < deadline, "{sid}: {what} never kept");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+    let until_kept = |sid: String, what: &'static str| async move {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if value(sid.clone()).await.is_some_and(|v| v.contains(what)) {
+                return;
             }
+            assert!(Instant::now() < deadline, "{sid}: {what} never kept");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
     let mut old = cable(&n[0], "").await;

@@ -282,6 +282,7 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     } = session::open(&node, &hub, id, sid, wire);
     if ext {
         let gate = conn.with_gate();
+        gate.allow_burst(cable.reliable.answer_room);
         if cable.reliable.history.shared() {
             gate.heal_with(healer(&cable.reliable.history, &conn));
         }
