@@ -731,7 +731,8 @@ impl CableSession {
 
     /// Apply a command's answer for `identifier`: streams (only for a
     /// confirmed subscription), state, transmissions, disconnect.
-    async fn apply(&mut self, identifier: &str, res: CommandResponse, streams: bool) -> Next {
+    async fn apply(&mut self, identifier: &str, mut res: CommandResponse, streams: bool) -> Next {
+        let presence = res.presence.take().filter(|_| streams);
         if streams && self.find(identifier).is_some() {
             if res.stop_streams {
                 if let Some(at) = self.find(identifier) {
@@ -756,7 +757,13 @@ impl CableSession {
                 }
             }
         }
-        self.finish(res)
+        let next = self.finish(res);
+        // After the transmissions: a joiner sees its own join after its
+        // `confirm_subscription`.
+        if let Some(p) = presence {
+            self.app_presence(identifier, p).await;
+        }
+        next
     }
 
     /// Connection state, transmissions and `disconnect` of an answer.
