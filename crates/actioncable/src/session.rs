@@ -290,6 +290,7 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
     for f in welcome {
         conn.send(f);
     }
+    let identity = cable.identities.add(&identifiers, &conn);
     let cable_presence = cable.presence.clone();
     let mut s = CableSession {
         node,
@@ -305,6 +306,7 @@ async fn open(node: Arc<Node>, cable: Arc<Cable>, socket: Socket, info: Request0
         hold: false,
         history_tokens: (0.0, std::time::Instant::now()),
         presence: crate::presence::ConnPresence::new(&cable_presence),
+        _identity: identity,
     };
     s.history_tokens.0 = f64::from(s.cable.reliable.history_rate);
     if let Some(snap) = restored {
@@ -430,6 +432,8 @@ struct CableSession {
     history_tokens: (f64, std::time::Instant),
     /// Presence memberships and the whisper and presence buckets.
     presence: crate::presence::ConnPresence,
+    /// Its place in the index remote disconnects look in (until dropped).
+    _identity: Option<crate::remote::Registered>,
 }
 
 impl Handler for CableSession {
@@ -519,6 +523,13 @@ impl Handler for CableSession {
             ),
             // Not idle-closed today (see `Handler::idle`); mapped anyway.
             Why::Reason(Reason::Idle) => (reason::REMOTE, true, 1000, "Idle".into()),
+            // A remote disconnect (crate::remote), as anycable-go sends it.
+            Why::Reason(Reason::Code(crate::remote::CLOSE_REMOTE)) => {
+                (reason::REMOTE, false, 1000, "Closed remotely".into())
+            }
+            Why::Reason(Reason::Code(crate::remote::CLOSE_REMOTE_RECONNECT)) => {
+                (reason::REMOTE, true, 1000, "Closed remotely".into())
+            }
             Why::Reason(Reason::Code(c)) => (reason::REMOTE, false, *c, "Closed".into()),
             Why::Protocol(e) => (
                 reason::INVALID_REQUEST,
