@@ -10,7 +10,7 @@
 //! carries its own subscription's state, a disconnect every subscription's
 //! (identifier → JSON object).
 //!
-//! About 900 lines: the connect path, the commands and their RPC
+//! About 930 lines: the connect path, the commands and their RPC
 //! answers share this one session state; the extended protocol's part
 //! lives in `session/ext.rs` (history, restore) and `session/presence.rs`
 //! (presence, whispers).

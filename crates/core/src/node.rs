@@ -28,10 +28,6 @@ use tokio_util::task::TaskTracker;
 /// An observer, of every namespace (`None`) or of one.
 type Observing = (Option<Namespace>, Arc<dyn Observer>);
 
-/// Runs an adapter's command ([`Node::command`]) in an app's hub. Called on
-/// the broker's task: it must not block (close connections, queue work).
-pub type CommandHandler = Arc<dyn Fn(&Arc<Hub>, &str) + Send + Sync>;
-
 pub struct Node {
     pub id: NodeId,
     pub config: Config,
@@ -59,7 +55,7 @@ pub struct Node {
     /// Publications go to observers only while this is above 0.
     publication_watchers: AtomicUsize,
     /// Adapters' cluster-wide commands, by namespace ([`Node::command`]).
-    commands: RwLock<Vec<(Namespace, CommandHandler)>>,
+    commands: crate::commands::Commands,
     /// Work an adapter starts that must finish before the process exits
     /// (calls to a backend after a client left, say). The server waits for
     /// it, bounded, after the clients are gone: [`Node::finish_tasks`].
@@ -98,7 +94,7 @@ impl Node {
             scoped: AtomicBool::new(false),
             scoped_ns: RwLock::new(Arc::new([])),
             publication_watchers: AtomicUsize::new(0),
-            commands: RwLock::new(Vec::new()),
+            commands: Default::default(),
             tasks: TaskTracker::new(),
         });
         broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
@@ -571,36 +567,24 @@ impl Node {
         );
     }
 
-    /// Have `handler` run an adapter's command for namespace `ns` (its app
-    /// and the command's text) on this node, whichever node it was given to.
-    pub fn on_command(&self, ns: Namespace, handler: CommandHandler) {
-        self.commands.write().push((ns, handler));
+    /// Have `handler` run namespace `ns`'s commands ([`crate::commands`]).
+    pub fn on_command(&self, ns: Namespace, handler: crate::commands::CommandHandler) {
+        self.commands.add(ns, handler);
     }
 
     /// Run the command `body` of namespace `ns` in `hub`'s app here and on
     /// every other node (through the broker, as [`Node::terminate_user`]).
     pub fn command(&self, hub: &Hub, ns: Namespace, body: &str) {
         self.command_here(&hub.app.id, ns.as_str(), body);
-        self.broker.control(
-            self.id,
-            &hub.app.id,
-            Control::Command {
-                ns: ns.as_str().to_owned(),
-                body: body.to_owned(),
-            },
-        );
+        let (ns, body) = (ns.as_str().to_owned(), body.to_owned());
+        self.broker
+            .control(self.id, &hub.app.id, Control::Command { ns, body });
     }
 
-    /// Run the command on this node only (it reached every node already,
-    /// say from the broker's pub/sub channel).
+    /// Run it on this node only (it reached every node already).
     pub fn command_here(&self, app_id: &str, ns: &str, body: &str) {
-        let Some(hub) = self.hub_by_id(app_id) else {
-            return;
-        };
-        for (n, handler) in self.commands.read().iter() {
-            if n.as_str() == ns {
-                handler(hub, body);
-            }
+        if let Some(hub) = self.hub_by_id(app_id) {
+            self.commands.run(hub, ns, body);
         }
     }
 
