@@ -108,3 +108,55 @@ async fn history_answers_larger_than_the_queue_reach_a_reading_client_whole() {
     }
     assert_eq!(server.metric("herald_slow_clients_closed_total").await, 0);
 }
+
+/// An answer that would hold more than `rpc.history_max_bytes` waiting past
+/// the queue's bound is refused with `reject_history`; the client stays
+/// connected and served. (On one node only a request for about all the
+/// node keeps can be: here the node keeps 20,000 bytes of history, and a
+/// restored client asks for all of it.)
+#[tokio::test]
+async fn a_history_answer_over_history_max_bytes_is_rejected_and_the_client_stays() {
+    let server = Server::start_with(
+        "[rpc]\npublic_streams = true\nhistory_limit = 100\nhistory_max_bytes = 20000",
+        "outbound_queue = 32",
+    )
+    .await;
+    let mut a = cable(&server, "").await;
+    let sid = frame(&mut a).await["sid"].as_str().unwrap().to_owned();
+    send(
+        &mut a,
+        json!({ "command": "subscribe", "identifier": ident("full") }),
+    )
+    .await;
+    assert_eq!(frame(&mut a).await["type"], "confirm_subscription");
+    a.close(None).await.unwrap();
+    drop(a);
+    let pad = "x".repeat(150);
+    for n in 1..=MESSAGES {
+        broadcast(&server, "full", json!({ "n": n, "pad": pad })).await;
+    }
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut a = loop {
+        let mut ws = cable(&server, &format!("?sid={sid}")).await;
+        if frame(&mut ws).await["restored"] == true {
+            break ws;
+        }
+        assert!(std::time::Instant::now() < deadline, "never restored");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    send(
+        &mut a,
+        json!({ "command": "history", "identifier": ident("full"), "history": { "since": 1 } }),
+    )
+    .await;
+    assert_eq!(
+        frame(&mut a).await,
+        json!({ "type": "reject_history", "identifier": ident("full") })
+    );
+    broadcast(&server, "full", json!({ "n": MESSAGES + 1 })).await;
+    assert_eq!(frame(&mut a).await["offset"].as_u64(), Some(MESSAGES + 1));
+    assert_eq!(
+        server.metric("herald_cable_history_rejected_total").await,
+        1
+    );
+}

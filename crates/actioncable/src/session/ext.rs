@@ -163,12 +163,22 @@ impl CableSession {
         // `Gate`), within the connection's room for answers: one that
         // would not fit (with the answers still unread) is refused.
         let gate = self.conn.with_gate();
+        let tag = Some(self.subs[at].identifier.clone());
         let size: usize = answers
             .iter()
             .filter_map(|(stream, _, b)| Some((stream, b.as_ref()?)))
             .map(|(stream, b)| {
                 let each = 2 * identifier.len() + stream.len() + b.epoch.len() + ANSWER_FRAME;
-                b.entries.iter().map(|e| e.data.len() + each).sum::<usize>()
+                // What the gate will skip (sent already) costs nothing.
+                let after = match gate.last_sent(stream, &tag) {
+                    Some((epoch, last)) if epoch == b.epoch => last,
+                    _ => 0,
+                };
+                b.entries
+                    .iter()
+                    .filter(|e| e.offset > after)
+                    .map(|e| e.data.len() + each)
+                    .sum::<usize>()
             })
             .sum();
         if self.conn.burst_bytes() + size > gate.burst_room() {
@@ -177,7 +187,6 @@ impl CableSession {
             self.release_all(at);
             return self.send(&crate::ext::reject_history(identifier));
         }
-        let tag = Some(self.subs[at].identifier.clone());
         for (stream, channel, backlog) in &answers {
             gate.release(&self.conn, channel, &tag, backlog.as_ref(), |e, epoch| {
                 crate::ext::entry_frame(identifier, stream, epoch, e)

@@ -333,6 +333,16 @@ impl Gate {
         }
     }
 
+    /// What was sent last on `channel` for `tag`, if the connection is
+    /// where the gate knows it (a history answer sends only what is after
+    /// it, in that epoch).
+    pub fn last_sent(&self, channel: &str, tag: &Tag) -> Option<(Arc<str>, u64)> {
+        match self.streams.lock().get(channel, tag)? {
+            Track::Live { epoch, last } => Some((epoch.clone(), *last)),
+            Track::Held(h) => h.base.clone(),
+        }
+    }
+
     /// Forget `channel` for subscription `tag` (it left the stream).
     pub fn forget(&self, channel: &str, tag: &Tag) {
         self.streams.lock().remove(channel, tag);
