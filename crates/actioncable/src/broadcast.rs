@@ -9,7 +9,8 @@
 //! also arrive on the broker's server (Redis pub/sub channel or NATS
 //! subject `rpc.broadcast_channel`, AnyCable's `__anycable__`), as
 //! AnyCable's `redis` and `nats` broadcast adapters take them: see
-//! [`ingest`].
+//! [`ingest`]. A body that is a remote command (`{"command":"disconnect",
+//! ...}`) is run on every node instead: see [`crate::remote`].
 
 use crate::config::RpcConfig;
 use crate::metrics as m;
@@ -91,6 +92,16 @@ pub async fn handle(
             )
         }
     };
+    if let Some(command) = crate::remote::parse(&bytes) {
+        return match command {
+            Ok(d) => {
+                metrics::count(&m::BROADCASTS);
+                node.command(&cable.hub, NAMESPACE, &crate::remote::body(&d));
+                StatusCode::CREATED.into_response()
+            }
+            Err(why) => error(StatusCode::UNPROCESSABLE_ENTITY, why),
+        };
+    }
     let messages = match parse(&bytes) {
         Ok(m) => m,
         Err((status, message)) => return error(status, message),
@@ -216,6 +227,25 @@ pub async fn ingest(
     local: bool,
 ) {
     while let Some(bytes) = rx.recv().await {
+        if let Some(command) = crate::remote::parse(&bytes) {
+            match command {
+                Ok(d) => {
+                    metrics::count(&m::BROADCASTS);
+                    let body = crate::remote::body(&d);
+                    if local {
+                        // Every node reads the channel: each runs it here.
+                        node.command_here(&hub.app.id, NAMESPACE.as_str(), &body);
+                    } else {
+                        node.command(&hub, NAMESPACE, &body);
+                    }
+                }
+                Err(why) => {
+                    metrics::count(&m::BROADCAST_ERRORS);
+                    tracing::debug!(error = %why, "broadcast channel: bad remote command; ignored");
+                }
+            }
+            continue;
+        }
         match parse(&bytes) {
             Ok(messages) => {
                 for msg in messages {
@@ -231,18 +261,7 @@ pub async fn ingest(
             }
             Err((_, why)) => {
                 metrics::count(&m::BROADCAST_ERRORS);
-                let command = serde_json::from_slice::<serde_json::Value>(&bytes)
-                    .ok()
-                    .and_then(|v| v.get("command").and_then(|c| c.as_str()).map(str::to_owned));
-                match command {
-                    Some(c) => tracing::warn!(
-                        command = %c.chars().take(64).collect::<String>(),
-                        "broadcast channel: remote commands are not supported; ignored"
-                    ),
-                    None => {
-                        tracing::debug!(error = %why, "broadcast channel: not a broadcast; ignored")
-                    }
-                }
+                tracing::debug!(error = %why, "broadcast channel: not a broadcast; ignored")
             }
         }
     }

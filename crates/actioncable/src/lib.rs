@@ -13,6 +13,7 @@
 //!   └ proto        AnyCable's messages, field numbers as in rpc.proto
 //! broadcast   POST /_broadcast → node.publish; the broker's
 //!             `__anycable__` channel (Redis/NATS) → node.publish_here
+//!   └ remote       remote commands (disconnect by identifiers)
 //! wire        parse/encode frames; the core's `Wire` (a frame per
 //!             (stream, identifier), shared by its subscribers)
 //! config      the `[rpc]` table, parsed and checked
@@ -38,6 +39,7 @@ pub mod metrics;
 pub use herald_anycable_proto as proto;
 pub mod presence;
 pub mod reliable;
+pub mod remote;
 pub mod rpc;
 pub mod session;
 pub mod streams;
@@ -77,6 +79,8 @@ pub struct Cable {
     pub reliable: Arc<reliable::Reliable>,
     /// Presence and whispers (`actioncable-v1-ext-json`).
     pub presence: presence::Settings,
+    /// This node's connections by identifiers, for remote disconnects.
+    pub identities: Arc<remote::Identities>,
 }
 
 pub struct Jwt {
@@ -133,6 +137,18 @@ impl Cable {
             .streams_secret
             .clone()
             .or_else(|| Some(hub.app.secret.clone()));
+        // Remote disconnects reach this node's connections here, whichever
+        // node the app gave the command to.
+        let identities = Arc::new(remote::Identities::default());
+        let (set, app) = (identities.clone(), hub.app.id.clone());
+        node.on_command(
+            NAMESPACE,
+            Arc::new(move |hub: &Arc<Hub>, body: &str| {
+                if hub.app.id == app {
+                    remote::run(&set, body);
+                }
+            }),
+        );
         Ok(Cable {
             hub,
             rpc,
@@ -157,6 +173,7 @@ impl Cable {
                 r
             },
             presence: presence::Settings::new(config),
+            identities,
         })
     }
 }

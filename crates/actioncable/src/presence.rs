@@ -168,6 +168,29 @@ pub fn member(text: &str, max_info: usize) -> Result<Option<Member>, String> {
     Ok(Some(m))
 }
 
+/// The member an app's RPC answer names (`PresenceResponse`: `id`, and
+/// `info` as JSON text; text that is not JSON is the info as a string, as
+/// anycable-go reads it), within the same bounds as a client's.
+pub fn app_member(id: String, info: String, max_info: usize) -> Result<Member, String> {
+    if id.is_empty() {
+        return Err("`presence.id` is empty".into());
+    }
+    let info = match info.as_str() {
+        "" => None,
+        text => Some(match RawValue::from_string(text.to_owned()) {
+            Ok(json) => json,
+            Err(_) => RawValue::from_string(json_string(text)).expect("a JSON string"),
+        }),
+    };
+    let size = id.len() + info.as_ref().map_or(0, |i| i.get().len());
+    if size > max_info {
+        return Err(format!(
+            "`presence` id and info take {size} bytes; the limit is {max_info} (rpc.presence_max_info)"
+        ));
+    }
+    Ok(Member { id, info })
+}
+
 #[derive(Deserialize, Default)]
 struct InfoOptions {
     #[serde(default = "yes")]

@@ -37,6 +37,10 @@ pub struct Reliable {
     pub sessions: Arc<dyn SessionStore>,
     /// History requests per connection per second (and the burst).
     pub history_rate: u32,
+    /// Bytes of history answers one connection may have waiting past its
+    /// outbound queue's bound (`history_max_bytes`: on one node no answer
+    /// can be larger than everything the node keeps).
+    pub answer_room: usize,
     /// Streams this node's extended-protocol connections follow, and how
     /// many follow each: retained again every `retain_every` seconds, so a
     /// stream followed for hours but published to rarely stays reliable
@@ -69,6 +73,7 @@ impl Reliable {
                 config.sessions_max,
             ),
             history_rate: config.history_rate,
+            answer_room: config.history_max_bytes,
             followed: Mutex::new(HashMap::new()),
             retain_every: (config.history_ttl / 2).clamp(1, 10),
         }

@@ -10,7 +10,7 @@
 //! carries its own subscription's state, a disconnect every subscription's
 //! (identifier → JSON object).
 //!
-//! About 900 lines: the connect path, the commands and their RPC
+//! About 930 lines: the connect path, the commands and their RPC
 //! answers share this one session state; the extended protocol's part
 //! lives in `session/ext.rs` (history, restore) and `session/presence.rs`
 //! (presence, whispers).
@@ -330,6 +330,7 @@ async fn open(
     } = session::open(&node, &hub, id, sid, wire);
     if ext {
         let gate = conn.with_gate();
+        gate.allow_burst(cable.reliable.answer_room);
         if cable.reliable.history.shared() {
             gate.heal_with(healer(&cable.reliable.history, &conn));
         }
@@ -337,6 +338,7 @@ async fn open(
     for f in welcome {
         conn.send(f);
     }
+    let identity = cable.identities.add(&identifiers, &conn);
     let cable_presence = cable.presence.clone();
     let mut s = CableSession {
         node,
@@ -352,6 +354,7 @@ async fn open(
         hold: false,
         history_tokens: (0.0, std::time::Instant::now()),
         presence: crate::presence::ConnPresence::new(&cable_presence),
+        _identity: identity,
     };
     s.history_tokens.0 = f64::from(s.cable.reliable.history_rate);
     if let Some(snap) = restored {
@@ -485,6 +488,8 @@ struct CableSession {
     history_tokens: (f64, std::time::Instant),
     /// Presence memberships and the whisper and presence buckets.
     presence: crate::presence::ConnPresence,
+    /// Its place in the index remote disconnects look in (until dropped).
+    _identity: Option<crate::remote::Registered>,
 }
 
 impl Handler for CableSession {
@@ -574,6 +579,13 @@ impl Handler for CableSession {
             ),
             // Not idle-closed today (see `Handler::idle`); mapped anyway.
             Why::Reason(Reason::Idle) => (reason::REMOTE, true, 1000, "Idle".into()),
+            // A remote disconnect (crate::remote), as anycable-go sends it.
+            Why::Reason(Reason::Code(crate::remote::CLOSE_REMOTE)) => {
+                (reason::REMOTE, false, 1000, "Closed remotely".into())
+            }
+            Why::Reason(Reason::Code(crate::remote::CLOSE_REMOTE_RECONNECT)) => {
+                (reason::REMOTE, true, 1000, "Closed remotely".into())
+            }
             Why::Reason(Reason::Code(c)) => (reason::REMOTE, false, *c, "Closed".into()),
             Why::Protocol(e) => (
                 reason::INVALID_REQUEST,
@@ -786,7 +798,8 @@ impl CableSession {
 
     /// Apply a command's answer for `identifier`: streams (only for a
     /// confirmed subscription), state, transmissions, disconnect.
-    async fn apply(&mut self, identifier: &str, res: CommandResponse, streams: bool) -> Next {
+    async fn apply(&mut self, identifier: &str, mut res: CommandResponse, streams: bool) -> Next {
+        let presence = res.presence.take().filter(|_| streams);
         if streams && self.find(identifier).is_some() {
             if res.stop_streams {
                 if let Some(at) = self.find(identifier) {
@@ -811,7 +824,13 @@ impl CableSession {
                 }
             }
         }
-        self.finish(res)
+        let next = self.finish(res);
+        // After the transmissions: a joiner sees its own join after its
+        // `confirm_subscription`.
+        if let Some(p) = presence {
+            self.app_presence(identifier, p).await;
+        }
+        next
     }
 
     /// Connection state, transmissions and `disconnect` of an answer.

@@ -7,7 +7,11 @@
 //! stream through an Action Cable server's `POST /_broadcast` and transmits
 //! it back with `"action": "broadcastResult"`; `stats` transmits how many
 //! `Connect` calls the app has answered (`{"action":"stats","connects":N}`),
-//! so `storm` can count the calls a reconnect costs. The welcome carries
+//! so `storm` can count the calls a reconnect costs. A subscription whose
+//! identifier names `"presence": "<id>"` joins its stream's presence as that
+//! member (info `{"id": "<id>"}`) from the answer (`CommandResponse.presence`,
+//! with `$p` in its state), and `leave` leaves it, as AnyCable's
+//! server-side presence does. The welcome carries
 //! the session id the server sent with `Connect` (`sid` metadata), as
 //! AnyCable's own app libraries do: the extended protocol's clients
 //! restore their session with it.
@@ -21,7 +25,7 @@
 use hdrhistogram::Histogram;
 use herald_anycable_proto::{
     status_of, CommandMessage, CommandResponse, ConnectionRequest, ConnectionResponse,
-    DisconnectRequest, DisconnectResponse, Env, Status,
+    DisconnectRequest, DisconnectResponse, Env, EnvResponse, PresenceResponse, Status,
 };
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -163,14 +167,35 @@ impl BenchApp {
             transmissions,
             ..CommandResponse::default()
         };
+        let presence = |kind: &str, id: &str, info: String| PresenceResponse {
+            kind: kind.into(),
+            id: id.into(),
+            info,
+            ttl: 0,
+        };
         match req.command.as_str() {
-            "subscribe" => CommandResponse {
-                streams: vec![stream],
-                ..ok(vec![
-                    json!({ "identifier": req.identifier, "type": "confirm_subscription" })
-                        .to_string(),
-                ])
-            },
+            "subscribe" => {
+                let (env, presence) = match params["presence"].as_str() {
+                    Some(id) => (
+                        Some(EnvResponse {
+                            istate: [("$p".to_owned(), stream.clone())].into(),
+                            ..EnvResponse::default()
+                        }),
+                        Some(presence("join", id, json!({ "id": id }).to_string())),
+                    ),
+                    None => (None, None),
+                };
+                CommandResponse {
+                    streams: vec![stream],
+                    env,
+                    presence,
+                    ..ok(vec![json!({
+                        "identifier": req.identifier,
+                        "type": "confirm_subscription"
+                    })
+                    .to_string()])
+                }
+            }
             "unsubscribe" => CommandResponse {
                 stop_streams: true,
                 ..ok(Vec::new())
@@ -181,6 +206,10 @@ impl BenchApp {
                     |d: &Value| json!({ "identifier": req.identifier, "message": d }).to_string();
                 match data["action"].as_str() {
                     Some("echo") => ok(vec![transmit(&data)]),
+                    Some("leave") => CommandResponse {
+                        presence: Some(presence("leave", "", String::new())),
+                        ..ok(Vec::new())
+                    },
                     Some("stats") => ok(vec![transmit(&json!({
                         "action": "stats",
                         "connects": self.connects.load(Ordering::Relaxed),

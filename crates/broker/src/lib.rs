@@ -21,6 +21,7 @@
 //! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! redis_streams  history and sessions on the Redis server (issue 19)
+//!   └ redis_sessions  resumable session snapshots (compare-and-set writes)
 //! urls        `broker.url` checked at start; NATS server lists
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //! ```
@@ -31,6 +32,7 @@ pub mod jetstream;
 pub mod msg;
 pub mod nats;
 pub mod redis;
+pub mod redis_sessions;
 pub mod redis_streams;
 pub mod subject;
 pub mod tally;

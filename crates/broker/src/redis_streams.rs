@@ -21,8 +21,8 @@
 //! whichever node appends (offsets consecutive), and a read sees the
 //! marker and the entries at one instant.
 //!
-//! Sessions: `<prefix>:sess:<h>` = the snapshot, `SET ... PX sessions_ttl`,
-//! taken with `GETDEL` (Redis 6.2+), so a snapshot restores once, anywhere.
+//! Sessions: `<prefix>:sess:<h>`, in [`crate::redis_sessions`], sharing
+//! this module's command connection.
 //!
 //! The commands use their own multiplexed connection (not the pub/sub
 //! one), connected on first use and again after a failure (at most once
@@ -43,7 +43,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 
 /// Longest wait for one call (append, read, restore) before it counts as
 /// unavailable. An append holds its stream's publications while it waits.
@@ -62,12 +61,6 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// A retain of a stream is sent at most once per this interval per node:
 /// a reconnect storm of many clients following one stream costs one call.
 const RETAIN_EVERY: Duration = Duration::from_secs(1);
-
-/// Session snapshots waiting to be written before more are dropped.
-const SESSION_QUEUE: usize = 4096;
-
-/// Most snapshots written in one pipeline.
-const SESSION_BATCH: usize = 256;
 
 /// `KEYS[1]` the marker, `KEYS[2]` the stream; `ARGV[1]` a fresh epoch,
 /// `ARGV[2]` the ttl (ms). Creates the marker (and drops any stream left
@@ -118,19 +111,19 @@ return r
 
 /// A short, fixed-length key part for any name: the first 128 bits of its
 /// SHA-256, in hex.
-fn hashed(name: &str) -> String {
+pub(crate) fn hashed(name: &str) -> String {
     let d = Sha256::digest(name.as_bytes());
     d[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Counts failed calls and logs them once per [`LOG_EVERY`].
-struct Outage {
+pub(crate) struct Outage {
     failed: AtomicU64,
     logged: Mutex<Option<Instant>>,
 }
 
 impl Outage {
-    fn fail(&self, what: &str, error: &str) {
+    pub(crate) fn fail(&self, what: &str, error: &str) {
         let n = self.failed.fetch_add(1, Ordering::Relaxed) + 1;
         let mut logged = self.logged.lock();
         if logged.is_some_and(|at| at.elapsed() < LOG_EVERY) {
@@ -152,19 +145,21 @@ impl Outage {
 
 /// The loaded scripts' SHA1s (`SCRIPT LOAD` on each new connection).
 #[derive(Clone)]
-struct Scripts {
+pub(crate) struct Scripts {
     retain: String,
     append: String,
     read: String,
+    /// [`crate::redis_sessions::SAVE`].
+    pub(crate) save: String,
 }
 
 /// The command connection: made on first use, dropped on any error, made
 /// again (with the scripts loaded) at most once per [`RETRY`].
-struct Link {
+pub(crate) struct Link {
     client: redis::Client,
     conn: tokio::sync::Mutex<Option<(MultiplexedConnection, Scripts)>>,
     tried: Mutex<Option<Instant>>,
-    outage: Outage,
+    pub(crate) outage: Outage,
 }
 
 impl Link {
@@ -180,7 +175,7 @@ impl Link {
         }
     }
 
-    async fn get(&self) -> Result<(MultiplexedConnection, Scripts), String> {
+    pub(crate) async fn get(&self) -> Result<(MultiplexedConnection, Scripts), String> {
         let mut slot = self.conn.lock().await;
         if let Some(c) = &*slot {
             return Ok(c.clone());
@@ -215,19 +210,24 @@ impl Link {
             retain: load(RETAIN).await?,
             append: load(APPEND).await?,
             read: load(READ).await?,
+            save: load(crate::redis_sessions::SAVE).await?,
         };
         *slot = Some((conn.clone(), scripts.clone()));
         Ok((conn, scripts))
     }
 
     /// Forget the connection (the next call connects anew).
-    async fn broken(&self) {
+    pub(crate) async fn broken(&self) {
         *self.conn.lock().await = None;
     }
 
     /// Run `cmd` (built with the scripts' SHA1s) within [`CALL_TIMEOUT`];
     /// on failure, count and maybe log it under `what`.
-    async fn call(&self, what: &str, cmd: impl FnOnce(&Scripts) -> redis::Cmd) -> Option<Value> {
+    pub(crate) async fn call(
+        &self,
+        what: &str,
+        cmd: impl FnOnce(&Scripts) -> redis::Cmd,
+    ) -> Option<Value> {
         let run = async {
             let (mut conn, scripts) = self.get().await?;
             cmd(&scripts)
@@ -279,12 +279,11 @@ impl Streams for RedisStreams {
     }
 
     fn sessions(&self, ttl: Duration, _max: usize) -> Arc<dyn SessionStore> {
-        Arc::new(RedisSessions {
-            link: self.link.clone(),
-            prefix: self.prefix.clone(),
+        Arc::new(crate::redis_sessions::RedisSessions::new(
+            self.link.clone(),
+            &self.prefix,
             ttl,
-            writer: std::sync::OnceLock::new(),
-        })
+        ))
     }
 }
 
@@ -513,115 +512,6 @@ impl History for RedisHistory {
         self.retained
             .lock()
             .retain(|_, (at, _)| at.elapsed() < RETAIN_EVERY);
-    }
-}
-
-/// Session snapshots on the Redis server (see the module's doc).
-pub struct RedisSessions {
-    link: Arc<Link>,
-    prefix: String,
-    ttl: Duration,
-    /// The writer's queue: snapshots go out in the order they were kept
-    /// (a later one of a sid never overwritten by an earlier one).
-    writer: std::sync::OnceLock<mpsc::Sender<(String, String)>>,
-}
-
-impl RedisSessions {
-    fn key(&self, sid: &str) -> String {
-        format!("{}:sess:{}", self.prefix, hashed(sid))
-    }
-
-    fn writer(&self) -> Option<&mpsc::Sender<(String, String)>> {
-        if let Some(w) = self.writer.get() {
-            return Some(w);
-        }
-        let rt = tokio::runtime::Handle::try_current().ok()?;
-        Some(self.writer.get_or_init(|| {
-            let (tx, rx) = mpsc::channel(SESSION_QUEUE);
-            rt.spawn(write_sessions(self.link.clone(), self.ttl, rx));
-            tx
-        }))
-    }
-}
-
-/// Write queued snapshots, pipelined, in order, until the store is gone.
-async fn write_sessions(link: Arc<Link>, ttl: Duration, mut rx: mpsc::Receiver<(String, String)>) {
-    let ttl_ms = ttl.as_millis().max(1) as u64;
-    let mut batch = Vec::with_capacity(SESSION_BATCH);
-    while rx.recv_many(&mut batch, SESSION_BATCH).await > 0 {
-        let run = async {
-            let (mut conn, _) = link.get().await?;
-            let mut pipe = redis::pipe();
-            for (key, snap) in batch.drain(..) {
-                pipe.cmd("SET")
-                    .arg(key)
-                    .arg(snap)
-                    .arg("PX")
-                    .arg(ttl_ms)
-                    .ignore();
-            }
-            pipe.query_async::<()>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        let r = match tokio::time::timeout(CALL_TIMEOUT, run).await {
-            Ok(r) => r,
-            Err(_) => Err("timed out".into()),
-        };
-        batch.clear();
-        if let Err(e) = r {
-            link.broken().await;
-            link.outage.fail("store session", &e);
-        }
-    }
-}
-
-impl SessionStore for RedisSessions {
-    fn name(&self) -> &'static str {
-        "redis"
-    }
-
-    fn enabled(&self) -> bool {
-        !self.ttl.is_zero()
-    }
-
-    /// Queued for the writer; dropped (and counted as a failure) when the
-    /// queue is full, as while the server is away.
-    fn store(&self, sid: &str, snapshot: String) {
-        if !self.enabled() {
-            return;
-        }
-        let key = self.key(sid);
-        if let Some(w) = self.writer() {
-            if w.try_send((key, snapshot)).is_err() {
-                self.link.outage.fail("store session", "write queue full");
-            }
-        }
-    }
-
-    fn take(&self, sid: &str) -> BoxFuture<Option<String>> {
-        let key = self.key(sid);
-        let link = self.link.clone();
-        Box::pin(async move {
-            let v = link
-                .call("restore session", |_| {
-                    let mut c = redis::cmd("GETDEL");
-                    c.arg(key);
-                    c
-                })
-                .await?;
-            match v {
-                Value::BulkString(b) => String::from_utf8(b).ok(),
-                _ => None,
-            }
-        })
-    }
-
-    /// The server expires snapshots itself (`PX`).
-    fn sweep(&self) {}
-
-    fn durable(&self) -> bool {
-        true
     }
 }
 

@@ -11,6 +11,19 @@
 //! frames and in bytes: a full queue means the client reads slower than we
 //! publish, and rather than buffer without bound the connection is closed
 //! ([`Reason::SlowConsumer`]) and the client reconnects.
+//!
+//! One exception, [`Connection::send_burst`]: an answer the client asked
+//! for and whose size its owner already bounded (a history answer: at most
+//! `history_limit` messages per stream, and streams are limited) is queued
+//! past the bound, so a legal request never gets its client cut. Why not
+//! wait for the queue to drain instead: the adapter's message handler runs
+//! in the task that writes the queue to the socket, so it cannot wait; a
+//! feeder task would have to keep the stream's gate held across chunks and
+//! order the confirmation after the last one, for the same memory (the
+//! answer is read before it is sent). The burst's frames keep their own
+//! account, so live frames keep the whole normal room meanwhile: a client
+//! that reads is never cut for its answer, one that does not read is cut
+//! as before once live frames fill the normal room.
 
 use crate::frame::Frame;
 use crate::metrics;
@@ -83,6 +96,39 @@ impl Reason {
 struct Queue {
     frames: VecDeque<Frame>,
     bytes: usize,
+    /// Frames queued past the bound ([`Connection::send_burst`]); boxed,
+    /// so a connection that never gets one pays a pointer.
+    burst: Option<Box<Burst>>,
+}
+
+/// The account of burst frames still queued. Sequence numbers count frames
+/// from the front of the queue as it was when the burst began, so taking
+/// `n` frames from the front retires exactly the burst frames among them.
+#[derive(Default)]
+struct Burst {
+    /// (sequence number, length) of each burst frame, oldest first.
+    frames: VecDeque<(u64, usize)>,
+    bytes: usize,
+    pushed: u64,
+    taken: u64,
+}
+
+impl Queue {
+    /// Frames and bytes that count against the normal bound.
+    fn normal(&self) -> (usize, usize) {
+        match &self.burst {
+            Some(b) => (self.frames.len() - b.frames.len(), self.bytes - b.bytes),
+            None => (self.frames.len(), self.bytes),
+        }
+    }
+
+    fn push(&mut self, frame: Frame) {
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+        if let Some(b) = &mut self.burst {
+            b.pushed += 1;
+        }
+    }
 }
 
 pub struct Connection {
@@ -143,19 +189,57 @@ impl Connection {
         let len = frame.len();
         let was_empty = {
             let mut q = self.queue.lock();
-            if q.frames.len() >= self.limit.frames || q.bytes + len > self.limit.bytes {
+            let (frames, bytes) = q.normal();
+            if frames >= self.limit.frames || bytes + len > self.limit.bytes {
                 drop(q);
                 self.too_slow();
                 return false;
             }
-            q.bytes += len;
-            q.frames.push_back(frame);
+            q.push(frame);
             q.frames.len() == 1
         };
         if was_empty {
             self.waker.wake();
         }
         true
+    }
+
+    /// Queue a frame of a bounded answer past the queue's bound (see the
+    /// module's doc): up to `most` bytes of such frames may wait at once,
+    /// and they take none of the normal room. Past `most` it is an
+    /// ordinary [`Connection::send`]. Returns whether it was queued.
+    pub fn send_burst(&self, frame: Frame, most: usize) -> bool {
+        if self.close.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let len = frame.len();
+        let was_empty = {
+            let mut q = self.queue.lock();
+            if q.burst.as_ref().map_or(0, |b| b.bytes) + len > most {
+                drop(q);
+                return self.send(frame);
+            }
+            let front = q.frames.len() as u64;
+            let b = q.burst.get_or_insert_with(|| {
+                Box::new(Burst {
+                    pushed: front,
+                    ..Burst::default()
+                })
+            });
+            b.frames.push_back((b.pushed, len));
+            b.bytes += len;
+            q.push(frame);
+            q.frames.len() == 1
+        };
+        if was_empty {
+            self.waker.wake();
+        }
+        true
+    }
+
+    /// Bytes of burst frames still waiting for the writer.
+    pub fn burst_bytes(&self) -> usize {
+        self.queue.lock().burst.as_ref().map_or(0, |b| b.bytes)
     }
 
     /// Move up to `max` queued frames into `out` (the writer's batch).
@@ -166,6 +250,19 @@ impl Connection {
         for f in q.frames.drain(..n) {
             q.bytes -= f.len();
             out.push(f);
+        }
+        if let Some(b) = &mut q.burst {
+            b.taken += n as u64;
+            while let Some(&(seq, len)) = b.frames.front() {
+                if seq >= b.taken {
+                    break;
+                }
+                b.frames.pop_front();
+                b.bytes -= len;
+            }
+            if b.frames.is_empty() {
+                q.burst = None;
+            }
         }
         if q.frames.is_empty() && q.frames.capacity() > 0 {
             // An idle connection keeps no queue memory.
@@ -259,6 +356,36 @@ mod tests {
         assert!(c.send(frame(1)));
         assert!(!c.send(frame(1)));
         assert_eq!(c.close_requested(), Some(Reason::SlowConsumer));
+    }
+
+    #[test]
+    fn a_burst_takes_none_of_the_normal_room_until_it_is_written() {
+        let c = conn(2, 100);
+        assert!(c.send(frame(10)));
+        for _ in 0..5 {
+            assert!(c.send_burst(frame(30), 200));
+        }
+        assert_eq!(c.burst_bytes(), 5 * frame(30).len());
+        // The live frames still have their room: one more fits, not two.
+        assert!(c.send(frame(10)));
+        // Taking the live frame and two of the burst frees exactly those.
+        let mut out = Vec::new();
+        c.take(&mut out, 3);
+        assert_eq!(c.burst_bytes(), 3 * frame(30).len());
+        assert!(c.send(frame(10)));
+        assert!(!c.send(frame(10)), "the normal room is two frames");
+        assert_eq!(c.close_requested(), Some(Reason::SlowConsumer));
+    }
+
+    #[test]
+    fn a_burst_past_its_bound_is_an_ordinary_send() {
+        let c = conn(1, 1000);
+        assert!(c.send_burst(frame(50), 60));
+        assert!(c.send_burst(frame(50), 60), "over `most`: the normal room");
+        assert!(!c.send_burst(frame(50), 60), "and that room is one frame");
+        assert_eq!(c.close_requested(), Some(Reason::SlowConsumer));
+        c.take(&mut Vec::new(), 10);
+        assert_eq!(c.burst_bytes(), 0);
     }
 
     #[test]

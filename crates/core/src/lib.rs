@@ -42,6 +42,7 @@
 
 pub mod adapter;
 pub mod broker;
+pub mod commands;
 pub mod config;
 pub mod connection;
 pub mod fanout;

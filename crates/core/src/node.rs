@@ -54,6 +54,8 @@ pub struct Node {
     scoped_ns: RwLock<Arc<[Namespace]>>,
     /// Publications go to observers only while this is above 0.
     publication_watchers: AtomicUsize,
+    /// Adapters' cluster-wide commands, by namespace ([`Node::command`]).
+    commands: crate::commands::Commands,
     /// Work an adapter starts that must finish before the process exits
     /// (calls to a backend after a client left, say). The server waits for
     /// it, bounded, after the clients are gone: [`Node::finish_tasks`].
@@ -92,6 +94,7 @@ impl Node {
             scoped: AtomicBool::new(false),
             scoped_ns: RwLock::new(Arc::new([])),
             publication_watchers: AtomicUsize::new(0),
+            commands: Default::default(),
             tasks: TaskTracker::new(),
         });
         broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
@@ -564,6 +567,27 @@ impl Node {
         );
     }
 
+    /// Have `handler` run namespace `ns`'s commands ([`crate::commands`]).
+    pub fn on_command(&self, ns: Namespace, handler: crate::commands::CommandHandler) {
+        self.commands.add(ns, handler);
+    }
+
+    /// Run the command `body` of namespace `ns` in `hub`'s app here and on
+    /// every other node (through the broker, as [`Node::terminate_user`]).
+    pub fn command(&self, hub: &Hub, ns: Namespace, body: &str) {
+        self.command_here(&hub.app.id, ns.as_str(), body);
+        let (ns, body) = (ns.as_str().to_owned(), body.to_owned());
+        self.broker
+            .control(self.id, &hub.app.id, Control::Command { ns, body });
+    }
+
+    /// Run it on this node only (it reached every node already).
+    pub fn command_here(&self, app_id: &str, ns: &str, body: &str) {
+        if let Some(hub) = self.hub_by_id(app_id) {
+            self.commands.run(hub, ns, body);
+        }
+    }
+
     // ----- queries -------------------------------------------------------------
 
     /// Channel figures of namespace `ns` (of every namespace for `None`:
@@ -690,10 +714,11 @@ impl Inbox for NodeInbox {
     }
 
     fn control(&self, app_id: &str, control: &Control) {
-        self.with(app_id, |_, hub| match control {
+        self.with(app_id, |node, hub| match control {
             Control::Terminate { user_id } => {
                 hub.users.terminate(user_id);
             }
+            Control::Command { ns, body } => node.command_here(app_id, ns, body),
         });
     }
 

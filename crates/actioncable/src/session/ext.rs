@@ -9,6 +9,10 @@ use super::*;
 /// their live publications go out without them.
 pub const RESTORED_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// A history frame's bytes beyond its message, identifier (counted twice:
+/// it is escaped JSON), stream and epoch: keys, offset, WebSocket header.
+const ANSWER_FRAME: usize = 96;
+
 /// Issue 19: `actioncable-v1-ext-json` history and resumption.
 impl CableSession {
     /// Put a restored session's subscriptions back, holding their live
@@ -155,8 +159,34 @@ impl CableSession {
                 }
             }
         }
+        // The answer goes out past the outbound queue's bound (see
+        // `Gate`), within the connection's room for answers: one that
+        // would not fit (with the answers still unread) is refused.
         let gate = self.conn.with_gate();
         let tag = Some(self.subs[at].identifier.clone());
+        let size: usize = answers
+            .iter()
+            .filter_map(|(stream, _, b)| Some((stream, b.as_ref()?)))
+            .map(|(stream, b)| {
+                let each = 2 * identifier.len() + stream.len() + b.epoch.len() + ANSWER_FRAME;
+                // What the gate will skip (sent already) costs nothing.
+                let after = match gate.last_sent(stream, &tag) {
+                    Some((epoch, last)) if epoch == b.epoch => last,
+                    _ => 0,
+                };
+                b.entries
+                    .iter()
+                    .filter(|e| e.offset > after)
+                    .map(|e| e.data.len() + each)
+                    .sum::<usize>()
+            })
+            .sum();
+        if self.conn.burst_bytes() + size > gate.burst_room() {
+            metrics::count(&m::CABLE_HISTORY_REJECTED);
+            tracing::debug!(sid = %self.conn.socket_id, size, "history answer over rpc.history_max_bytes");
+            self.release_all(at);
+            return self.send(&crate::ext::reject_history(identifier));
+        }
         for (stream, channel, backlog) in &answers {
             gate.release(&self.conn, channel, &tag, backlog.as_ref(), |e, epoch| {
                 crate::ext::entry_frame(identifier, stream, epoch, e)

@@ -91,29 +91,75 @@ impl CableSession {
                 return Next::Continue;
             }
         };
+        if let Err(why) = self.join_as(identifier, stream, member).await {
+            self.refuse_presence(identifier, &why);
+        }
+        Next::Continue
+    }
+
+    /// The app's `presence` in a command answer (AnyCable's
+    /// `CommandResponse.presence`, field 9): join or leave the
+    /// subscription's presence stream (`$p` in its state, as the answer
+    /// left it) on the connection's behalf, as anycable-go's
+    /// `handlePresenceReply` does. The limits of a client's join apply,
+    /// not its rate (the app asked). A refused one is not the client's
+    /// doing: counted and logged, nothing sent. `ttl` is ignored, as
+    /// anycable-go 1.6.16 ignores it (members linger `rpc.presence_ttl`).
+    pub(super) async fn app_presence(
+        &mut self,
+        identifier: &str,
+        presence: crate::proto::PresenceResponse,
+    ) {
+        let sid = self.conn.socket_id.clone();
+        let refused = |why: &str| {
+            metrics::count(&m::CABLE_PRESENCE_REFUSED);
+            tracing::debug!(%sid, why, "the app's presence refused");
+        };
+        if self.find(identifier).is_none() {
+            return;
+        }
+        let Some(stream) = self.enabled_stream(identifier, p::PRESENCE_STATE) else {
+            return refused("presence is not enabled for this subscription ($p)");
+        };
+        match presence.kind.as_str() {
+            "join" => match p::app_member(presence.id, presence.info, self.cable.presence.max_info)
+            {
+                Ok(member) => {
+                    if let Err(why) = self.join_as(identifier, stream, member).await {
+                        refused(&why);
+                    }
+                }
+                Err(why) => refused(&why),
+            },
+            "leave" => self.leave_joined(identifier).await,
+            _ => refused("unknown presence type (join or leave)"),
+        }
+    }
+
+    /// `member` joins `stream` for subscription `identifier`; `Err` says
+    /// why not.
+    async fn join_as(
+        &mut self,
+        identifier: &str,
+        stream: String,
+        member: p::Member,
+    ) -> Result<(), String> {
         let joined = &self.presence.joined;
         if let Some((_, _, id)) = joined
             .iter()
             .find(|(i, s, _)| &**i == identifier && *s == stream)
         {
             if *id != member.id {
-                self.refuse_presence(
-                    identifier,
-                    "this subscription joined as another id: leave first",
-                );
+                return Err("this subscription joined as another id: leave first".into());
             }
             // Joined already as this id: nothing changes (as AnyCable).
-            return Next::Continue;
+            return Ok(());
         }
         if joined.len() >= self.cable.presence.max_joins {
-            self.refuse_presence(
-                identifier,
-                &format!(
-                    "joined {} presence streams already (rpc.presence_max_joins)",
-                    joined.len()
-                ),
-            );
-            return Next::Continue;
+            return Err(format!(
+                "joined {} presence streams already (rpc.presence_max_joins)",
+                joined.len()
+            ));
         }
         let tag: Arc<str> = Arc::from(identifier);
         let opts = SubscribeOptions {
@@ -138,17 +184,14 @@ impl CableSession {
                     let event = p::join_event(&member.id, member.info.as_deref());
                     p::announce(&self.node, &self.hub, &stream, event).await;
                 }
+                Ok(())
             }
-            Err(Refused::OverLimit(_)) => self.refuse_presence(
-                identifier,
-                &format!(
-                    "the stream's presence is full: {} members (rpc.presence_max_members)",
-                    self.cable.presence.max_members
-                ),
-            ),
-            Err(e) => self.refuse_presence(identifier, &e.to_string()),
+            Err(Refused::OverLimit(_)) => Err(format!(
+                "the stream's presence is full: {} members (rpc.presence_max_members)",
+                self.cable.presence.max_members
+            )),
+            Err(e) => Err(e.to_string()),
         }
-        Next::Continue
     }
 
     pub(super) async fn leave_presence(&mut self, identifier: &str) -> Next {

@@ -77,6 +77,10 @@ pub type RemoteMember = (NodeId, String, Option<Box<RawValue>>);
 pub enum Control {
     /// Close every connection of this signed-in user.
     Terminate { user_id: String },
+    /// An adapter's command for its own connections on every node
+    /// ([`crate::node::Node::command`]): the namespace's name and the
+    /// command as the adapter wrote it (Action Cable's remote disconnect).
+    Command { ns: String, body: String },
 }
 
 /// Where a broker hands what came from other nodes.

@@ -7,6 +7,7 @@ use crate::fanout::Tag;
 use crate::frame::Frame;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// A hole in one stream's live offsets: the publications after `after`
@@ -43,10 +44,19 @@ pub type Healer = Box<dyn Fn(Gap) + Send + Sync>;
 /// way; the broker may also lose one while it reconnects. A gate with a
 /// [`Healer`] treats an offset past `last + 1` as a gap: it holds the
 /// stream and has the healer read what is missing from the shared history.
+///
+/// Everything the gate sends at once (a history answer, what was held)
+/// goes out as a burst ([`Connection::send_burst`]), past the queue's
+/// bound up to [`Gate::allow_burst`] bytes: it is bounded already (at most
+/// the history limit per stream, at most [`MAX_HELD`] held), and it comes
+/// all at once, not at the pace of publishing, so the normal bound (sized
+/// for live traffic) would cut a client that reads perfectly well.
 #[derive(Default)]
 pub struct Gate {
     streams: Mutex<Tracks>,
     healer: OnceLock<Healer>,
+    /// Bytes of answers that may wait past the queue's bound (0: none).
+    burst: AtomicUsize,
 }
 
 /// Each (stream, subscription tag)'s track: a connection may follow one
@@ -116,6 +126,20 @@ impl Gate {
         let _ = self.healer.set(healer);
     }
 
+    /// Let up to `bytes` of answers wait past the queue's bound.
+    pub fn allow_burst(&self, bytes: usize) {
+        self.burst.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of answers that may wait past the queue's bound.
+    pub fn burst_room(&self) -> usize {
+        self.burst.load(Ordering::Relaxed)
+    }
+
+    fn burst(&self, conn: &Connection, frame: Frame) -> bool {
+        conn.send_burst(frame, self.burst_room())
+    }
+
     /// Fan-out: deliver `frame` (publication at `pos` on `channel`, for
     /// subscription `tag`) now, hold it, or drop it as already sent.
     /// Returns whether it was queued or held.
@@ -138,7 +162,7 @@ impl Gate {
                 let held = std::mem::take(&mut h.frames);
                 let mut last = None;
                 for (p, f) in held {
-                    conn.send(f);
+                    self.burst(conn, f);
                     last = Some(p);
                 }
                 match last {
@@ -245,7 +269,7 @@ impl Gate {
             let fresh = epoch.as_deref() != Some(&*b.epoch);
             for e in &b.entries {
                 if fresh || e.offset > last {
-                    conn.send(frame(e, &b.epoch));
+                    self.burst(conn, frame(e, &b.epoch));
                     last = e.offset;
                     epoch = Some(b.epoch.clone());
                 }
@@ -287,7 +311,7 @@ impl Gate {
                     return;
                 }
             }
-            conn.send(f);
+            self.burst(conn, f);
             last = p.offset;
             epoch = Some(p.epoch);
         }
@@ -306,6 +330,16 @@ impl Gate {
         );
         if waiting {
             self.release(conn, channel, tag, None, |_, _| Frame::text(""));
+        }
+    }
+
+    /// What was sent last on `channel` for `tag`, if the connection is
+    /// where the gate knows it (a history answer sends only what is after
+    /// it, in that epoch).
+    pub fn last_sent(&self, channel: &str, tag: &Tag) -> Option<(Arc<str>, u64)> {
+        match self.streams.lock().get(channel, tag)? {
+            Track::Live { epoch, last } => Some((epoch.clone(), *last)),
+            Track::Held(h) => h.base.clone(),
         }
     }
 

@@ -1,0 +1,200 @@
+//! AnyCable's remote commands: the app sends
+//! `{"command":"disconnect","payload":{"identifier":"<identifiers>","reconnect":bool}}`
+//! through the broadcast API (`POST /_broadcast`, or the broker's broadcast
+//! channel or stream), and every node closes the connections whose
+//! identifiers (the JSON text the app's `Connect` answered, or a JWT's)
+//! are exactly those, with `{"type":"disconnect","reason":"remote",
+//! "reconnect":...}` and close 1000, as anycable-go does.
+//!
+//! Each node keeps an index of its own connections by identifiers
+//! ([`Identities`]); a command given to one node reaches the others as the
+//! core's `Control::Command` (like Pusher's terminate-user), so no node
+//! scans its connections.
+
+use herald_core::connection::{ConnId, Connection, Reason};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Weak};
+
+/// The close "reason" a remote disconnect asks for: the session maps it to
+/// Action Cable's `remote` disconnect message (close code 1000 on the
+/// wire); the number itself never leaves the process.
+pub const CLOSE_REMOTE: u16 = 4000;
+/// The same, telling the client to reconnect.
+pub const CLOSE_REMOTE_RECONNECT: u16 = 4001;
+
+/// Most identifiers text indexed (longer identifiers are not indexed and
+/// cannot be disconnected remotely; apps send a few dozen bytes).
+pub const MAX_IDENTIFIERS: usize = 4096;
+
+const SHARDS: usize = 16;
+
+type Shard = HashMap<Arc<str>, Vec<(ConnId, Weak<Connection>)>>;
+
+/// This node's Action Cable connections by their identifiers. Sharded: a
+/// connect or a close takes one short lock among 16.
+pub struct Identities {
+    shards: Vec<Mutex<Shard>>,
+    hasher: RandomState,
+}
+
+impl Default for Identities {
+    fn default() -> Identities {
+        Identities {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+/// A connection's place in the index, removed when dropped (the session
+/// holds it).
+pub struct Registered {
+    set: Arc<Identities>,
+    key: Arc<str>,
+    id: ConnId,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut shard = self.set.shard(&self.key).lock();
+        if let Some(list) = shard.get_mut(&self.key) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                shard.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Identities {
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    }
+
+    /// Index `conn` under `identifiers` (none for a client without any).
+    pub fn add(self: &Arc<Self>, identifiers: &str, conn: &Arc<Connection>) -> Option<Registered> {
+        if identifiers.is_empty() || identifiers.len() > MAX_IDENTIFIERS {
+            return None;
+        }
+        let key: Arc<str> = Arc::from(identifiers);
+        self.shard(&key)
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .push((conn.id, Arc::downgrade(conn)));
+        Some(Registered {
+            set: self.clone(),
+            key,
+            id: conn.id,
+        })
+    }
+
+    /// Close this node's connections with exactly `identifiers`; how many.
+    pub fn disconnect(&self, identifiers: &str, reconnect: bool) -> usize {
+        let conns: Vec<Arc<Connection>> = self
+            .shard(identifiers)
+            .lock()
+            .get(identifiers)
+            .map(|l| l.iter().filter_map(|(_, c)| c.upgrade()).collect())
+            .unwrap_or_default();
+        let code = if reconnect {
+            CLOSE_REMOTE_RECONNECT
+        } else {
+            CLOSE_REMOTE
+        };
+        for c in &conns {
+            c.close(Reason::Code(code));
+        }
+        conns.len()
+    }
+}
+
+#[derive(Deserialize)]
+struct Command {
+    command: String,
+    #[serde(default)]
+    payload: Option<Disconnect>,
+}
+
+#[derive(Deserialize)]
+pub struct Disconnect {
+    pub identifier: String,
+    #[serde(default)]
+    pub reconnect: bool,
+}
+
+/// A remote command in a broadcast body: `None` when the body is not one
+/// (no `command` field); `Err` says what is wrong with one (an unknown
+/// command, a missing or malformed payload).
+pub fn parse(body: &[u8]) -> Option<Result<Disconnect, String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.get("command")?;
+    Some(match serde_json::from_value::<Command>(v) {
+        Ok(Command {
+            command,
+            payload: Some(d),
+        }) if command == "disconnect" => {
+            if d.identifier.is_empty() {
+                Err("payload.identifier is empty".into())
+            } else {
+                Ok(d)
+            }
+        }
+        Ok(c) if c.command == "disconnect" => {
+            Err("disconnect needs a payload: {\"identifier\": string, \"reconnect\": bool}".into())
+        }
+        Ok(c) => Err(format!(
+            "unknown remote command {:?} (disconnect is the one there is)",
+            c.command.chars().take(64).collect::<String>()
+        )),
+        Err(e) => Err(format!("malformed remote command: {e}")),
+    })
+}
+
+/// The command as the nodes pass it on (`Control::Command`'s body).
+pub fn body(d: &Disconnect) -> String {
+    serde_json::json!({ "identifier": d.identifier, "reconnect": d.reconnect }).to_string()
+}
+
+/// Run a command another node passed on (its [`body`]).
+pub fn run(identities: &Identities, body: &str) {
+    match serde_json::from_str::<Disconnect>(body) {
+        Ok(d) => {
+            let n = identities.disconnect(&d.identifier, d.reconnect);
+            tracing::debug!(closed = n, "remote disconnect");
+        }
+        Err(e) => tracing::debug!(error = %e, "unreadable remote command from another node"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_told_from_broadcasts_and_checked() {
+        assert!(parse(br#"{"stream":"s","data":"1"}"#).is_none());
+        assert!(parse(b"not json").is_none());
+        let d = parse(
+            br#"{"command":"disconnect","payload":{"identifier":"{\"u\":1}","reconnect":true}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((d.identifier.as_str(), d.reconnect), (r#"{"u":1}"#, true));
+        for bad in [
+            &br#"{"command":"disconnect"}"#[..],
+            br#"{"command":"disconnect","payload":{"identifier":""}}"#,
+            br#"{"command":"explode","payload":{"identifier":"x"}}"#,
+            br#"{"command":7}"#,
+        ] {
+            assert!(
+                parse(bad).unwrap().is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}
