@@ -8,6 +8,7 @@ mod common;
 use common::{bench_target, herald_with_bench_app, Server};
 use herald_bench::broadcast::{self, BroadcastParams, Via};
 use herald_bench::connect::{self, ConnectParams};
+use herald_bench::idle::{self, IdleParams};
 use herald_bench::proto::Proto;
 use std::time::Duration;
 
@@ -67,6 +68,25 @@ async fn connect_over_action_cable_connects_everyone() {
 
 /// A server whose app is not the bench's: one clear error, not thousands
 /// of failed clients.
+/// `idle --protocol actioncable`: every client identified by the app's
+/// `Connect`, subscribed through `Command`, and held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_over_action_cable_holds_everyone() {
+    let (server, _app) = herald_with_bench_app("", "").await;
+    let mut p = IdleParams::new(bench_target(&server));
+    p.protocol = Proto::ActionCable;
+    p.clients = 30;
+    p.channels_per_client = 2;
+    p.hold = Duration::from_millis(200);
+    p.progress = false;
+    p.server_pid = Some(server.pid() as u32);
+    let r = idle::run(&p).await.unwrap();
+    let text = r.summary();
+    assert_eq!(r.fraction("ws_subscribe_success"), Some(1.0), "{text}");
+    assert_eq!(r.count("connections_held"), 30, "{text}");
+    assert_eq!(r.count("connections_dropped_by_server"), 0, "{text}");
+}
+
 #[tokio::test]
 async fn action_cable_preflight_names_the_missing_app() {
     // Herald without RPC welcomes everyone but has no BenchmarkChannel.

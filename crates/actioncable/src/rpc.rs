@@ -18,6 +18,7 @@ use crate::proto::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tonic::codegen::http::uri::PathAndQuery;
@@ -188,28 +189,29 @@ impl Rpc {
         matches!(self.transport, Transport::Http { .. })
     }
 
-    pub async fn connect(
-        &self,
-        sid: &str,
+    // Not `async fn`s: those would keep the request twice in the future.
+    pub fn connect<'a>(
+        &'a self,
+        sid: &'a str,
         req: ConnectionRequest,
-    ) -> Result<ConnectionResponse, RpcError> {
-        self.call(Method::Connect, sid, req).await
+    ) -> impl Future<Output = Result<ConnectionResponse, RpcError>> + Send + 'a {
+        self.call(Method::Connect, sid, req)
     }
 
-    pub async fn command(
-        &self,
-        sid: &str,
+    pub fn command<'a>(
+        &'a self,
+        sid: &'a str,
         req: CommandMessage,
-    ) -> Result<CommandResponse, RpcError> {
-        self.call(Method::Command, sid, req).await
+    ) -> impl Future<Output = Result<CommandResponse, RpcError>> + Send + 'a {
+        self.call(Method::Command, sid, req)
     }
 
-    pub async fn disconnect(
-        &self,
-        sid: &str,
+    pub fn disconnect<'a>(
+        &'a self,
+        sid: &'a str,
         req: DisconnectRequest,
-    ) -> Result<DisconnectResponse, RpcError> {
-        self.call(Method::Disconnect, sid, req).await
+    ) -> impl Future<Output = Result<DisconnectResponse, RpcError>> + Send + 'a {
+        self.call(Method::Disconnect, sid, req)
     }
 
     async fn call<Req, Res>(&self, method: Method, sid: &str, req: Req) -> Result<Res, RpcError>
@@ -223,13 +225,18 @@ impl Rpc {
             let mut backoff = BACKOFF;
             let mut attempt = 0;
             loop {
+                // Boxed: a call waiting for its slot (thousands of them in
+                // a reconnect storm) then holds only its request, not the
+                // transport's much larger state.
                 let result = match &self.transport {
-                    Transport::Grpc(channel) => grpc(channel, method, sid, req.clone()).await,
+                    Transport::Grpc(channel) => {
+                        Box::pin(grpc(channel, method, sid, req.clone())).await
+                    }
                     Transport::Http {
                         client,
                         base,
                         secret,
-                    } => http(client, base, secret.as_deref(), method, sid, &req).await,
+                    } => Box::pin(http(client, base, secret.as_deref(), method, sid, &req)).await,
                 };
                 match result {
                     Err(e) if e.retryable() && attempt < self.retries => {

@@ -186,12 +186,20 @@ fn request_info(
 
 /// Write `frames` and a close, give the client a moment to read them, and
 /// drop the socket (a connection refused before its session started).
-/// Refuse the connection; nothing is left to run.
-async fn refuse(socket: Socket, frames: Vec<Frame>, code: u16, message: &str) -> Option<Open> {
-    let mut all = frames;
-    all.push(Frame::close(code, message));
-    session::refuse(socket, &all).await;
-    None
+/// Refuse the connection; nothing is left to run. Boxed: the opening's
+/// future would otherwise be sized for the refusal's state too.
+fn refuse(
+    socket: Socket,
+    frames: Vec<Frame>,
+    code: u16,
+    message: &'static str,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Open>> + Send>> {
+    Box::pin(async move {
+        let mut all = frames;
+        all.push(Frame::close(code, message));
+        session::refuse(socket, &all).await;
+        None
+    })
 }
 
 fn text_frames(transmissions: &[String]) -> Vec<Frame> {
@@ -345,7 +353,7 @@ async fn open(
         hub,
         cable,
         conn: conn.clone(),
-        env,
+        env: Box::new(env),
         identifiers,
         subs: Vec::new(),
         streams: 0,
@@ -358,7 +366,8 @@ async fn open(
     };
     s.history_tokens.0 = f64::from(s.cable.reliable.history_rate);
     if let Some(snap) = restored {
-        s.restore(snap).await;
+        // Boxed: the restore's state would otherwise size the opening.
+        Box::pin(s.restore(snap)).await;
     }
     s.save();
     Some(Open {
@@ -470,7 +479,9 @@ struct CableSession {
     hub: Arc<Hub>,
     cable: Arc<Cable>,
     conn: Arc<Connection>,
-    env: SessionEnv,
+    /// Boxed: it is large and read only when calling the app; this struct
+    /// is part of every connection's task.
+    env: Box<SessionEnv>,
     /// The app's connection identifiers (opaque JSON), echoed in calls.
     identifiers: String,
     subs: Vec<Sub>,

@@ -459,6 +459,11 @@ struct IdleArgs {
     /// Connections opened at once.
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
+    /// The protocol clients speak: pusher, or actioncable /
+    /// actioncable-ext (/cable, through the app's Connect and Command, so
+    /// the figure is what an identified, subscribed connection holds).
+    #[arg(long, default_value = "pusher", value_parser = protocol(WS_CLIENTS))]
+    protocol: Proto,
 }
 
 /// Run `herald bench <scenario>`: parse-free entry for `main`.
@@ -602,6 +607,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.channels_per_client = a.channels;
                 p.channel_pool = a.channel_pool;
                 p.concurrency = a.concurrency;
+                p.protocol = a.protocol;
                 p.timeout = common.timeout;
                 p.progress = progress;
                 p.server_pid = common.server_pid;

@@ -4,14 +4,20 @@
 
 use super::client::Conn;
 use super::metrics::{Latency, Live, Monitor};
+use super::proto::Proto;
 use super::{preflight, raise_nofile, rss_bytes, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The protocols `idle` speaks.
+pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable, Proto::ActionCableExt];
+
 #[derive(Debug, Clone)]
 pub struct IdleParams {
     pub target: Target,
+    /// The protocol the clients speak ([`PROTOCOLS`]).
+    pub protocol: Proto,
     pub clients: usize,
     /// Channels each connection subscribes to.
     pub channels_per_client: usize,
@@ -30,6 +36,7 @@ impl IdleParams {
     pub fn new(target: Target) -> IdleParams {
         IdleParams {
             target,
+            protocol: Proto::Pusher,
             clients: 1000,
             channels_per_client: 1,
             channel_pool: 100,
@@ -43,8 +50,10 @@ impl IdleParams {
 }
 
 pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
+    p.protocol.check("idle", PROTOCOLS)?;
     let mut report = Report::new("idle");
     report.param("url", &p.target.url);
+    report.param("protocol", p.protocol.name());
     report.param("clients", p.clients);
     report.param("channels_per_client", p.channels_per_client);
     report.param("channel_pool", p.channel_pool);
@@ -53,7 +62,12 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    preflight(&p.target, None, false).await?;
+    match p.protocol {
+        Proto::Pusher => preflight(&p.target, None, false).await?,
+        _ => super::actioncable::preflight(&p.target, false)
+            .await
+            .map_err(BenchError)?,
+    }
     let cpu = CpuMeter::start(p.server_pid);
     let started = Instant::now();
     // Let the preflight connection's memory settle before the baseline.
@@ -79,7 +93,7 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
                 )
             })
             .collect();
-        let (target, timeout) = (p.target.clone(), p.timeout);
+        let (target, timeout, proto) = (p.target.clone(), p.timeout, p.protocol);
         let (live, connecting, subscribed, dropped) = (
             live.clone(),
             connecting.clone(),
@@ -90,7 +104,11 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
         tasks.spawn(async move {
             let permit = gate.acquire().await;
             let t0 = Instant::now();
-            let mut conn = match Conn::open(&target, target.source_for(i), timeout).await {
+            let opened = match proto {
+                Proto::Pusher => Conn::open(&target, target.source_for(i), timeout).await,
+                _ => proto.open(&target, target.source_for(i), timeout).await,
+            };
+            let mut conn = match opened {
                 Ok(c) => c,
                 Err(e) => {
                     live.error(e.kind(), e.explain(&target));
@@ -100,7 +118,19 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
             };
             live.connections.fetch_add(1, Relaxed);
             let names: Vec<&str> = channels.iter().map(String::as_str).collect();
-            let ok = match conn.subscribe(&target, &names, timeout).await {
+            let subscribed_all = match proto {
+                Proto::Pusher => conn.subscribe(&target, &names, timeout).await,
+                // One `BenchmarkChannel` subscription per bench channel
+                // (its `id` the channel's name).
+                _ => {
+                    let ids: Vec<String> = names
+                        .iter()
+                        .map(|n| super::actioncable::identifier_for(n))
+                        .collect();
+                    super::actioncable::subscribe_identifiers(&mut conn, &ids, timeout).await
+                }
+            };
+            let ok = match subscribed_all {
                 Ok(()) => {
                     connecting.record_duration(i, t0.elapsed());
                     subscribed.fetch_add(1, Relaxed);
