@@ -20,6 +20,7 @@ mod cache;
 mod flight;
 pub mod history;
 pub mod metrics;
+mod pending;
 pub mod sessions;
 
 use async_nats::jetstream;
