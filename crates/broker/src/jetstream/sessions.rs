@@ -5,7 +5,7 @@
 //!
 //! Writes do not wait: a node's writer task keeps up to [`WRITERS`] of
 //! them in flight from a queue that holds only the newest snapshot per sid
-//! ([`super::pending`]), at most [`QUEUE`] sids (past that a snapshot is
+//! ([`super::pending`]), at most [`QUEUE`] sids and [`QUEUE_BYTES`] (past that a snapshot is
 //! dropped, counted in `herald_jetstream_sessions_dropped_total` and
 //! logged once per interval: its client connects anew). One write at a
 //! time went too slowly for a reconnect storm's closing sessions (issue
@@ -45,8 +45,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-/// Sessions whose snapshot waits to be written.
-pub const QUEUE: usize = 4096;
+/// Most sessions whose snapshot waits to be written (a node closing all
+/// its clients at once, as in a rolling restart, snapshots every one).
+pub const QUEUE: usize = 65_536;
+
+/// Most bytes of snapshots waiting to be written.
+pub const QUEUE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Snapshot writes in flight at once per node.
 pub const WRITERS: usize = 32;
@@ -153,7 +157,7 @@ impl NatsSessions {
     ) -> Arc<dyn SessionStore> {
         let local = Arc::new(MemorySessions::new(ttl, max));
         let queue = Arc::new(Queue {
-            pending: Mutex::new(Pending::new(QUEUE)),
+            pending: Mutex::new(Pending::new(QUEUE, QUEUE_BYTES)),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
         });
