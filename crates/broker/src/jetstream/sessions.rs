@@ -5,12 +5,13 @@
 //!
 //! Writes do not wait: a node's writer task keeps up to [`WRITERS`] of
 //! them in flight from a queue that holds only the newest snapshot per sid
-//! ([`super::pending`]), at most [`QUEUE`] sids and [`QUEUE_BYTES`] (past that a snapshot is
-//! dropped, counted in `herald_jetstream_sessions_dropped_total` and
-//! logged once per interval: its client connects anew). One write at a
-//! time went too slowly for a reconnect storm's closing sessions (issue
-//! 19). A take reads the entry and deletes it expecting that revision, so
-//! of two nodes taking one sid at once one gets it.
+//! ([`super::pending`]), at most [`QUEUE`] sids and [`QUEUE_BYTES`] (past
+//! that a snapshot is dropped, counted in
+//! `herald_jetstream_sessions_dropped_total` and logged once per interval:
+//! its client connects anew). One write at a time went too slowly for a
+//! reconnect storm's closing sessions (issue 19). A take reads the entry
+//! and deletes it expecting that revision, so of two nodes taking one sid
+//! at once one gets it.
 //!
 //! Every write is a compare-and-set on the revision this node last wrote
 //! for the sid (the first on "no entry at all"): once another node took
