@@ -272,3 +272,89 @@ async fn a_lost_jetstream_costs_positions_and_answers_not_the_connection() {
     assert_eq!(end, "confirm_history");
     assert_eq!(got, vec![(json!(1), json!(1)), (json!(k), json!(2))]);
 }
+
+/// A reconnect storm's history requests: many clients on every node ask at
+/// once for the whole history of the same few streams. Each is answered
+/// exactly (confirm_history with every missed entry), none rejected; the
+/// nodes share reads of one stream instead of asking JetStream for each.
+#[tokio::test]
+async fn many_concurrent_history_reads_of_the_same_streams_are_all_confirmed() {
+    const STREAMS: usize = 10;
+    const KEPT: u64 = 100;
+    const PER_NODE: usize = 200;
+    let broker = BrokerServer::start_jetstream();
+    let n = nodes(
+        &broker,
+        &prefix("storm"),
+        "public_streams = true\nhistory_limit = 100",
+        3,
+    )
+    .await;
+    let n = std::sync::Arc::new(n);
+    // Each stream's epoch, from a watcher's first live message.
+    let mut epochs = Vec::new();
+    for s in 0..STREAMS {
+        let stream = format!("storm-{s}");
+        let (mut ws, _) = subscribed(&n[s % 3], &ident(&stream)).await;
+        broadcast(&n[s % 3], &stream, json!({ "n": 1 })).await;
+        let f = frame(&mut ws).await;
+        assert_eq!(f["offset"], 1, "{f}");
+        epochs.push(f["epoch"].as_str().unwrap().to_owned());
+    }
+    // The rest of each stream's history, published through every node.
+    let mut publishers = tokio::task::JoinSet::new();
+    for s in 0..STREAMS {
+        let n = n.clone();
+        publishers.spawn(async move {
+            for i in 2..=KEPT {
+                let stream = format!("storm-{s}");
+                broadcast(&n[i as usize % 3], &stream, json!({ "n": i })).await;
+            }
+        });
+    }
+    while let Some(done) = publishers.join_next().await {
+        done.unwrap();
+    }
+    // Every client connected and subscribed, then all ask at once.
+    let clients = 3 * PER_NODE;
+    let ready = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
+    let mut asking = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let (n, ready, s) = (n.clone(), ready.clone(), c % STREAMS);
+        let (stream, epoch) = (format!("storm-{s}"), epochs[s].clone());
+        asking.spawn(async move {
+            let id = ident(&stream);
+            let (mut ws, _) = subscribed(&n[c % 3], &id).await;
+            tokio::time::timeout(TIMEOUT, ready.wait())
+                .await
+                .expect("every client subscribed in time");
+            let after = (c as u64) % (KEPT / 2);
+            let (got, end) = history(&mut ws, &id, &stream, &epoch, after).await;
+            let offsets: Vec<u64> = got.iter().map(|(_, o)| o.as_u64().unwrap()).collect();
+            (end, offsets, after)
+        });
+    }
+    let mut rejected = 0;
+    while let Some(done) = asking.join_next().await {
+        let (end, offsets, after) = done.unwrap();
+        if end == "confirm_history" {
+            assert_eq!(offsets, (after + 1..=KEPT).collect::<Vec<_>>());
+        } else {
+            rejected += 1;
+        }
+    }
+    assert_eq!(rejected, 0, "of {clients} history requests");
+    let mut reads = 0;
+    for node in n.iter() {
+        assert_eq!(
+            node.metric("herald_jetstream_history_read_timeouts_total")
+                .await,
+            0
+        );
+        reads += node.metric("herald_jetstream_history_reads_total").await;
+    }
+    assert!(
+        reads < clients as u64 / 2,
+        "{reads} engine reads for {clients} requests: concurrent reads are shared"
+    );
+}

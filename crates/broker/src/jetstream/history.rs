@@ -26,17 +26,29 @@
 //! asking the server, which would cost a round trip per publication too.
 //!
 //! Reads: the subject's last message (a direct get) says the epoch and
-//! the last offset; the retained messages are then read one direct get
-//! each, oldest first, at most `history_limit` of them.
+//! the last offset (the tip). What this node read before at that tip is
+//! the answer ([`super::cache`]); when the tip moved on, only the messages
+//! after the cached one are read; otherwise all retained messages. A few
+//! messages are read one direct get each; more through one ephemeral pull
+//! consumer (filter subject, start sequence, no acks) and one fetch, so a
+//! read costs a handful of round trips, not one per message. Concurrent
+//! reads of one stream share one read ([`super::flight`]): in a reconnect
+//! storm thousands of clients ask for the same streams at once. A read
+//! the server does not answer within [`CALL_TIMEOUT`] is counted and
+//! logged once per interval, and its requests are rejected.
 
+use super::cache::{Cache, Read};
+use super::flight::Flights;
+use super::metrics as m;
 use super::{Conn, Mode, Throttle, CALL_TIMEOUT};
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{
     Config, DirectGetErrorKind, DiscardPolicy, StorageType, Stream,
 };
 use async_nats::jetstream::{self};
 use async_nats::HeaderMap;
+use futures_util::StreamExt;
 use herald_core::broker::BoxFuture;
 use herald_core::history::{Backlog, Entry, History, Limits, MemoryHistory, Miss, Position};
 use parking_lot::Mutex;
@@ -51,6 +63,14 @@ pub const ATTEMPTS: usize = 5;
 /// Streams whose last sequence is remembered; past it the cache starts
 /// afresh (a miss costs one direct get).
 const TIPS: usize = 10_000;
+
+/// Reads of at most this many messages go one direct get each; longer
+/// ones through a consumer (whose creation is a round trip of its own).
+const DIRECT_READS: usize = 4;
+
+/// How long the server keeps a read's consumer once its fetch ended (it
+/// is not deleted: that would cost every read another round trip).
+const CONSUMER_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Escaped names longer than this are hashed.
 const MAX_TOKEN: usize = 200;
@@ -96,6 +116,13 @@ pub struct Inner {
     stream: tokio::sync::Mutex<Option<Stream<()>>>,
     tips: Mutex<HashMap<Arc<str>, Tip>>,
     log: Throttle,
+    /// Reads in flight by stream (see the module's comment).
+    flights: Flights<Arc<str>, Result<Arc<Read>, Miss>>,
+    /// What was read last per stream, at its tip.
+    cache: Mutex<Cache>,
+    /// Reads that failed or timed out (apart from appends' warnings, so
+    /// a storm of one does not hide the other).
+    read_log: Throttle,
 }
 
 /// The subject of `stream`'s history under `prefix`.
@@ -138,6 +165,9 @@ impl Inner {
             stream: tokio::sync::Mutex::new(None),
             tips: Mutex::new(HashMap::new()),
             log: Throttle::default(),
+            flights: Flights::default(),
+            cache: Mutex::new(Cache::default()),
+            read_log: Throttle::default(),
         }
     }
 
@@ -194,7 +224,7 @@ impl Inner {
     /// The subject's last message now: `None` when it has none.
     async fn tip(&self, stream: &Stream<()>, subject: &str) -> Result<Option<Tip>, String> {
         match stream.direct_get_last_for_subject(subject).await {
-            Ok(m) => Ok(parse(&m).map(|(epoch, offset)| Tip {
+            Ok(m) => Ok(parse(&m.headers).map(|(epoch, offset)| Tip {
                 seq: m.sequence,
                 epoch,
                 offset,
@@ -300,93 +330,225 @@ impl Inner {
         None
     }
 
-    /// The subject's retained messages up to `tip`, oldest first, at most
-    /// `history_limit` of them.
-    async fn read_js(
-        &self,
+    fn read_failed(&self, what: &str, error: &str) {
+        if self.read_log.allow() {
+            tracing::warn!(
+                engine = "nats",
+                error,
+                "JetStream history: {what}; history requests are rejected (logged once per 10 s)"
+            );
+        }
+    }
+
+    /// The stream's history now: shared with the reads of it in flight,
+    /// bounded by [`CALL_TIMEOUT`], counted.
+    async fn read(
+        self: &Arc<Self>,
         ctx: &jetstream::Context,
         name: &str,
-    ) -> Result<(Tip, Vec<Entry>), Miss> {
+    ) -> Result<Arc<Read>, Miss> {
+        let (me, ctx2, owned) = (self.clone(), ctx.clone(), name.to_owned());
+        let (got, joined) = self
+            .flights
+            .run(Arc::from(name), move || async move {
+                herald_core::metrics::count(&m::HISTORY_READS);
+                match tokio::time::timeout(CALL_TIMEOUT, me.read_js(&ctx2, &owned)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        herald_core::metrics::count(&m::HISTORY_READ_TIMEOUTS);
+                        me.read_failed("a read timed out", "timeout");
+                        Err(Miss::Unavailable)
+                    }
+                }
+            })
+            .await;
+        if joined {
+            herald_core::metrics::count(&m::HISTORY_READS_SHARED);
+        }
+        got.unwrap_or(Err(Miss::Unavailable))
+    }
+
+    /// The subject's retained messages up to its tip, oldest first, at
+    /// most `history_limit` of them (see the module's comment).
+    async fn read_js(&self, ctx: &jetstream::Context, name: &str) -> Result<Arc<Read>, Miss> {
         let subject = subject(&self.base, name);
-        let stream = self.stream(ctx, false).await.map_err(|e| {
-            self.warn("cannot create the stream", &e);
+        let failed = |what: &str, e: &str| {
+            herald_core::metrics::count(&m::HISTORY_READ_ERRORS);
+            self.read_failed(what, e);
             Miss::Unavailable
-        })?;
+        };
+        let stream = self
+            .stream(ctx, false)
+            .await
+            .map_err(|e| failed("cannot create the stream", &e))?;
         let tip = match self.tip(&stream, &subject).await {
             Ok(Some(t)) => t,
-            Ok(None) => return Err(Miss::UnknownStream),
-            Err(e) => {
-                self.warn("read failed", &e);
-                return Err(Miss::Unavailable);
+            Ok(None) => {
+                self.cache.lock().remove(name);
+                return Err(Miss::UnknownStream);
+            }
+            Err(e) => return Err(failed("read failed", &e)),
+        };
+        let cached = self.cache.lock().get(name);
+        let now = herald_core::history::now_ms();
+        let read = match cached {
+            Some(c) if c.at(tip.seq, &tip.epoch, tip.offset) => {
+                return Ok(Arc::new((*c).clone().bounded(&self.limits, now)));
+            }
+            Some(c) if c.extends_to(tip.seq, &tip.epoch, tip.offset) => {
+                let expect = (tip.offset - c.offset) as usize;
+                let more = self
+                    .scan(&stream, &subject, c.seq + 1, &tip, expect)
+                    .await
+                    .map_err(|e| failed("read failed", &e))?;
+                c.extend(tip.seq, tip.offset, more, &self.limits)
+            }
+            _ => {
+                let all = self
+                    .scan(&stream, &subject, 1, &tip, self.limits.per_stream)
+                    .await
+                    .map_err(|e| failed("read failed", &e))?;
+                Read {
+                    seq: tip.seq,
+                    epoch: tip.epoch.clone(),
+                    offset: tip.offset,
+                    entries: Arc::new(all),
+                }
+                .bounded(&self.limits, now)
             }
         };
+        let read = Arc::new(read);
+        self.cache.lock().put(name, read.clone());
+        Ok(read)
+    }
+
+    /// The subject's messages of `tip`'s epoch from sequence `from` up to
+    /// `tip`, oldest first; `expect` of them at most (more are not kept).
+    async fn scan(
+        &self,
+        stream: &Stream<()>,
+        subject: &str,
+        from: u64,
+        tip: &Tip,
+        expect: usize,
+    ) -> Result<Vec<Entry>, String> {
+        let expect = expect.clamp(1, self.limits.per_stream.max(1));
         let mut entries = Vec::new();
-        let mut from = None;
-        while entries.len() < self.limits.per_stream {
-            let m = match stream.direct_get_next_for_subject(&subject, from).await {
-                Ok(m) => m,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
-                Err(e) => {
-                    self.warn("read failed", &e.to_string());
-                    return Err(Miss::Unavailable);
-                }
-            };
-            if m.sequence > tip.seq {
-                break;
-            }
-            if let Some((epoch, offset)) = parse(&m) {
-                if epoch == tip.epoch {
+        let mut keep = |seq: u64, headers: Option<&HeaderMap>, at_ms: u64, data: &[u8]| {
+            if let Some((epoch, offset)) = headers.and_then(parse) {
+                if epoch == tip.epoch && seq <= tip.seq {
                     entries.push(Entry {
                         offset,
-                        at_ms: (m.time.unix_timestamp_nanos() / 1_000_000).max(0) as u64,
-                        data: Arc::from(String::from_utf8_lossy(&m.payload).as_ref()),
+                        at_ms,
+                        data: Arc::from(String::from_utf8_lossy(data).as_ref()),
                     });
                 }
             }
-            if m.sequence == tip.seq {
+        };
+        if expect <= DIRECT_READS {
+            let mut from = Some(from);
+            for _ in 0..expect {
+                let m = match stream.direct_get_next_for_subject(subject, from).await {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                    Err(e) => return Err(e.to_string()),
+                };
+                if m.sequence > tip.seq {
+                    break;
+                }
+                keep(
+                    m.sequence,
+                    Some(&m.headers),
+                    unix_ms(m.time.unix_timestamp_nanos()),
+                    &m.payload,
+                );
+                if m.sequence == tip.seq {
+                    break;
+                }
+                from = Some(m.sequence + 1);
+            }
+            return Ok(entries);
+        }
+        let consumer: PullConsumer = stream
+            .create_consumer(pull::Config {
+                filter_subject: subject.to_owned(),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+                ack_policy: AckPolicy::None,
+                inactive_threshold: CONSUMER_IDLE,
+                memory_storage: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut batch = consumer
+            .fetch()
+            .max_messages(expect)
+            .messages()
+            .await
+            .map_err(|e| e.to_string())?;
+        while let Some(msg) = batch.next().await {
+            let msg = msg.map_err(|e| e.to_string())?;
+            let (seq, at) = {
+                let info = msg.info().map_err(|e| e.to_string())?;
+                (
+                    info.stream_sequence,
+                    unix_ms(info.published.unix_timestamp_nanos()),
+                )
+            };
+            if seq > tip.seq {
                 break;
             }
-            from = Some(m.sequence + 1);
+            keep(seq, msg.headers.as_ref(), at, &msg.payload);
+            if seq == tip.seq {
+                break;
+            }
         }
-        // Keep the newest when more were found than a read may return.
-        if entries.len() > self.limits.per_stream {
-            entries.drain(..entries.len() - self.limits.per_stream);
-        }
-        Ok((tip, entries))
+        Ok(entries)
     }
 
     async fn after_js(
-        &self,
+        self: &Arc<Self>,
         ctx: &jetstream::Context,
         name: &str,
         epoch: &str,
         offset: u64,
     ) -> Result<Backlog, Miss> {
-        let (tip, entries) = self.read_js(ctx, name).await?;
-        answer_after(tip.epoch, tip.offset, entries, epoch, offset)
+        let read = self.read(ctx, name).await?;
+        match answer_after(&read, epoch, offset) {
+            // A shared read may have begun before the publication the
+            // client already has was appended: ask once more, afresh.
+            Err(Miss::Ahead) => answer_after(&*self.read(ctx, name).await?, epoch, offset),
+            r => r,
+        }
     }
 }
 
+fn unix_ms(nanos: i128) -> u64 {
+    (nanos / 1_000_000).max(0) as u64
+}
+
 /// What an `after` read answers from a subject's messages (all of one
-/// epoch, consecutive offsets ending at `last`).
-fn answer_after(
-    have: Arc<str>,
-    last: u64,
-    entries: Vec<Entry>,
-    epoch: &str,
-    offset: u64,
-) -> Result<Backlog, Miss> {
-    if *have != *epoch {
+/// epoch, consecutive offsets ending at the read's tip).
+fn answer_after(read: &Read, epoch: &str, offset: u64) -> Result<Backlog, Miss> {
+    let last = read.offset;
+    if *read.epoch != *epoch {
         return Err(Miss::UnknownEpoch);
     }
     if offset > last {
         return Err(Miss::Ahead);
     }
-    let first = entries.first().map_or(last + 1, |e| e.offset);
+    let first = read.entries.first().map_or(last + 1, |e| e.offset);
     if offset + 1 < first {
         return Err(Miss::Evicted);
     }
-    let entries: Vec<Entry> = entries.into_iter().filter(|e| e.offset > offset).collect();
+    let entries: Vec<Entry> = read
+        .entries
+        .iter()
+        .filter(|e| e.offset > offset)
+        .cloned()
+        .collect();
     // Consecutive up to `last`, or something is missing in between.
     let whole = entries
         .iter()
@@ -397,14 +559,14 @@ fn answer_after(
         return Err(Miss::Evicted);
     }
     Ok(Backlog {
-        epoch: have,
+        epoch: read.epoch.clone(),
         entries,
     })
 }
 
-fn parse(m: &StreamMessage) -> Option<(Arc<str>, u64)> {
-    let epoch = m.headers.get(EPOCH)?.as_str();
-    let offset = m.headers.get(OFFSET)?.as_str().parse().ok()?;
+fn parse(headers: &HeaderMap) -> Option<(Arc<str>, u64)> {
+    let epoch = headers.get(EPOCH)?.as_str();
+    let offset = headers.get(OFFSET)?.as_str().parse().ok()?;
     Some((Arc::from(epoch), offset))
 }
 
@@ -474,9 +636,7 @@ impl History for NatsHistory {
                 Err(true) => return me.local.after(&stream, &epoch, offset).await,
                 Err(false) => return Err(Miss::Unavailable),
             };
-            tokio::time::timeout(CALL_TIMEOUT, me.after_js(&ctx, &stream, &epoch, offset))
-                .await
-                .unwrap_or(Err(Miss::Unavailable))
+            me.after_js(&ctx, &stream, &epoch, offset).await
         })
     }
 
@@ -492,14 +652,16 @@ impl History for NatsHistory {
                 Err(true) => return me.local.since(&stream, unix_secs).await,
                 Err(false) => return Err(Miss::Unavailable),
             };
-            let read = tokio::time::timeout(CALL_TIMEOUT, me.read_js(&ctx, &stream))
-                .await
-                .unwrap_or(Err(Miss::Unavailable));
-            let (tip, entries) = read?;
+            let read = me.read(&ctx, &stream).await?;
             let from = unix_secs.saturating_mul(1000);
             Ok(Backlog {
-                epoch: tip.epoch,
-                entries: entries.into_iter().filter(|e| e.at_ms >= from).collect(),
+                epoch: read.epoch.clone(),
+                entries: read
+                    .entries
+                    .iter()
+                    .filter(|e| e.at_ms >= from)
+                    .cloned()
+                    .collect(),
             })
         })
     }
@@ -511,6 +673,8 @@ impl History for NatsHistory {
     fn sweep(&self) {
         if self.local_mode() {
             self.local.sweep()
+        } else {
+            self.cache.lock().sweep();
         }
     }
 }
@@ -535,8 +699,13 @@ mod tests {
 
     #[test]
     fn after_answers_exactly_or_says_why_not() {
-        let e: Arc<str> = Arc::from("e");
-        let read = |offset, kept| offsets(answer_after(e.clone(), 5, kept, "e", offset));
+        let at = |kept: Vec<Entry>| Read {
+            seq: 9,
+            epoch: Arc::from("e"),
+            offset: 5,
+            entries: Arc::new(kept),
+        };
+        let read = |offset, kept| offsets(answer_after(&at(kept), "e", offset));
         assert_eq!(read(2, entries(3..=5)), Ok(vec![3, 4, 5]));
         assert_eq!(read(5, entries(3..=5)), Ok(vec![]));
         assert_eq!(read(1, entries(3..=5)), Err(Miss::Evicted));
@@ -546,7 +715,7 @@ mod tests {
         holed.remove(1);
         assert_eq!(read(2, holed), Err(Miss::Evicted));
         assert_eq!(
-            offsets(answer_after(e.clone(), 5, entries(3..=5), "other", 3)),
+            offsets(answer_after(&at(entries(3..=5)), "other", 3)),
             Err(Miss::UnknownEpoch)
         );
     }

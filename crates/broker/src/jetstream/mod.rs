@@ -16,7 +16,11 @@
 //! [`CALL_TIMEOUT`]; while the server is away, appends give no position
 //! and reads `Unavailable` at once, logged once per [`LOG_EVERY`].
 
+mod cache;
+mod flight;
 pub mod history;
+pub mod metrics;
+mod pending;
 pub mod sessions;
 
 use async_nats::jetstream;
@@ -137,10 +141,12 @@ impl JetStream {
 
 impl Streams for JetStream {
     fn history(&self, limits: Limits) -> Arc<dyn History> {
+        metrics::register_all();
         Arc::new(history::NatsHistory::new(self.conn(), &self.prefix, limits))
     }
 
     fn sessions(&self, ttl: Duration, max: usize) -> Arc<dyn SessionStore> {
+        metrics::register_all();
         sessions::NatsSessions::start(self.conn(), &self.prefix, ttl, max)
     }
 }

@@ -3,11 +3,15 @@
 //! by itself) and one value per key. Keys are the session ids in base64url
 //! (a sid comes from the client: it never reaches a subject as it is).
 //!
-//! Writes do not wait: one task per node puts them in order from a bounded
-//! queue ([`QUEUE`]; when full, a snapshot is dropped, logged once per
-//! interval: its client connects anew). A take reads the entry and deletes
-//! it expecting that revision, so of two nodes taking one sid at once one
-//! gets it.
+//! Writes do not wait: a node's writer task keeps up to [`WRITERS`] of
+//! them in flight from a queue that holds only the newest snapshot per sid
+//! ([`super::pending`]), at most [`QUEUE`] sids and [`QUEUE_BYTES`] (past
+//! that a snapshot is dropped, counted in
+//! `herald_jetstream_sessions_dropped_total` and logged once per interval:
+//! its client connects anew). One write at a time went too slowly for a
+//! reconnect storm's closing sessions (issue 19). A take reads the entry
+//! and deletes it expecting that revision, so of two nodes taking one sid
+//! at once one gets it.
 //!
 //! Every write is a compare-and-set on the revision this node last wrote
 //! for the sid (the first on "no entry at all"): once another node took
@@ -22,6 +26,8 @@
 //! as one until it ages out) and refuses new ones when full (discard
 //! `new`): like the in-process store, a session closing then is not kept.
 
+use super::metrics as m;
+use super::pending::{Pending, Pushed};
 use super::{Conn, Mode, Throttle, CALL_TIMEOUT};
 use async_nats::jetstream::kv::{Operation, Store, UpdateErrorKind};
 use async_nats::jetstream::{
@@ -30,14 +36,25 @@ use async_nats::jetstream::{
 };
 use base64::Engine as _;
 use herald_core::broker::BoxFuture;
+use herald_core::metrics::count;
 use herald_core::sessions::{MemorySessions, SessionStore};
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
 
-/// Snapshots waiting to be written.
-pub const QUEUE: usize = 4096;
+/// Most sessions whose snapshot waits to be written (a node closing all
+/// its clients at once, as in a rolling restart, snapshots every one).
+pub const QUEUE: usize = 65_536;
+
+/// Most bytes of snapshots waiting to be written.
+pub const QUEUE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Snapshot writes in flight at once per node.
+pub const WRITERS: usize = 32;
 
 /// Longest session id looked up (longer ones are not ours).
 const MAX_SID: usize = 256;
@@ -50,9 +67,24 @@ pub struct NatsSessions {
     ttl: Duration,
     max: usize,
     local: Arc<MemorySessions>,
-    writes: mpsc::Sender<(String, String)>,
+    writes: Arc<Queue>,
     bucket: Arc<Bucket>,
     log: Throttle,
+}
+
+/// The snapshots waiting, and the writer task's wake-up.
+struct Queue {
+    pending: Mutex<Pending>,
+    wake: Notify,
+    /// The store is gone: the writer ends once the queue is empty.
+    closed: AtomicBool,
+}
+
+impl Drop for NatsSessions {
+    fn drop(&mut self) {
+        self.writes.closed.store(true, Ordering::Relaxed);
+        self.writes.wake.notify_one();
+    }
 }
 
 /// The bucket, made on first use.
@@ -125,7 +157,11 @@ impl NatsSessions {
         max: usize,
     ) -> Arc<dyn SessionStore> {
         let local = Arc::new(MemorySessions::new(ttl, max));
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let queue = Arc::new(Queue {
+            pending: Mutex::new(Pending::new(QUEUE, QUEUE_BYTES)),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+        });
         let bucket = Arc::new(Bucket {
             name: format!("{prefix}_sessions"),
             ttl,
@@ -138,13 +174,24 @@ impl NatsSessions {
             ttl,
             max,
             local: local.clone(),
-            writes: tx,
+            writes: queue.clone(),
             bucket: bucket.clone(),
             log: Throttle::default(),
         };
         if let (Some(conn), Ok(rt)) = (conn, tokio::runtime::Handle::try_current()) {
             if me.enabled() {
-                rt.spawn(write(conn, bucket, local, ttl, rx));
+                let w = Arc::new(Writer {
+                    conn,
+                    bucket,
+                    local,
+                    revisions: Mutex::new(Revisions {
+                        ttl,
+                        last: HashMap::new(),
+                        swept: Instant::now(),
+                    }),
+                    log: Throttle::default(),
+                });
+                rt.spawn(write(w, queue));
             }
         }
         Arc::new(me)
@@ -186,79 +233,103 @@ impl Revisions {
     }
 }
 
-/// Puts snapshots in order, each expecting the revision this node wrote
-/// before; routes them to memory when the server turned out to have no
-/// JetStream.
-async fn write(
+/// What a snapshot write needs.
+struct Writer {
     conn: Arc<Conn>,
     bucket: Arc<Bucket>,
     local: Arc<MemorySessions>,
-    ttl: Duration,
-    mut rx: mpsc::Receiver<(String, String)>,
-) {
-    let log = Throttle::default();
-    let mut revisions = Revisions {
-        ttl,
-        last: HashMap::new(),
-        swept: Instant::now(),
-    };
-    while let Some((sid, snapshot)) = rx.recv().await {
-        let ctx = match conn.ready().await {
-            Ok(c) => c,
-            Err(true) => {
-                local.store(&sid, snapshot);
-                continue;
-            }
-            Err(false) => {
-                if log.allow() {
-                    tracing::warn!(
-                        engine = "nats",
-                        "the server is away: session snapshots are not kept (logged once per 10 s)"
-                    );
+    revisions: Mutex<Revisions>,
+    log: Throttle,
+}
+
+/// Keeps up to [`WRITERS`] snapshot writes in flight, the newest snapshot
+/// of each sid, one write per sid at a time (see [`super::pending`]).
+async fn write(w: Arc<Writer>, queue: Arc<Queue>) {
+    let mut running: JoinSet<()> = JoinSet::new();
+    let mut sids: HashMap<tokio::task::Id, String> = HashMap::new();
+    loop {
+        while running.len() < WRITERS {
+            let Some((sid, snapshot)) = queue.pending.lock().next() else {
+                break;
+            };
+            let w = w.clone();
+            let key = sid.clone();
+            let task = running.spawn(async move { w.put(&key, snapshot).await });
+            sids.insert(task.id(), sid);
+        }
+        if running.is_empty()
+            && queue.closed.load(Ordering::Relaxed)
+            && queue.pending.lock().is_empty()
+        {
+            return;
+        }
+        tokio::select! {
+            Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                let id = match done {
+                    Ok((id, ())) => id,
+                    Err(e) => e.id(),
+                };
+                if let Some(sid) = sids.remove(&id) {
+                    queue.pending.lock().done(&sid);
                 }
-                continue;
             }
+            _ = queue.wake.notified() => {}
+        }
+    }
+}
+
+impl Writer {
+    fn dropped(&self, why: &str, error: &str) {
+        count(&m::SESSIONS_DROPPED);
+        if self.log.allow() {
+            tracing::warn!(
+                engine = "nats",
+                error,
+                "session snapshot not kept: {why} (logged once per 10 s)"
+            );
+        }
+    }
+
+    /// Write one snapshot expecting the revision this node wrote before;
+    /// to memory when the server turned out to have no JetStream.
+    async fn put(&self, sid: &str, snapshot: String) {
+        let ctx = match self.conn.ready().await {
+            Ok(c) => c,
+            Err(true) => return self.local.store(sid, snapshot),
+            Err(false) => return self.dropped("the server is away", "not connected"),
         };
-        let Some(k) = key(&sid) else { continue };
-        let Some(expected) = revisions.expected(&k) else {
-            continue;
+        let Some(k) = key(sid) else { return };
+        let Some(expected) = self.revisions.lock().expected(&k) else {
+            return;
         };
         let put = async {
-            let store = bucket.get(&ctx).await.ok_or(None)?;
+            let store = self.bucket.get(&ctx).await.ok_or(None)?;
             store
                 .update(&k, snapshot.into(), expected)
                 .await
                 .map_err(Some)
         };
         match tokio::time::timeout(CALL_TIMEOUT, put).await {
-            Ok(Ok(rev)) => revisions.wrote(k, Some(rev)),
+            Ok(Ok(rev)) => {
+                count(&m::SESSIONS_WRITTEN);
+                self.revisions.lock().wrote(k, Some(rev));
+            }
             Ok(Err(Some(e))) if e.kind() == UpdateErrorKind::WrongLastRevision => {
                 // Taken (restored) elsewhere, or gone: never written again.
                 tracing::debug!(
                     engine = "nats",
                     "session taken elsewhere: snapshot not kept"
                 );
-                revisions.wrote(k, None);
+                self.revisions.lock().wrote(k, None);
             }
             Ok(Err(e)) => {
-                if log.allow() {
-                    let error = e.map_or("no bucket".to_owned(), |e| e.to_string());
-                    tracing::warn!(
-                        engine = "nats",
-                        error,
-                        "session snapshot not kept (logged once per 10 s)"
-                    );
-                }
                 // Not written: the revision this node knows still holds.
+                let error = e.map_or("no bucket".to_owned(), |e| e.to_string());
+                self.dropped("the write failed", &error);
             }
             Err(_) => {
-                revisions.wrote(k, None);
-                if log.allow() {
-                    tracing::warn!(
-                        engine = "nats",
-                        "session snapshot not kept: timed out (logged once per 10 s)"
-                    );
-                }
+                self.revisions.lock().wrote(k, None);
+                self.dropped("timed out", "timeout");
             }
         }
     }
@@ -280,11 +351,19 @@ impl SessionStore for NatsSessions {
         if self.local_mode() {
             return self.local.store(sid, snapshot);
         }
-        if self.writes.try_send((sid.to_owned(), snapshot)).is_err() && self.log.allow() {
-            tracing::warn!(
-                engine = "nats",
-                "session snapshots are written slower than they come: some are not kept (logged once per 10 s)"
-            );
+        let pushed = self.writes.pending.lock().push(sid, snapshot);
+        match pushed {
+            Pushed::Queued => self.writes.wake.notify_one(),
+            Pushed::Coalesced => count(&m::SESSIONS_COALESCED),
+            Pushed::Dropped => {
+                count(&m::SESSIONS_DROPPED);
+                if self.log.allow() {
+                    tracing::warn!(
+                        engine = "nats",
+                        "session snapshots are written slower than they come: some are not kept (logged once per 10 s)"
+                    );
+                }
+            }
         }
     }
 
