@@ -205,6 +205,24 @@ impl Node {
     /// Tell every observer of `ns` about `change` in `hub`'s app. Adapters
     /// report their own happenings (a client event) this way too.
     pub fn notify(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
+        self.each_observer(ns, |o| o.changed(&hub.app.id, ns, change));
+    }
+
+    /// Tell every observer of `ns` about a cluster-wide change another
+    /// node reports ([`Observer::seen`]).
+    pub fn notify_seen(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
+        self.each_observer(ns, |o| o.seen(&hub.app.id, ns, change));
+    }
+
+    /// Tell every observer of `ns` about a change the removal of a gone
+    /// node made, which the engine has this node report
+    /// ([`Observer::gone`]).
+    pub fn notify_gone(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
+        self.each_observer(ns, |o| o.gone(&hub.app.id, ns, change));
+    }
+
+    /// Call `tell` with every observer of `ns`, if there is any.
+    fn each_observer(&self, ns: Namespace, tell: impl Fn(&dyn Observer)) {
         if !self.observes(ns) {
             return;
         }
@@ -212,34 +230,7 @@ impl Node {
         // holds nobody up.
         for (only, o) in self.observers.read().iter() {
             if only.is_none_or(|n| n == ns) {
-                o.changed(&hub.app.id, ns, change);
-            }
-        }
-    }
-
-    /// Tell every observer of `ns` about a cluster-wide change another
-    /// node reports ([`Observer::seen`]).
-    pub fn notify_seen(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
-        if !self.observes(ns) {
-            return;
-        }
-        for (only, o) in self.observers.read().iter() {
-            if only.is_none_or(|n| n == ns) {
-                o.seen(&hub.app.id, ns, change);
-            }
-        }
-    }
-
-    /// Tell every observer of `ns` about a change the removal of a gone
-    /// node made, which the engine has this node report
-    /// ([`Observer::gone`]).
-    pub fn notify_gone(&self, hub: &Hub, ns: Namespace, change: &Change<'_>) {
-        if !self.observes(ns) {
-            return;
-        }
-        for (only, o) in self.observers.read().iter() {
-            if only.is_none_or(|n| n == ns) {
-                o.gone(&hub.app.id, ns, change);
+                tell(o.as_ref());
             }
         }
     }
