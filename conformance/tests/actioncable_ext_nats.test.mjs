@@ -8,26 +8,16 @@
 // in order.
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import net from 'node:net';
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startHerald, freePort } from '../lib/herald.mjs';
 import { chatApp, httpRpcServer, until } from '../lib/cable.mjs';
+import { balancer, canConnect } from '../lib/nodes.mjs';
 
 const EXT = 'actioncable-v1-ext-json';
 const PREFIX = 'hx';
-
-function canConnect(port) {
-  return new Promise((resolve) => {
-    const s = net.connect(port, '127.0.0.1', () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.on('error', () => resolve(false));
-  });
-}
 
 async function startNats() {
   const port = await freePort();
@@ -55,38 +45,6 @@ async function counter(node, name) {
   const text = await (await fetch(`${node.base}/metrics`)).text();
   const line = text.split('\n').find((l) => l.startsWith(`${name} `));
   return line ? Number(line.split(' ')[1]) : 0;
-}
-
-/** A TCP balancer on a free port: new connections go to `target.port`. */
-async function balancer(target) {
-  const sockets = new Set();
-  const server = net.createServer((down) => {
-    const up = net.connect(to.port, '127.0.0.1');
-    for (const s of [down, up]) {
-      sockets.add(s);
-      s.on('error', () => {
-        down.destroy();
-        up.destroy();
-      });
-      s.on('close', () => {
-        sockets.delete(s);
-        down.destroy();
-        up.destroy();
-      });
-    }
-    down.pipe(up);
-    up.pipe(down);
-  });
-  const to = { port: target.port };
-  await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  return {
-    port: server.address().port,
-    route: (node) => (to.port = node.port),
-    close: () => {
-      for (const s of sockets) s.destroy();
-      server.close();
-    },
-  };
 }
 
 describe('actioncable-v1-ext-json with @anycable/web on a NATS JetStream cluster', () => {
