@@ -90,3 +90,72 @@ async fn history_on_a_jetstream_cluster_is_read_alike_from_every_node() {
         );
     }
 }
+
+/// `broker.jetstream_replicas = 3`: the history stream and the sessions
+/// bucket are kept on all three servers, so killing the server that leads
+/// the history stream loses none of it (with one replica, the stream lives
+/// on one server and goes with it).
+#[tokio::test]
+async fn three_replicas_keep_history_when_its_leader_dies() {
+    let mut cluster = NatsCluster::start(3, true);
+    let mut n = Vec::new();
+    for i in 0..3 {
+        let top = format!(
+            "[broker]\nurl = \"{}\"\nprefix = \"rep\"\njetstream_replicas = 3\n[rpc]\npublic_streams = true\n",
+            cluster.url(i)
+        );
+        n.push(Server::start_with(&top, "").await);
+    }
+    let id = ident("r");
+    let mut ws = subscribed(&n[0], &id).await;
+    let deadline = Instant::now() + TIMEOUT;
+    let (epoch, first) = loop {
+        broadcast(&n[0], "r", json!({ "n": 0 })).await;
+        let f = frame(&mut ws).await;
+        if let Some(e) = f["epoch"].as_str() {
+            break (e.to_owned(), f["offset"].as_u64().unwrap());
+        }
+        assert!(Instant::now() < deadline, "no position yet: {f}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    for k in 1..=5 {
+        broadcast(&n[k % 3], "r", json!({ "n": k })).await;
+        assert_eq!(frame(&mut ws).await["message"]["n"], k, "live delivery");
+    }
+    drop(ws);
+    let (leader, copies) = cluster
+        .stream_leader("rep_history")
+        .expect("history stream");
+    assert_eq!(copies, 3, "history stream copies");
+    // The sessions bucket is made on the first snapshot write.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match cluster.stream_leader("KV_rep_sessions") {
+            Some((_, c)) => break assert_eq!(c, 3, "sessions bucket copies"),
+            None => assert!(Instant::now() < deadline, "no sessions bucket"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    cluster.kill(leader);
+    let reader = &n[(leader + 1) % 3];
+    let want: Vec<(Value, Value)> = (1..=5)
+        .map(|k| (json!(k), json!(first + k as u64)))
+        .collect();
+    // The survivors elect a new leader for the stream first (a few
+    // seconds at most); until then a read may be refused.
+    let deadline = Instant::now() + 2 * TIMEOUT;
+    loop {
+        let mut ws = subscribed(reader, &id).await;
+        let (got, end) = history(&mut ws, &id, "r", &epoch, first).await;
+        if end == "confirm_history" {
+            assert_eq!(got, want, "history after the leader died");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "history still refused after the leader (n{leader}) died"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}

@@ -236,3 +236,15 @@ fn bad_canary_settings_are_named() {
         "broker.canary_interval",
     );
 }
+
+#[test]
+fn bad_jetstream_replicas_are_named() {
+    assert_rejected(
+        "[broker]\njetstream_replicas = 0\n",
+        "broker.jetstream_replicas",
+    );
+    assert_rejected(
+        "[broker]\njetstream_replicas = 6\n",
+        "broker.jetstream_replicas",
+    );
+}

@@ -63,9 +63,14 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
                 .with_canary(every, deadline),
         ),
         urls::Kind::Nats => Arc::new(
-            nats::engine(url, &config.prefix, config.ttl())
-                .map_err(bad)?
-                .with_canary(every, deadline),
+            nats::engine_with_replicas(
+                url,
+                &config.prefix,
+                config.ttl(),
+                config.jetstream_replicas,
+            )
+            .map_err(bad)?
+            .with_canary(every, deadline),
         ),
     })
 }

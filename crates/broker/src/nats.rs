@@ -25,8 +25,20 @@ const INBOUND: usize = 8192;
 type Inbound = (Arc<str>, Bytes);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
+    engine_with_replicas(url, prefix, ttl, 1)
+}
+
+/// [`engine`] keeping `replicas` copies of the JetStream history stream
+/// and sessions bucket (`broker.jetstream_replicas`).
+pub fn engine_with_replicas(
+    url: &str,
+    prefix: &str,
+    ttl: Duration,
+    replicas: usize,
+) -> Result<Engine, String> {
     let servers = crate::urls::nats_servers(url)?;
-    let streams = Arc::new(crate::jetstream::JetStream::new(servers.clone(), prefix));
+    let streams =
+        Arc::new(crate::jetstream::JetStream::new(servers.clone(), prefix).with_replicas(replicas));
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, servers));
     });

@@ -303,16 +303,23 @@ impl NatsCluster {
         }
     }
 
-    /// Routes member `i` has now (its `/routez`), `None` if it does not answer.
-    pub fn routes(&self, i: usize) -> Option<usize> {
+    /// The body of member `i`'s monitoring endpoint `path`, `None` if it
+    /// does not answer.
+    fn monitor(&self, i: usize, path: &str) -> Option<String> {
         use std::io::{Read, Write};
         let mut s =
             std::net::TcpStream::connect(("127.0.0.1", self.members[i].monitor_port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        s.write_all(b"GET /routez HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
             .ok()?;
         let mut body = String::new();
         s.read_to_string(&mut body).ok()?;
+        Some(body)
+    }
+
+    /// Routes member `i` has now (its `/routez`), `None` if it does not answer.
+    pub fn routes(&self, i: usize) -> Option<usize> {
+        let body = self.monitor(i, "/routez")?;
         let at = body.find("\"num_routes\":")? + "\"num_routes\":".len();
         body[at..]
             .trim_start()
@@ -320,6 +327,39 @@ impl NatsCluster {
             .next()?
             .parse()
             .ok()
+    }
+
+    /// The member leading JetStream stream `name` and how many copies it
+    /// has (from the running members' `/jsz`), `None` if no running member
+    /// reports it.
+    pub fn stream_leader(&self, name: &str) -> Option<(usize, usize)> {
+        for i in 0..self.len() {
+            if self.members[i].child.is_none() {
+                continue;
+            }
+            let Some(body) = self.monitor(i, "/jsz?streams=true") else {
+                continue;
+            };
+            let Some(json) = body.split_once("\r\n\r\n").map(|(_, b)| b) else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
+                continue;
+            };
+            let accounts = v["account_details"].as_array().cloned().unwrap_or_default();
+            for a in accounts {
+                for st in a["stream_detail"].as_array().cloned().unwrap_or_default() {
+                    if st["name"] != name {
+                        continue;
+                    }
+                    let copies = 1 + st["cluster"]["replicas"].as_array().map_or(0, Vec::len);
+                    let leader = st["cluster"]["leader"].as_str()?;
+                    let n: usize = leader.strip_prefix('n')?.parse().ok()?;
+                    return Some((n, copies));
+                }
+            }
+        }
+        None
     }
 
     /// Wait until every running member routes to every other running one.

@@ -147,6 +147,10 @@ pub struct BrokerConfig {
     /// Seconds a canary may take to come back before the node reports
     /// itself not ready and reconnects.
     pub canary_timeout: u64,
+    /// Copies JetStream keeps of the history stream and the sessions
+    /// bucket (NATS only): 1 keeps them on one server of a NATS cluster,
+    /// 3 lets them survive a server's loss.
+    pub jetstream_replicas: usize,
 }
 
 impl Default for BrokerConfig {
@@ -158,6 +162,7 @@ impl Default for BrokerConfig {
             ready_needs_broker: true,
             canary_interval: 5,
             canary_timeout: 2,
+            jetstream_replicas: 1,
         }
     }
 }
@@ -622,6 +627,12 @@ impl Config {
             return Err(invalid(
                 "broker.canary_timeout",
                 "must be 1 to 60 (seconds)",
+            ));
+        }
+        if b.jetstream_replicas == 0 || b.jetstream_replicas > 5 {
+            return Err(invalid(
+                "broker.jetstream_replicas",
+                "must be 1 to 5 (JetStream's own limit)",
             ));
         }
         if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {

@@ -189,6 +189,7 @@ impl Inner {
             discard: DiscardPolicy::Old,
             storage: StorageType::File,
             allow_direct: true,
+            num_replicas: self.conn.as_ref().map_or(1, |c| c.replicas()),
             ..Config::default()
         }
     }

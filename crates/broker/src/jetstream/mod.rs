@@ -61,9 +61,17 @@ pub struct Conn {
     mode: watch::Receiver<Mode>,
     started: Instant,
     client: Mutex<Option<async_nats::Client>>,
+    /// Copies of the history stream and the sessions bucket
+    /// (`broker.jetstream_replicas`).
+    replicas: usize,
 }
 
 impl Conn {
+    /// How many servers keep a copy of what this node creates.
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
     pub fn mode(&self) -> Mode {
         self.mode.borrow().clone()
     }
@@ -108,6 +116,7 @@ impl Conn {
 pub struct JetStream {
     servers: Vec<ServerAddr>,
     prefix: String,
+    replicas: usize,
     conn: OnceLock<Option<Arc<Conn>>>,
 }
 
@@ -116,8 +125,16 @@ impl JetStream {
         JetStream {
             servers,
             prefix: prefix.to_owned(),
+            replicas: 1,
             conn: OnceLock::new(),
         }
+    }
+
+    /// Keep `n` copies of the history stream and the sessions bucket (a
+    /// JetStream cluster of at least `n` servers; JetStream refuses more).
+    pub fn with_replicas(mut self, n: usize) -> JetStream {
+        self.replicas = n.max(1);
+        self
     }
 
     /// The shared connection, started on first use; `None` outside a
@@ -131,6 +148,7 @@ impl JetStream {
                     mode: rx,
                     started: Instant::now(),
                     client: Mutex::new(None),
+                    replicas: self.replicas,
                 });
                 runtime.spawn(probe(conn.clone(), tx, self.servers.clone()));
                 Some(conn)

@@ -90,6 +90,8 @@ impl Drop for NatsSessions {
 /// The bucket, made on first use.
 struct Bucket {
     name: String,
+    /// Copies JetStream keeps (`broker.jetstream_replicas`).
+    replicas: usize,
     ttl: Duration,
     /// Most entries (`sessions_max`).
     max: usize,
@@ -119,6 +121,7 @@ impl Bucket {
             allow_rollup: true,
             deny_delete: true,
             allow_direct: true,
+            num_replicas: self.replicas,
             ..Default::default()
         };
         let made = match ctx.create_or_update_stream(config).await {
@@ -164,6 +167,7 @@ impl NatsSessions {
         });
         let bucket = Arc::new(Bucket {
             name: format!("{prefix}_sessions"),
+            replicas: conn.as_ref().map_or(1, |c| c.replicas()),
             ttl,
             max,
             store: tokio::sync::Mutex::new(None),
