@@ -10,9 +10,17 @@
 //! that needs more than the machine's cores at this floor cannot be met on
 //! it by any server.
 //!
+//! With a fifth argument B > 0 the writer does not call `write` per
+//! message: it queues B sends (one per connection) on an io_uring and
+//! submits them with one system call. That measures what is left of a
+//! delivery's kernel cost once the system call per write is gone (the
+//! TCP send and loopback receive paths stay): the floor for any server
+//! that batches sends to many sockets (issue 22, fan-out CPU).
+//!
 //! ```sh
-//! cargo run --release --example loopback_floor -- 5000 1000000 10 [1]
+//! cargo run --release --example loopback_floor -- 5000 1000000 10 [1 [64]]
 //! #                          connections ^  rate/s ^   ^ seconds  ^ busy reader
+//! #                                                      io_uring batch ^
 //! ```
 
 use std::io::{Read, Write};
@@ -106,21 +114,32 @@ fn main() {
     let cpu0 = thread_cpu();
     let total = rate * secs;
     let mut sent = 0u64;
-    'outer: loop {
-        for w in writers.iter_mut() {
-            if sent == total {
-                break 'outer;
+    let batch = arg(5, 0) as usize;
+    if batch == 0 {
+        'outer: loop {
+            for w in writers.iter_mut() {
+                if sent == total {
+                    break 'outer;
+                }
+                // Paced by the schedule; sleeping only when ahead by > 1 ms
+                // keeps the writer from spinning or sleeping per message.
+                let due = start + interval.mul_f64(sent as f64);
+                let now = Instant::now();
+                if due > now + Duration::from_millis(1) {
+                    std::thread::sleep(due - now);
+                }
+                w.write_all(&msg).expect("write");
+                sent += 1;
             }
-            // Paced by the schedule; sleeping only when ahead by > 1 ms
-            // keeps the writer from spinning or sleeping per message.
+        }
+    } else {
+        sent = uring_writes(&writers, &msg, batch, total, |sent| {
             let due = start + interval.mul_f64(sent as f64);
             let now = Instant::now();
             if due > now + Duration::from_millis(1) {
                 std::thread::sleep(due - now);
             }
-            w.write_all(&msg).expect("write");
-            sent += 1;
-        }
+        });
     }
     let write_cpu = thread_cpu() - cpu0;
     let write_wall = start.elapsed();
@@ -155,4 +174,47 @@ fn main() {
         "cores needed at {rate}/s  {:.2} (writer + reader)",
         (per(write_cpu) + per(read_cpu)) * rate as f64 / 1e6
     );
+}
+
+/// Send `msg` to the connections in turn, `batch` sends per `io_uring_enter`
+/// (one submission of `batch` SQEs, waiting for their completions), until
+/// `total` are sent; `pace(sent)` runs before each batch. Returns how many
+/// were sent. A short send is a failure of the measurement, not handled.
+fn uring_writes(
+    writers: &[TcpStream],
+    msg: &[u8],
+    batch: usize,
+    total: u64,
+    mut pace: impl FnMut(u64),
+) -> u64 {
+    use io_uring::{opcode, types, IoUring};
+    let mut ring = IoUring::new(batch.next_power_of_two() as u32).expect("io_uring");
+    let mut sent = 0u64;
+    let mut next = 0usize;
+    while sent < total {
+        pace(sent);
+        let k = batch.min((total - sent) as usize);
+        {
+            let mut sq = ring.submission();
+            for _ in 0..k {
+                let fd = types::Fd(writers[next].as_raw_fd());
+                next = (next + 1) % writers.len();
+                let e = opcode::Send::new(fd, msg.as_ptr(), msg.len() as u32)
+                    .build()
+                    .user_data(0);
+                // SAFETY: `msg` outlives the submission (we wait for every
+                // completion below before returning or reusing the ring).
+                unsafe { sq.push(&e).expect("submission queue full") };
+            }
+        }
+        ring.submit_and_wait(k).expect("io_uring_enter");
+        let mut done = 0;
+        for cqe in ring.completion() {
+            assert_eq!(cqe.result(), msg.len() as i32, "short or failed send");
+            done += 1;
+        }
+        assert_eq!(done, k, "completions");
+        sent += k as u64;
+    }
+    sent
 }
