@@ -6,8 +6,13 @@
 //! everything wanted again and announces the node (see [`crate::engine`]).
 //! Stream history and sessions live on the same server, over a connection
 //! of their own: [`crate::redis_streams`].
+//!
+//! Each session asks [`Master`] where the master is, so with a Sentinel
+//! URL a session ended by a failover (the old master gone, a `-READONLY`
+//! answer, a silent canary) starts again on the promoted replica.
 
 use crate::engine::{Engine, Out, Shared};
+use crate::redis_master::Master;
 use futures_util::StreamExt;
 use redis::AsyncConnectionConfig;
 use std::collections::HashSet;
@@ -24,19 +29,19 @@ const SUBSCRIBE_CHUNK: usize = 256;
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    let client = crate::urls::redis_client(url)?;
-    let streams = crate::redis_streams::RedisStreams::new(client.clone(), prefix);
+    let master = Master::parse(url)?;
+    let streams = crate::redis_streams::RedisStreams::new(master.clone(), prefix);
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, client));
+        tokio::spawn(run(shared, rx, master));
     });
     Ok(Engine::new("redis", prefix, ttl, "*", start).with_streams(Arc::new(streams)))
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Client) {
+async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, master: Master) {
     let mut attempt = 0u32;
     loop {
         let mut connected = false;
-        let err = session(&shared, &mut rx, &client, &mut connected).await;
+        let err = session(&shared, &mut rx, &master, &mut connected).await;
         if connected {
             attempt = 0;
         }
@@ -64,9 +69,13 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Cl
 async fn session(
     shared: &Arc<Shared>,
     rx: &mut mpsc::Receiver<Out>,
-    client: &redis::Client,
+    master: &Master,
     connected: &mut bool,
 ) -> String {
+    let client = match master.client().await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(TIMEOUT))
         .set_response_timeout(Some(TIMEOUT));
