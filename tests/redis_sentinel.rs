@@ -108,12 +108,17 @@ async fn users_everywhere(nodes: &[Server], channel: &str, want: &[&str], within
 /// What one subscriber received: `(event, data)` in order, from a task
 /// that reads its socket all along.
 fn reader(mut c: Client) -> mpsc::UnboundedReceiver<(String, String)> {
+    use futures_util::StreamExt;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        loop {
-            let f = match tokio::time::timeout(Duration::from_secs(120), c.recv()).await {
-                Ok(f) => f,
-                Err(_) => return,
+        // Not `Client::recv`: its 10 s limit per frame would end the
+        // reader in a quiet stretch of a failover.
+        while let Ok(Some(Ok(m))) =
+            tokio::time::timeout(Duration::from_secs(120), c.ws.next()).await
+        {
+            let Ok(text) = m.to_text() else { continue };
+            let Ok(f) = serde_json::from_str::<Value>(text) else {
+                continue;
             };
             let event = f["event"].as_str().unwrap_or_default().to_owned();
             let data = f["data"].as_str().unwrap_or_default().to_owned();
@@ -234,6 +239,8 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
         async move {
             let http = reqwest::Client::new();
             let mut k = 1000u64;
+            // When each tick was published (accepted by its node).
+            let mut at: Vec<Instant> = Vec::new();
             loop {
                 let port = ports[(k % 3) as usize];
                 let body =
@@ -256,10 +263,11 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
                     .await
                     .expect("trigger");
                 assert_eq!(r.status(), 200, "a trigger was refused during the failover");
+                at.push(Instant::now());
                 k += 1;
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                    _ = stop.notified() => return k,
+                    _ = stop.notified() => return at,
                 }
             }
         }
@@ -297,8 +305,8 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.notify_one();
-    let last = publisher.await.unwrap();
-    let published = last - 1000;
+    let at = publisher.await.unwrap();
+    let published = at.len() as u64;
 
     // Presence right again within the TTL of the nodes being back.
     let t1 = Instant::now();
@@ -339,6 +347,31 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
             assert_eq!(got.get(&k), Some(&1), "subscriber {i}: tick {k}");
         }
         let loop_got = got.keys().filter(|k| (1000..100_000).contains(*k)).count() as u64;
+        // The ticks missed: how many were the subscriber's own node's
+        // (always delivered locally: none), and the span of time in which
+        // the missed ones were published.
+        let missed: Vec<u64> = (1000..1000 + published)
+            .filter(|k| !got.contains_key(k))
+            .collect();
+        let own = missed.iter().filter(|k| *k % 3 == i as u64).count();
+        assert_eq!(
+            own, 0,
+            "subscriber {i} missed its own node's ticks: {missed:?}"
+        );
+        let span = match (missed.first(), missed.last()) {
+            (Some(a), Some(b)) => at[(*b - 1000) as usize] - at[(*a - 1000) as usize],
+            _ => Duration::ZERO,
+        };
+        eprintln!(
+            "sentinel failover: subscriber on node {i}: missed ticks published over {span:?} \
+             (from {:?} to {:?} after the kill)",
+            missed
+                .first()
+                .map(|k| at[(*k - 1000) as usize].saturating_duration_since(t0)),
+            missed
+                .last()
+                .map(|k| at[(*k - 1000) as usize].saturating_duration_since(t0)),
+        );
         report.push((i, loop_got));
     }
     for (i, got) in &report {
@@ -490,5 +523,75 @@ async fn extended_history_is_restored_across_nodes_before_and_after_a_failover()
     let got = restored(&n[1], stream, &epoch, at).await;
     let ns: Vec<i64> = got.iter().filter_map(|m| m["n"].as_i64()).collect();
     assert_eq!(ns, (0..8).collect::<Vec<_>>());
+    drop(sentinel);
+}
+
+/// A manual failover (`SENTINEL FAILOVER`): the master is demoted to a
+/// replica and keeps running, so a node that stayed on it would write into
+/// `-READONLY` and hear nothing. Sentinel closes its clients; the nodes ask
+/// again, move to the promoted replica, and publications and history
+/// appends (writes) work there: positions in the same epoch, every
+/// publication to every subscriber once.
+#[tokio::test]
+async fn a_demoted_master_is_left_for_the_promoted_replica() {
+    let sentinel = sentinel().await;
+    let n = nodes(&sentinel, 2, "sendem", "[rpc]\npublic_streams = true\n").await;
+    let stream = "room-2";
+    let mut ws = follower(&n[0], stream).await;
+    let (epoch, at) = probe(&n[1], &mut ws, stream).await;
+    let mut inboxes = Vec::new();
+    for s in &n {
+        let mut c = s.client().await;
+        c.subscribe("news").await;
+        inboxes.push(reader(c));
+    }
+    let mut counts: Counts = vec![BTreeMap::new(); inboxes.len()];
+    probe_all(&n, &mut inboxes, &mut counts).await;
+
+    let t0 = Instant::now();
+    let (sentinel, (old, new)) = tokio::task::spawn_blocking(move || {
+        let ports = sentinel.manual_failover();
+        (sentinel, ports)
+    })
+    .await
+    .unwrap();
+    assert_ne!(old, new);
+    let moved = t0.elapsed();
+    for s in &n {
+        wait_ready(s, 200, FAILOVER).await;
+    }
+    probe_all(&n, &mut inboxes, &mut counts).await;
+    eprintln!(
+        "manual failover: the old master a replica and every sentinel agreeing after {moved:?}, \
+         delivering everywhere {:?} after SENTINEL FAILOVER",
+        t0.elapsed()
+    );
+
+    // Writes land on the new master: the stream goes on in its epoch.
+    let (epoch2, at2) = probe(&n[1], &mut ws, stream).await;
+    assert_eq!(epoch2, epoch);
+    assert!(at2 > at, "{at2} after {at}");
+    // Every publication, through either node, reaches both subscribers once.
+    counts.iter_mut().for_each(BTreeMap::clear);
+    for k in 0..20u64 {
+        n[(k % 2) as usize]
+            .trigger("news", "tick", &k.to_string())
+            .await;
+    }
+    for (i, inbox) in inboxes.iter_mut().enumerate() {
+        let got = &mut counts[i];
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        while got.len() < 20 {
+            let (event, data) = tokio::time::timeout_at(deadline, inbox.recv())
+                .await
+                .unwrap_or_else(|_| panic!("subscriber {i}: ticks missing: {got:?}"))
+                .unwrap();
+            count(got, &event, &data);
+        }
+        n[0].trigger("news", "end", &format!("last-{i}")).await;
+        until_end(inbox, got, &format!("last-{i}")).await;
+        assert_eq!(got.len(), 20, "subscriber {i}: {got:?}");
+        assert!(got.values().all(|c| *c == 1), "subscriber {i}: {got:?}");
+    }
     drop(sentinel);
 }

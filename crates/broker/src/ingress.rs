@@ -115,7 +115,7 @@ async fn redis_loop(master: Master, channel: String, tx: mpsc::Sender<Bytes>) {
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(crate::backoff(attempt)) => {}
+            _ = tokio::time::sleep(master.backoff(attempt)) => {}
             _ = tx.closed() => return,
         }
         attempt = attempt.saturating_add(1);
@@ -301,7 +301,7 @@ async fn stream_loop(master: Master, stream: String, group: String, tx: mpsc::Se
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(crate::backoff(attempt)) => {}
+            _ = tokio::time::sleep(master.backoff(attempt)) => {}
             _ = tx.closed() => return,
         }
         attempt = attempt.saturating_add(1);

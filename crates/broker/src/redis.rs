@@ -2,7 +2,8 @@
 //! PSUBSCRIBE for patterns) and one connection for PUBLISH, pipelined: the
 //! writer takes everything queued (up to [`BATCH`]) and sends it in one
 //! round trip, in order. A broken connection ends the session; the next
-//! one starts after a backoff (100 ms doubling to 5 s), subscribes to
+//! one starts after a backoff (100 ms doubling to 5 s; at most 500 ms with
+//! Sentinels), subscribes to
 //! everything wanted again and announces the node (see [`crate::engine`]).
 //! Stream history and sessions live on the same server, over a connection
 //! of their own: [`crate::redis_streams`].
@@ -50,7 +51,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, master: Master) {
             tracing::warn!(engine = "redis", error = %err, "cannot reach the broker; retrying");
         }
         // Back off; what is queued meanwhile is dropped, never kept.
-        let until = tokio::time::Instant::now() + crate::backoff(attempt);
+        let until = tokio::time::Instant::now() + master.backoff(attempt);
         attempt = attempt.saturating_add(1);
         loop {
             tokio::select! {

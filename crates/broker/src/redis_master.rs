@@ -31,6 +31,12 @@ pub const MAX_SENTINELS: usize = 16;
 /// take before the caller counts it as a failed connection.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Longest wait between reconnects with Sentinels (the usual backoff
+/// grows to 5 s): what is retried is a lookup (one `SENTINEL MASTERS`, one
+/// `ROLE`), not the dead master, and a failover is typically over 2 to 3 s
+/// after the master dies; a longer wait would only add to what is lost.
+pub const SENTINEL_MAX_BACKOFF: Duration = Duration::from_millis(500);
+
 /// Longest master group name accepted.
 const MAX_NAME: usize = 256;
 
@@ -68,6 +74,15 @@ impl Master {
     /// Whether `url` is a Sentinel URL.
     pub fn is_sentinel_url(url: &str) -> bool {
         url.starts_with("redis-sentinel://") || url.starts_with("rediss-sentinel://")
+    }
+
+    /// The wait before reconnect attempt `n` (from 0): the engine's backoff,
+    /// at most [`SENTINEL_MAX_BACKOFF`] with Sentinels.
+    pub fn backoff(&self, n: u32) -> Duration {
+        match self {
+            Master::Fixed(_) => crate::backoff(n),
+            Master::Sentinel(_) => crate::backoff(n).min(SENTINEL_MAX_BACKOFF),
+        }
     }
 
     /// A client for the master now (for a Sentinel URL: asked of the

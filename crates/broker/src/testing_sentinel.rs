@@ -209,6 +209,27 @@ impl RedisSentinel {
         })
     }
 
+    /// `SENTINEL FAILOVER`: the replica promoted and the master demoted to
+    /// a replica while it keeps running (a role change, no process lost).
+    /// Waits until the new master is one and the old answers `ROLE` as a
+    /// replica; (old, new) ports.
+    pub fn manual_failover(&self) -> (u16, u16) {
+        let old = self.master_port().expect("no sentinel names a master");
+        let (sentinel, _) = &self.sentinels[0];
+        let ok: String = query(
+            *sentinel,
+            redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME),
+        )
+        .expect("SENTINEL FAILOVER");
+        assert_eq!(ok, "OK");
+        let new = self.wait_failover(old);
+        wait_for("the old master to become a replica", || {
+            let role: Vec<redis::Value> = query(old, &redis::cmd("ROLE")).ok()?;
+            matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"slave").then_some(())
+        });
+        (old, new)
+    }
+
     /// Start a killed server again on its port (the sentinels make it a
     /// replica of the master now).
     pub fn restart(&mut self, port: u16) {
