@@ -257,6 +257,9 @@ impl Drop for RedisSentinel {
     }
 }
 
+// The Sentinel tests of the crate's own pieces (the locator, the ingress)
+// live here, beside the helper they need; the nodes' tests are in
+// tests/redis_sentinel.rs.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +302,95 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        drop(s);
+    }
+
+    /// `PUBLISH` `payload` on `channel` (and `XADD` it to `stream`) on the
+    /// server at `url`, every 50 ms, until both ingress receivers got it.
+    async fn feed_until_received(
+        url: &str,
+        channel: &str,
+        stream: &str,
+        payload: &str,
+        sub: &mut tokio::sync::mpsc::Receiver<bytes::Bytes>,
+        group: &mut tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    ) {
+        let mut c = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let (mut from_sub, mut from_group) = (false, false);
+        let deadline = Instant::now() + WAIT;
+        while !(from_sub && from_group) {
+            assert!(
+                Instant::now() < deadline,
+                "{payload}: pub/sub {from_sub}, stream {from_group}"
+            );
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(payload)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            if !from_group {
+                let _: String = redis::cmd("XADD")
+                    .arg(stream)
+                    .arg("*")
+                    .arg("payload")
+                    .arg(payload)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+            }
+            let until = tokio::time::Instant::now() + Duration::from_millis(50);
+            while let Ok(Some(m)) = tokio::time::timeout_at(until, sub.recv()).await {
+                from_sub |= m.as_ref() == payload.as_bytes();
+            }
+            while let Ok(Some(m)) = tokio::time::timeout_at(until, group.recv()).await {
+                from_group |= m.as_ref() == payload.as_bytes();
+            }
+        }
+    }
+
+    /// The ingress given a Sentinel URL (pub/sub and a stream through a
+    /// consumer group) reads from the master, and after the master is
+    /// SIGKILLed and the replica promoted, from the new master.
+    #[tokio::test]
+    async fn the_ingress_follows_a_failover() {
+        let s = tokio::task::spawn_blocking(RedisSentinel::start)
+            .await
+            .unwrap();
+        let mut sub = crate::ingress::subscribe(&s.url(), "app-broadcasts").unwrap();
+        let mut group = crate::ingress::consume_stream(&s.url(), "app-stream", "herald").unwrap();
+        let url = s.master_url();
+        feed_until_received(
+            &url,
+            "app-broadcasts",
+            "app-stream",
+            "before",
+            &mut sub,
+            &mut group,
+        )
+        .await;
+        let s = tokio::task::spawn_blocking(move || {
+            let mut s = s;
+            let old = s.kill_master();
+            s.wait_failover(old);
+            s
+        })
+        .await
+        .unwrap();
+        let url = s.master_url();
+        feed_until_received(
+            &url,
+            "app-broadcasts",
+            "app-stream",
+            "after",
+            &mut sub,
+            &mut group,
+        )
+        .await;
         drop(s);
     }
 }
