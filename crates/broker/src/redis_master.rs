@@ -6,8 +6,9 @@
 //! the same client. `redis-sentinel://[user:pass@]H:P[,H:P...]/NAME` (and
 //! `rediss-sentinel://`, TLS to the sentinels and to the master) names
 //! Sentinels watching the master group `NAME`: each call asks them
-//! (`SENTINEL MASTERS`, each sentinel in turn, a master flagged down
-//! skipped) and checks with `ROLE` that the address given really is a
+//! (`SENTINEL MASTERS`, up to three at once, answers taken in the URL's
+//! order, a master flagged down skipped; the redis crate's `sentinel`
+//! module) and checks with `ROLE` that the address given really is a
 //! master before returning a client for it. Callers ask again only when
 //! they connect, which they do after any broken connection, failed call
 //! (a `-READONLY` write to a demoted master included) or failed canary,
