@@ -595,3 +595,28 @@ async fn a_demoted_master_is_left_for_the_promoted_replica() {
     }
     drop(sentinel);
 }
+
+/// A master demoted without Sentinel (an operator's `REPLICAOF`) keeps its
+/// clients' connections open and still takes PUBLISH, so only the node's
+/// periodic `ROLE` check can tell: the node leaves it (`/ready` 503 within
+/// the check's 5 s and the lookup's limits) and, the sentinels naming no
+/// master it can accept, stays away rather than carry on on a replica.
+#[tokio::test]
+async fn a_master_demoted_behind_the_sentinels_is_left() {
+    let sentinel = sentinel().await;
+    let n = nodes(&sentinel, 1, "senrole", "").await;
+    let t0 = Instant::now();
+    let (old, new) = sentinel.demote_behind_sentinels();
+    assert_ne!(old, new);
+    wait_ready(&n[0], 503, Duration::from_secs(8)).await;
+    eprintln!(
+        "demoted behind the sentinels: node not ready after {:?}",
+        t0.elapsed()
+    );
+    let deadline = Instant::now() + TIMEOUT;
+    while !n[0].log().contains("no longer the master") {
+        assert!(Instant::now() < deadline, "log:\n{}", n[0].log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(sentinel);
+}

@@ -29,6 +29,11 @@ const SUBSCRIBE_CHUNK: usize = 256;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+/// With Sentinels, how often a session checks that its server is still
+/// the master (`ROLE`; Sentinel normally closes a demoted master's
+/// clients itself, this is the backstop).
+const ROLE_EVERY: Duration = Duration::from_secs(5);
+
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
     let master = Master::parse(url)?;
     let streams = crate::redis_streams::RedisStreams::new(master.clone(), prefix);
@@ -118,6 +123,9 @@ async fn session(
     *connected = true;
     shared.set_up(true, "");
     let mut batch: Vec<Out> = Vec::with_capacity(BATCH);
+    let sentinel = matches!(master, Master::Sentinel(_));
+    let mut role_check =
+        tokio::time::interval_at(tokio::time::Instant::now() + ROLE_EVERY, ROLE_EVERY);
     loop {
         tokio::select! {
             m = stream.next() => match m {
@@ -139,6 +147,14 @@ async fn session(
             // The canary did not come back: this session's connections are
             // open but deliver nothing; start a new session.
             _ = shared.canary.reconnect.notified() => return "broker canary not heard back".into(),
+            // A demoted master still takes PUBLISH and SUBSCRIBE (replicas
+            // do) and the canary still comes back through it, so nothing
+            // else would notice that the other nodes moved to the new one.
+            _ = role_check.tick(), if sentinel => {
+                if let Err(e) = still_master(&mut conn).await {
+                    return e;
+                }
+            }
             n = rx.recv_many(&mut batch, BATCH) => {
                 if n == 0 {
                     return "engine stopped".into();
@@ -199,4 +215,16 @@ async fn apply_dirty(
         }
     }
     Ok(())
+}
+
+/// `Ok` while the server answers `ROLE` as a master.
+async fn still_master(conn: &mut redis::aio::MultiplexedConnection) -> Result<(), String> {
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    match role.first() {
+        Some(redis::Value::BulkString(b)) if b == b"master" => Ok(()),
+        _ => Err("the server is no longer the master (demoted); asking the sentinels again".into()),
+    }
 }

@@ -230,6 +230,24 @@ impl RedisSentinel {
         (old, new)
     }
 
+    /// Swap the roles behind the sentinels' back (`REPLICAOF NO ONE` on
+    /// the replica, `REPLICAOF` it on the master): the old master is a
+    /// replica, its clients' connections left open, and the sentinels
+    /// still name it. (old master, new master) ports.
+    pub fn demote_behind_sentinels(&self) -> (u16, u16) {
+        let old = self.master_port().expect("no sentinel names a master");
+        let new = *self.servers.keys().find(|p| **p != old).expect("a replica");
+        let _: String = query(new, redis::cmd("REPLICAOF").arg("NO").arg("ONE")).unwrap();
+        let _: String = query(
+            old,
+            redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(new.to_string()),
+        )
+        .unwrap();
+        (old, new)
+    }
+
     /// Start a killed server again on its port (the sentinels make it a
     /// replica of the master now).
     pub fn restart(&mut self, port: u16) {
