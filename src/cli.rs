@@ -123,8 +123,9 @@ struct ServeArgs {
     /// `dashboard = true` in the config file).
     #[arg(long, env = "HERALD_DASHBOARD_TOKEN", hide_env_values = true)]
     dashboard_token: Option<String>,
-    /// Cluster broker: `local` (default), redis://…, rediss://…, nats://…
-    /// (several NATS servers comma-separated)
+    /// Cluster broker: `local` (default), redis://…, rediss://…,
+    /// redis-sentinel://HOST:PORT[,…]/MASTER, nats://… (several NATS servers
+    /// comma-separated)
     /// (see docs/cluster.md).
     #[arg(long, env = "HERALD_BROKER", hide_env_values = true)]
     broker: Option<String>,
@@ -284,13 +285,18 @@ fn effective_config(
     let file = args.config.clone();
     let mut overrides = overrides(args);
     overrides.adapter = adapter_overrides(matches, adapters)?;
-    effective::load(
+    let eff = effective::load(
         file.as_deref(),
         &overrides,
         herald_sources(name, matches, adapters),
         &crate::peers::Env::from_process(),
         adapters,
-    )
+    )?;
+    // A bad broker URL is a configuration error like any other, for
+    // `serve` (refused before anything listens) and `config` alike: the
+    // engine's own parser, naming the setting, never the password.
+    herald_broker::urls::check(&eff.config.broker)?;
+    Ok(eff)
 }
 
 /// The adapters' settings given by their environment variables and
@@ -414,12 +420,6 @@ fn serve(args: ServeArgs, matches: Option<&ArgMatches>, adapters: Adapters) -> E
         }
     };
     let config = eff.config.clone();
-    // A bad broker URL is a configuration error like any other: refused
-    // before anything listens, naming the setting.
-    if let Err(e) = herald_broker::urls::check(&config.broker) {
-        eprintln!("herald: {e}");
-        return ExitCode::from(2);
-    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
         .with_writer(std::io::stderr);

@@ -1,5 +1,6 @@
 //! `herald serve` refuses bad configuration: it exits with status 2 before
-//! listening, with a message that names the offending key.
+//! listening, with a message that names the offending key. (`herald config`
+//! runs the same checks, the broker URL's included.)
 //!
 //! Every run points herald at a port another socket already listens on and
 //! has a deadline: a case that is wrongly accepted fails to bind (status
@@ -198,6 +199,11 @@ fn bad_broker_urls_are_named_without_their_credentials() {
         "nats://127.0.0.1:notaport",
         "nats://127.0.0.1:4222,redis://127.0.0.1:6379",
         "nats://u:hunter2secret@127.0.0.1:4222,nats://127.0.0.1:4223",
+        "redis-sentinel://:hunter2secret@127.0.0.1:26379",
+        "redis-sentinel://:hunter2secret@127.0.0.1:notaport/mymaster",
+        "redis-sentinel://127.0.0.1:26379,,127.0.0.1:26380/mymaster",
+        "redis-sentinel://127.0.0.1:26379/bad name",
+        "rediss-sentinel://127.0.0.1:26379/",
     ];
     for url in bad {
         let file = serve_with(&format!("[broker]\nurl = \"{url}\"\n"));
@@ -208,7 +214,67 @@ fn bad_broker_urls_are_named_without_their_credentials() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(!stderr.contains("hunter2secret"), "{url} ({how}): {stderr}");
         }
+        // `herald config` (and `--check`) refuse it the same way, with the
+        // same message, on stdout as its other configuration errors.
+        let serve_msg = String::from_utf8_lossy(&flag.stderr)
+            .trim()
+            .trim_start_matches("herald: ")
+            .to_owned();
+        for args in [&["--broker", url][..], &["--check", "--broker", url][..]] {
+            let out = config(args, &[]);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(out.status.code(), Some(2), "config {args:?}: {stdout}");
+            assert_eq!(
+                stdout.trim(),
+                format!("error: {serve_msg}"),
+                "config {args:?}"
+            );
+            assert!(
+                !stdout.contains("hunter2secret"),
+                "config {args:?}: {stdout}"
+            );
+        }
     }
+}
+
+/// `herald config ARGS` with no `HERALD_*` variable from the test's
+/// environment.
+fn config(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd: Command = herald_command();
+    cmd.arg("config").args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    output_within(&mut cmd, TIMEOUT)
+}
+
+/// Good Sentinel URLs pass the check (`herald config --check` exits 0;
+/// `serve` gets past the configuration to the occupied port).
+#[test]
+fn sentinel_urls_are_accepted() {
+    for url in [
+        "redis-sentinel://127.0.0.1:26379/mymaster",
+        "redis-sentinel://:pw@127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/mymaster",
+        "rediss-sentinel://sentinel.internal:26379/mymaster",
+    ] {
+        let out = config(&["--check", "--broker", url], &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{url}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let out = serve(
+        &["--broker", "redis-sentinel://127.0.0.1:26379/mymaster"],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot listen"), "{stderr}");
 }
 
 /// Several NATS servers, comma-separated, are accepted (the node then

@@ -14,6 +14,7 @@
 //! each entry goes to one node, which publishes it to the cluster; entries
 //! wait in Redis while no node reads.
 
+use crate::redis_master::Master;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::str::FromStr;
@@ -34,9 +35,9 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 pub fn subscribe(url: &str, channel: &str) -> Result<mpsc::Receiver<Bytes>, String> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let channel = channel.to_owned();
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
-        tokio::spawn(redis_loop(client, channel, tx));
+    if is_redis(url) {
+        let master = Master::parse(url).map_err(|e| format!("broker.url: {e}"))?;
+        tokio::spawn(redis_loop(master, channel, tx));
     } else if url.starts_with("nats://") || url.starts_with("tls://") {
         let addr = async_nats::ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
         tokio::spawn(nats_loop(addr, channel, tx));
@@ -66,10 +67,19 @@ fn pass(tx: &mpsc::Sender<Bytes>, channel: &str, payload: Bytes) -> bool {
     }
 }
 
-async fn redis_loop(client: redis::Client, channel: String, tx: mpsc::Sender<Bytes>) {
+/// A `redis://`, `rediss://` or Sentinel URL.
+fn is_redis(url: &str) -> bool {
+    url.starts_with("redis://") || url.starts_with("rediss://") || Master::is_sentinel_url(url)
+}
+
+/// Each connection is made to the master [`Master`] names then, so a
+/// Sentinel failover (which closes the old master's pub/sub clients) is
+/// followed.
+async fn redis_loop(master: Master, channel: String, tx: mpsc::Sender<Bytes>) {
     let mut attempt = 0u32;
     loop {
         let err = async {
+            let client = master.client().await?;
             let mut pubsub = tokio::time::timeout(TIMEOUT, client.get_async_pubsub())
                 .await
                 .map_err(|_| "timed out connecting".to_string())?
@@ -105,7 +115,7 @@ async fn redis_loop(client: redis::Client, channel: String, tx: mpsc::Sender<Byt
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(crate::backoff(attempt)) => {}
+            _ = tokio::time::sleep(master.backoff(attempt)) => {}
             _ = tx.closed() => return,
         }
         attempt = attempt.saturating_add(1);
@@ -168,12 +178,12 @@ pub fn consume_stream(
     stream: &str,
     group: &str,
 ) -> Result<mpsc::Receiver<Bytes>, String> {
-    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+    if !is_redis(url) {
         return Err("broker.url: a Redis stream needs a redis:// broker".into());
     }
-    let client = redis::Client::open(url).map_err(|e| format!("broker.url: {e}"))?;
+    let master = Master::parse(url).map_err(|e| format!("broker.url: {e}"))?;
     let (tx, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(stream_loop(client, stream.to_owned(), group.to_owned(), tx));
+    tokio::spawn(stream_loop(master, stream.to_owned(), group.to_owned(), tx));
     Ok(rx)
 }
 
@@ -183,12 +193,7 @@ const BLOCK_MS: u64 = 2000;
 /// Entries read at once.
 const READ_COUNT: usize = 100;
 
-async fn stream_loop(
-    client: redis::Client,
-    stream: String,
-    group: String,
-    tx: mpsc::Sender<Bytes>,
-) {
+async fn stream_loop(master: Master, stream: String, group: String, tx: mpsc::Sender<Bytes>) {
     let consumer = format!("herald-{:016x}", rand::random::<u64>());
     let mut attempt = 0u32;
     loop {
@@ -196,7 +201,9 @@ async fn stream_loop(
             let config = redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(TIMEOUT))
                 .set_response_timeout(Some(TIMEOUT + Duration::from_millis(BLOCK_MS)));
-            let mut conn = client
+            let mut conn = master
+                .client()
+                .await?
                 .get_multiplexed_async_connection_with_config(&config)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -294,7 +301,7 @@ async fn stream_loop(
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(crate::backoff(attempt)) => {}
+            _ = tokio::time::sleep(master.backoff(attempt)) => {}
             _ = tx.closed() => return,
         }
         attempt = attempt.saturating_add(1);

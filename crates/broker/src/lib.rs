@@ -20,10 +20,12 @@
 //! redis, nats the transports
 //! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
+//! redis_master   where the Redis master is (one server, or asked of Sentinels)
 //! redis_streams  history and sessions on the Redis server (issue 19)
 //!   └ redis_sessions  resumable session snapshots (compare-and-set writes)
 //! urls        `broker.url` checked at start; NATS server lists
 //! testing     real redis-server / nats-server for tests (feature `testing`)
+//!   testing_sentinel  a master, a replica and three sentinels
 //! ```
 
 pub mod engine;
@@ -32,6 +34,7 @@ pub mod jetstream;
 pub mod msg;
 pub mod nats;
 pub mod redis;
+pub mod redis_master;
 pub mod redis_sessions;
 pub mod redis_streams;
 pub mod subject;
@@ -40,6 +43,9 @@ pub mod tally;
 /// the crate's own unit tests.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+/// A Sentinel-watched Redis for tests (same feature as [`testing`]).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing_sentinel;
 pub mod urls;
 
 use herald_core::broker::local::LocalBroker;

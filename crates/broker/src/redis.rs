@@ -2,12 +2,18 @@
 //! PSUBSCRIBE for patterns) and one connection for PUBLISH, pipelined: the
 //! writer takes everything queued (up to [`BATCH`]) and sends it in one
 //! round trip, in order. A broken connection ends the session; the next
-//! one starts after a backoff (100 ms doubling to 5 s), subscribes to
+//! one starts after a backoff (100 ms doubling to 5 s; at most 500 ms with
+//! Sentinels), subscribes to
 //! everything wanted again and announces the node (see [`crate::engine`]).
 //! Stream history and sessions live on the same server, over a connection
 //! of their own: [`crate::redis_streams`].
+//!
+//! Each session asks [`Master`] where the master is, so with a Sentinel
+//! URL a session ended by a failover (the old master gone, a `-READONLY`
+//! answer, a silent canary) starts again on the promoted replica.
 
 use crate::engine::{Engine, Out, Shared};
+use crate::redis_master::Master;
 use futures_util::StreamExt;
 use redis::AsyncConnectionConfig;
 use std::collections::HashSet;
@@ -23,20 +29,25 @@ const SUBSCRIBE_CHUNK: usize = 256;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+/// With Sentinels, how often a session checks that its server is still
+/// the master (`ROLE`; Sentinel normally closes a demoted master's
+/// clients itself, this is the backstop).
+const ROLE_EVERY: Duration = Duration::from_secs(5);
+
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    let client = crate::urls::redis_client(url)?;
-    let streams = crate::redis_streams::RedisStreams::new(client.clone(), prefix);
+    let master = Master::parse(url)?;
+    let streams = crate::redis_streams::RedisStreams::new(master.clone(), prefix);
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, client));
+        tokio::spawn(run(shared, rx, master));
     });
     Ok(Engine::new("redis", prefix, ttl, "*", start).with_streams(Arc::new(streams)))
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Client) {
+async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, master: Master) {
     let mut attempt = 0u32;
     loop {
         let mut connected = false;
-        let err = session(&shared, &mut rx, &client, &mut connected).await;
+        let err = session(&shared, &mut rx, &master, &mut connected).await;
         if connected {
             attempt = 0;
         }
@@ -45,7 +56,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Cl
             tracing::warn!(engine = "redis", error = %err, "cannot reach the broker; retrying");
         }
         // Back off; what is queued meanwhile is dropped, never kept.
-        let until = tokio::time::Instant::now() + crate::backoff(attempt);
+        let until = tokio::time::Instant::now() + master.backoff(attempt);
         attempt = attempt.saturating_add(1);
         loop {
             tokio::select! {
@@ -64,9 +75,13 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, client: redis::Cl
 async fn session(
     shared: &Arc<Shared>,
     rx: &mut mpsc::Receiver<Out>,
-    client: &redis::Client,
+    master: &Master,
     connected: &mut bool,
 ) -> String {
+    let client = match master.client().await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(TIMEOUT))
         .set_response_timeout(Some(TIMEOUT));
@@ -108,6 +123,9 @@ async fn session(
     *connected = true;
     shared.set_up(true, "");
     let mut batch: Vec<Out> = Vec::with_capacity(BATCH);
+    let sentinel = matches!(master, Master::Sentinel(_));
+    let mut role_check =
+        tokio::time::interval_at(tokio::time::Instant::now() + ROLE_EVERY, ROLE_EVERY);
     loop {
         tokio::select! {
             m = stream.next() => match m {
@@ -129,6 +147,14 @@ async fn session(
             // The canary did not come back: this session's connections are
             // open but deliver nothing; start a new session.
             _ = shared.canary.reconnect.notified() => return "broker canary not heard back".into(),
+            // A demoted master still takes PUBLISH and SUBSCRIBE (replicas
+            // do) and the canary still comes back through it, so nothing
+            // else would notice that the other nodes moved to the new one.
+            _ = role_check.tick(), if sentinel => {
+                if let Err(e) = still_master(&mut conn).await {
+                    return e;
+                }
+            }
             n = rx.recv_many(&mut batch, BATCH) => {
                 if n == 0 {
                     return "engine stopped".into();
@@ -189,4 +215,16 @@ async fn apply_dirty(
         }
     }
     Ok(())
+}
+
+/// `Ok` while the server answers `ROLE` as a master.
+async fn still_master(conn: &mut redis::aio::MultiplexedConnection) -> Result<(), String> {
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    match role.first() {
+        Some(redis::Value::BulkString(b)) if b == b"master" => Ok(()),
+        _ => Err("the server is no longer the master (demoted); asking the sentinels again".into()),
+    }
 }

@@ -31,6 +31,7 @@
 //! out without one), reads give [`Miss::Unavailable`], stores are dropped,
 //! and one warning per [`LOG_EVERY`] says how many calls failed.
 
+use crate::redis_master::Master;
 use futures_util::future::{FutureExt, Shared};
 use herald_core::broker::{BoxFuture, Streams};
 use herald_core::history::{Backlog, Entry, History, Limits, Miss, Position};
@@ -154,18 +155,19 @@ pub(crate) struct Scripts {
 }
 
 /// The command connection: made on first use, dropped on any error, made
-/// again (with the scripts loaded) at most once per [`RETRY`].
+/// again (with the scripts loaded) at most once per [`RETRY`], on the
+/// master [`Master`] names then (a Sentinel failover followed).
 pub(crate) struct Link {
-    client: redis::Client,
+    master: Master,
     conn: tokio::sync::Mutex<Option<(MultiplexedConnection, Scripts)>>,
     tried: Mutex<Option<Instant>>,
     pub(crate) outage: Outage,
 }
 
 impl Link {
-    fn new(client: redis::Client) -> Link {
+    fn new(master: Master) -> Link {
         Link {
-            client,
+            master,
             conn: tokio::sync::Mutex::new(None),
             tried: Mutex::new(None),
             outage: Outage {
@@ -191,7 +193,9 @@ impl Link {
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(CALL_TIMEOUT));
         let conn = self
-            .client
+            .master
+            .client()
+            .await?
             .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(|e| e.to_string())?;
@@ -260,9 +264,9 @@ pub struct RedisStreams {
 }
 
 impl RedisStreams {
-    pub fn new(client: redis::Client, prefix: &str) -> RedisStreams {
+    pub fn new(master: Master, prefix: &str) -> RedisStreams {
         RedisStreams {
-            link: Arc::new(Link::new(client)),
+            link: Arc::new(Link::new(master)),
             prefix: prefix.to_owned(),
         }
     }

@@ -33,6 +33,10 @@ pub fn check(config: &BrokerConfig) -> Result<Kind, String> {
     if url == "local" {
         return Ok(Kind::Local);
     }
+    if crate::redis_master::Master::is_sentinel_url(url) {
+        crate::redis_master::Master::parse(url).map_err(bad)?;
+        return Ok(Kind::Redis);
+    }
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         redis_client(url).map_err(bad)?;
         return Ok(Kind::Redis);
@@ -42,7 +46,7 @@ pub fn check(config: &BrokerConfig) -> Result<Kind, String> {
         return Ok(Kind::Nats);
     }
     Err(bad(
-        "expected local, redis://, rediss://, nats:// or tls:// (several NATS servers comma-separated)"
+        "expected local, redis://, rediss://, redis-sentinel://, rediss-sentinel://, nats:// or tls:// (several NATS servers comma-separated)"
             .into(),
     ))
 }
@@ -129,6 +133,8 @@ mod tests {
             ("nats://a:4222, b:4223", Kind::Nats),
             ("nats://u:p@a:4222,nats://u:p@b:4222", Kind::Nats),
             ("nats://a", Kind::Nats),
+            ("redis-sentinel://a:26379,b:26379/mymaster", Kind::Redis),
+            ("rediss-sentinel://:pw@a:26379/mymaster", Kind::Redis),
         ] {
             assert_eq!(check(&config(url)), Ok(kind), "{url}");
         }
@@ -152,6 +158,9 @@ mod tests {
             "nats://a:4222,redis://b:6379",
             "nats://u:secretpw@a:1,nats://b:2",
             "nats://a:99999",
+            "redis-sentinel://:secretpw@a:26379",
+            "redis-sentinel://:secretpw@a:notaport/m",
+            "redis-sentinel://a:1,,b:2/m",
         ] {
             let e = check(&config(url)).expect_err(url);
             assert!(e.starts_with("broker.url"), "{url}: {e}");

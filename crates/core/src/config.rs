@@ -128,8 +128,9 @@ impl std::str::FromStr for LogFormat {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
-    /// `local`, `redis://…`, `rediss://…` (TLS), `nats://…` or `tls://…`
-    /// (NATS over TLS); credentials may be in the URL.
+    /// `local`, `redis://…`, `rediss://…` (TLS), `redis-sentinel://…` /
+    /// `rediss-sentinel://…` (Sentinels, then the master group's name),
+    /// `nats://…` or `tls://…` (NATS over TLS); credentials may be in the URL.
     pub url: String,
     /// Namespaces keys and subjects, so several environments can share one
     /// Redis or NATS server.
@@ -596,10 +597,16 @@ impl Config {
         }
         let b = &self.broker;
         let schemes = ["redis://", "rediss://", "nats://", "tls://"];
-        if b.url != "local" && !schemes.iter().any(|s| b.url.starts_with(s)) {
+        let sentinel = ["redis-sentinel://", "rediss-sentinel://"];
+        if b.url != "local"
+            && !schemes
+                .iter()
+                .chain(&sentinel)
+                .any(|s| b.url.starts_with(s))
+        {
             return Err(invalid(
                 "broker.url",
-                "must be `local`, or a redis://, rediss://, nats:// or tls:// URL",
+                "must be `local`, or a redis://, rediss://, redis-sentinel://, rediss-sentinel://, nats:// or tls:// URL",
             ));
         }
         if b.prefix.is_empty()
