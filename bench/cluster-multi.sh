@@ -46,6 +46,7 @@ for i in $(seq 0 $((nodes - 1))); do
 done
 for i in $(seq 0 $((nodes - 1))); do
   for _ in $(seq 200); do
+    kill -0 "${node_pids[$i]}" 2>/dev/null || { echo "node $i exited (port $((base + i)) taken? set HERALD_BENCH_PORT)" >&2; exit 1; }
     [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$((base + i))/ready")" = 200 ] && break
     sleep 0.1
   done
