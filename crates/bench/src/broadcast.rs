@@ -16,6 +16,7 @@ use super::client::{bench_data, HttpPublisher};
 use super::ledger::{Ledger, Receipt, Seen, Window};
 use super::metrics::{Latency, Live, Monitor};
 use super::proto::Proto;
+use super::shard::{self, Shard};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Rng, Target};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -54,6 +55,15 @@ pub struct BroadcastParams {
     /// to the stream); `channel` and `Via::Http` do not apply. Only
     /// [`PROTOCOLS`].
     pub protocol: Proto,
+    /// Nodes of a cluster the users spread over, round-robin by user
+    /// (several `--url`s); a user's HTTP publishes go through its node.
+    /// Empty: `target`.
+    pub nodes: Vec<Target>,
+    /// This process's part of a `--processes` run (None: all of it): user
+    /// `idx` is child (idx mod N)'s; every child ramps the same schedule
+    /// over its own users, and at the end they exchange their sends so
+    /// each child's receivers are held to every send of the run.
+    pub shard: Option<Shard>,
 }
 
 impl BroadcastParams {
@@ -73,6 +83,8 @@ impl BroadcastParams {
             progress: true,
             server_pid: None,
             protocol: Proto::Pusher,
+            nodes: Vec::new(),
+            shard: None,
         }
     }
 }
@@ -111,7 +123,8 @@ struct Shared {
     sessions: AtomicU64,
     server_errors: AtomicU64,
     publish_errors: AtomicU64,
-    publisher: Option<HttpPublisher>,
+    /// One per node (`--via http`).
+    publishers: Vec<HttpPublisher>,
     peak_connections: AtomicUsize,
 }
 
@@ -133,8 +146,9 @@ async fn vu(s: Arc<Shared>, idx: usize) {
 /// One life of a virtual user. Returns false when it could not connect.
 async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let p = &s.p;
-    let target = &p.target;
-    let id = s.next_conn.fetch_add(1, Relaxed);
+    let node = idx % p.nodes.len().max(1);
+    let target = super::node(&p.target, &p.nodes, idx);
+    let id = shard::global(p.shard, s.next_conn.fetch_add(1, Relaxed));
     let t0 = Instant::now();
     let proto = p.protocol;
     let mut conn = match proto
@@ -242,7 +256,7 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                             let s2 = s.clone();
                             let socket_id = conn.socket_id.clone();
                             tokio::spawn(async move {
-                                let publisher = s2.publisher.as_ref().expect("set for --via http");
+                                let publisher = &s2.publishers[node];
                                 let t0 = Instant::now();
                                 match publisher.publish(&s2.p.channel, API_EVENT, &data, Some(&socket_id)).await {
                                     Ok(()) => {
@@ -296,7 +310,12 @@ pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable, Proto::Acti
 pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
     p.protocol.check("broadcast", PROTOCOLS)?;
     let mut report = Report::new("broadcast");
-    report.param("url", &p.target.url);
+    let nodes = match p.nodes.len() {
+        0 => std::slice::from_ref(&p.target),
+        _ => &p.nodes[..],
+    };
+    let urls: Vec<&str> = nodes.iter().map(|t| t.url.as_str()).collect();
+    report.param("url", urls.join(","));
     report.param("protocol", p.protocol.name());
     report.param("peak", p.peak);
     report.param("duration", format!("{:?}", p.duration));
@@ -309,7 +328,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
             Via::Http => "http (HTTP API publishes)",
         },
     );
-    if let Some(w) = raise_nofile(p.peak as u64 * 2) {
+    if let Some(w) = raise_nofile(shard::share(p.shard, p.peak) as u64 * 2) {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
@@ -321,12 +340,22 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
                     .into(),
             ))
         }
-        Proto::ActionCable | Proto::ActionCableExt => actioncable::preflight(&p.target, true)
-            .await
-            .map_err(BenchError)?,
-        // Pusher (the others were refused above).
-        _ => preflight(&p.target, Some(&p.channel), p.via == Via::Http).await?,
+        _ => {
+            for target in nodes {
+                match p.protocol {
+                    Proto::ActionCable | Proto::ActionCableExt => {
+                        actioncable::preflight(target, true)
+                            .await
+                            .map_err(BenchError)?
+                    }
+                    // Pusher (the others were refused above).
+                    _ => preflight(target, Some(&p.channel), p.via == Via::Http).await?,
+                }
+            }
+        }
     }
+    // Every process's ramp starts at once.
+    shard::sync(p.shard, "ready", serde_json::Value::Null).await?;
     let cpu = CpuMeter::start(p.server_pid);
     let s = Arc::new(Shared {
         p: p.clone(),
@@ -335,14 +364,17 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         connecting: Latency::default(),
         subscribe: Latency::default(),
         publish_duration: Latency::default(),
-        ledger: Ledger::default(),
+        ledger: Ledger::numbered(p.shard),
         vus: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         next_conn: AtomicU64::new(0),
         sessions: AtomicU64::new(0),
         server_errors: AtomicU64::new(0),
         publish_errors: AtomicU64::new(0),
-        publisher: (p.via == Via::Http).then(|| HttpPublisher::new(&p.target)),
+        publishers: match p.via {
+            Via::Http => nodes.iter().map(HttpPublisher::new).collect(),
+            Via::Ws => Vec::new(),
+        },
         peak_connections: AtomicUsize::new(0),
     });
     let monitor = Monitor::start(
@@ -370,7 +402,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
             }
         }
         for (idx, on) in running.iter_mut().enumerate().take(wanted) {
-            if !*on {
+            if !*on && shard::owns(p.shard, idx) {
                 *on = true;
                 let s = s.clone();
                 tasks.spawn(async move {
@@ -388,6 +420,18 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
     report.timeline = monitor.finish().await;
     report.seconds = started.elapsed().as_secs_f64();
 
+    let sent_here = s.ledger.sends() as u64;
+    if p.shard.is_some() {
+        // Each process's receivers were owed the other processes' sends
+        // too: take them all before counting.
+        let all = shard::sync(p.shard, "sends", s.ledger.sends_json()).await?;
+        let me = p.shard.map_or(0, |sh| sh.index);
+        for (i, list) in all.iter().enumerate() {
+            if i != me {
+                s.ledger.add_sends(list);
+            }
+        }
+    }
     let d = s.ledger.tally();
     report.counter("ws_sessions", s.sessions.load(Relaxed));
     report.value(
@@ -397,7 +441,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
     );
     report.trend("ws_connecting", s.connecting.total());
     report.trend("ws_subscribe", s.subscribe.total());
-    report.counter("ws_msgs_sent", s.ledger.sends() as u64);
+    report.counter("ws_msgs_sent", sent_here);
     report.counter("ws_msgs_received", s.live.received.load(Relaxed));
     if p.via == Via::Http {
         report.counter("http_publish_errors", s.publish_errors.load(Relaxed));

@@ -1,12 +1,16 @@
 //! The `herald bench` command line: clap arguments for each scenario and
 //! the glue from flags to a scenario's params struct and its report files.
 //! Kept out of `main.rs` so the binary's entry point stays a dispatcher.
+//! Over 800 lines because it holds every scenario's flags (one clap struct
+//! each) beside their mapping to the params: split, each scenario would
+//! be spread over two files.
 
 use super::proto::Proto;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -321,9 +325,12 @@ const STORM: &[(Proto, &str)] = &[
 
 #[derive(Args, Clone)]
 struct BenchCommon {
-    /// Server to load (loopback only unless --allow-remote).
-    #[arg(long, default_value = "ws://127.0.0.1:8080")]
-    url: String,
+    /// Server to load (loopback only unless --allow-remote); several
+    /// comma-separated nodes of one cluster (connect, idle, broadcast,
+    /// fanout): clients spread over them round-robin, publishes go through
+    /// each in turn.
+    #[arg(long, default_value = "ws://127.0.0.1:8080", value_delimiter = ',')]
+    url: Vec<String>,
     #[arg(long, default_value = super::DEV_APP_ID)]
     app_id: String,
     #[arg(long, default_value = super::DEV_APP_KEY)]
@@ -348,8 +355,19 @@ struct BenchCommon {
     #[arg(long)]
     label: Option<String>,
     /// The server's pid: report its CPU and peak memory from /proc.
-    #[arg(long)]
-    server_pid: Option<u32>,
+    /// Several comma-separated pids (in --url's order): each node's CPU and
+    /// memory, and their sums (connect, idle, broadcast, fanout).
+    #[arg(long, value_delimiter = ',')]
+    server_pid: Vec<u32>,
+    /// Generator processes sharing the clients (connect, idle, broadcast,
+    /// fanout): each holds its share, up to its own open-file limit, and
+    /// the parent merges their reports exactly.
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
+    /// Set by the parent of a --processes run: this child's place
+    /// (INDEX/COUNT@CLOCK_EPOCH_US).
+    #[arg(long, hide = true)]
+    shard: Option<String>,
     /// Seconds each client may take to connect, and to subscribe.
     #[arg(long, default_value = "30s", value_parser = super::parse_duration)]
     timeout: std::time::Duration,
@@ -475,14 +493,45 @@ pub fn run(args: BenchArgs) -> ExitCode {
         Scenario::Compare(a) => return super::compare::run_cli(a),
         Scenario::Pusher(scenario) => PusherArgs { scenario },
     };
-    let common = match &args.scenario {
-        BenchScenario::Broadcast(a) => a.common.clone(),
-        BenchScenario::Connect(a) => a.common.clone(),
-        BenchScenario::Fanout(a) => a.common.clone(),
-        BenchScenario::Idle(a) => a.common.clone(),
-        BenchScenario::Soak(a) => a.common.clone(),
-        BenchScenario::Storm(a) => a.common.clone(),
-        BenchScenario::Slow(a) => a.common.clone(),
+    let (name, mut common) = match &args.scenario {
+        BenchScenario::Broadcast(a) => ("broadcast", a.common.clone()),
+        BenchScenario::Connect(a) => ("connect", a.common.clone()),
+        BenchScenario::Fanout(a) => ("fanout", a.common.clone()),
+        BenchScenario::Idle(a) => ("idle", a.common.clone()),
+        BenchScenario::Soak(a) => ("soak", a.common.clone()),
+        BenchScenario::Storm(a) => ("storm", a.common.clone()),
+        BenchScenario::Slow(a) => ("slow", a.common.clone()),
+    };
+    let sweep = matches!(&args.scenario, BenchScenario::Connect(a) if a.sweep.is_some());
+    let spread = common.processes > 1 || common.server_pid.len() > 1;
+    if (spread && (sweep || !super::multi::SCENARIOS.contains(&name))) || common.processes == 0 {
+        eprintln!("herald bench: {}", super::multi::refusal(name));
+        return ExitCode::from(2);
+    }
+    if common.url.len() > 1 && !super::multi::SCENARIOS.contains(&name) {
+        eprintln!(
+            "herald bench: {name} takes one --url (several nodes: connect, idle, broadcast and              fanout; storm has --node-url)"
+        );
+        return ExitCode::from(2);
+    }
+    if common.url.is_empty() {
+        eprintln!("herald bench: --url is empty");
+        return ExitCode::from(2);
+    }
+    let shard = match common.shard.as_deref().map(super::shard::Shard::parse) {
+        None => None,
+        Some(Ok((shard, epoch))) => {
+            // A child: its parent measures the servers and writes the
+            // reports; this process keeps the parent's clock.
+            super::set_clock_epoch(epoch);
+            common.no_progress = true;
+            common.server_pid.clear();
+            Some(shard)
+        }
+        Some(Err(e)) => {
+            eprintln!("herald bench: {e}");
+            return ExitCode::from(2);
+        }
     };
     if matches!(args.scenario, BenchScenario::Storm(_)) && common.duration.is_some() {
         eprintln!(
@@ -500,19 +549,27 @@ pub fn run(args: BenchArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let target = match Target::new(
-        &common.url,
-        &common.app_id,
-        &common.key,
-        &common.secret,
-        common.allow_remote,
-    ) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("herald bench: {e}");
-            return ExitCode::from(2);
+    let mut nodes = Vec::new();
+    for url in &common.url {
+        match Target::new(
+            url,
+            &common.app_id,
+            &common.key,
+            &common.secret,
+            common.allow_remote,
+        ) {
+            Ok(t) => nodes.push(t),
+            Err(e) => {
+                eprintln!("herald bench: {e}");
+                return ExitCode::from(2);
+            }
         }
-    };
+    }
+    let target = nodes[0].clone();
+    if nodes.len() == 1 {
+        nodes.clear();
+    }
+    let server_pid = common.server_pid.first().copied();
     let runtime = match common.threads {
         0 => tokio::runtime::Runtime::new(),
         1 => tokio::runtime::Builder::new_current_thread()
@@ -533,6 +590,25 @@ pub fn run(args: BenchArgs) -> ExitCode {
     let progress = !common.no_progress;
     let result = runtime.block_on(async {
         super::now_us();
+        if spread && shard.is_none() {
+            // The parent of a --processes run: the children run the
+            // scenario with these same arguments.
+            let hold = match &args.scenario {
+                BenchScenario::Idle(_) => common.duration.unwrap_or(Duration::from_secs(10)),
+                _ => Duration::ZERO,
+            };
+            return super::multi::run(&super::multi::MultiParams {
+                scenario: name.to_string(),
+                args: std::env::args()
+                    .skip_while(|a| a != "bench")
+                    .skip(1)
+                    .collect(),
+                processes: common.processes,
+                server_pids: common.server_pid.clone(),
+                hold,
+            })
+            .await;
+        }
         match args.scenario {
             BenchScenario::Broadcast(a) => {
                 let mut p = broadcast::BroadcastParams::new(target);
@@ -550,7 +626,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 };
                 p.timeout = common.timeout;
                 p.progress = progress;
-                p.server_pid = common.server_pid;
+                p.server_pid = server_pid;
+                p.nodes = nodes;
+                p.shard = shard;
                 broadcast::run(&p).await
             }
             BenchScenario::Connect(a) => {
@@ -561,7 +639,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.protocol = a.protocol;
                 p.timeout = common.timeout;
                 p.progress = progress;
-                p.server_pid = common.server_pid;
+                p.server_pid = server_pid;
+                p.nodes = nodes;
+                p.shard = shard;
                 match a.sweep {
                     Some(steps) => {
                         connect::sweep(&connect::SweepParams {
@@ -585,7 +665,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.protocol = a.protocol;
                 p.timeout = common.timeout;
                 p.progress = progress;
-                p.server_pid = common.server_pid;
+                p.server_pid = server_pid;
+                p.nodes = nodes;
+                p.shard = shard;
                 for url in &a.subscriber_url {
                     match Target::new(
                         url,
@@ -610,7 +692,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.protocol = a.protocol;
                 p.timeout = common.timeout;
                 p.progress = progress;
-                p.server_pid = common.server_pid;
+                p.server_pid = server_pid;
+                p.nodes = nodes;
+                p.shard = shard;
                 idle::run(&p).await
             }
             BenchScenario::Soak(a) => {
@@ -632,7 +716,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.metrics_url = a.metrics_url;
                 p.timeout = common.timeout;
                 p.progress = progress;
-                p.server_pid = common.server_pid;
+                p.server_pid = server_pid;
                 super::soak::run(&p).await
             }
             BenchScenario::Storm(a) => {
@@ -651,7 +735,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.metrics_url = a.metrics_url;
                 p.timeout = common.timeout;
                 p.progress = progress;
-                p.server_pid = common.server_pid;
+                p.server_pid = server_pid;
                 for url in &a.node_url {
                     p.nodes.push(Target::new(
                         url,
@@ -690,7 +774,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.metrics_url = a.metrics_url;
                 p.timeout = common.timeout;
                 p.progress = progress;
-                p.server_pid = common.server_pid;
+                p.server_pid = server_pid;
                 super::slow::run(&p).await
             }
         }
@@ -702,6 +786,15 @@ pub fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if shard.is_some() {
+        return match super::shard::send_report(&report) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("herald bench: cannot send the report to the parent process: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     report.label = common.label.clone();
     print!("{}", report.summary());
     let mut code = ExitCode::SUCCESS;

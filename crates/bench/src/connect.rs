@@ -10,6 +10,7 @@
 use super::actioncable;
 use super::metrics::{Latency, Live, Monitor, Tick};
 use super::proto::Proto;
+use super::shard::{self, Shard};
 use super::{preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -29,6 +30,11 @@ pub struct ConnectParams {
     /// The protocol the clients speak (Action Cable subscribes to
     /// `BenchmarkChannel`; `channel` does not apply). Only [`PROTOCOLS`].
     pub protocol: Proto,
+    /// Nodes of a cluster the clients spread over, round-robin (several
+    /// `--url`s); empty: `target`.
+    pub nodes: Vec<Target>,
+    /// This process's part of a `--processes` run (None: all of it).
+    pub shard: Option<Shard>,
 }
 
 impl ConnectParams {
@@ -42,6 +48,8 @@ impl ConnectParams {
             progress: true,
             server_pid: None,
             protocol: Proto::Pusher,
+            nodes: Vec::new(),
+            shard: None,
         }
     }
 }
@@ -61,7 +69,7 @@ struct Step {
     timeline: Vec<Tick>,
 }
 
-async fn avalanche(p: &ConnectParams) -> Step {
+async fn avalanche(p: &ConnectParams) -> Result<Step, BenchError> {
     let live = Arc::new(Live::default());
     let shared = Arc::new((
         Latency::default(),
@@ -71,15 +79,29 @@ async fn avalanche(p: &ConnectParams) -> Step {
         AtomicU64::new(0),
     ));
     let monitor = Monitor::start("connect", live.clone(), None, p.progress);
-    let barrier = p
-        .hold
-        .then(|| Arc::new(tokio::sync::Barrier::new(p.clients)));
+    // With `hold`: each client, once settled, adds a permit and waits for
+    // the release, which comes when every client here has settled and (in
+    // a `--processes` run) every other process's clients too.
+    let owned = shard::share(p.shard, p.clients);
+    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+    let settled = Arc::new(tokio::sync::Semaphore::new(0));
+    let coordinator = p.hold.then(|| {
+        let (settled, shard) = (settled.clone(), p.shard);
+        tokio::spawn(async move {
+            let _ = settled.acquire_many(owned as u32).await;
+            let r = shard::sync(shard, "settled", serde_json::Value::Null).await;
+            let _ = release_tx.send(true);
+            r
+        })
+    });
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..p.clients {
-        let (target, channel, timeout) = (p.target.clone(), p.channel.clone(), p.timeout);
+    for i in (0..p.clients).filter(|&i| shard::owns(p.shard, i)) {
+        let target = super::node(&p.target, &p.nodes, i).clone();
+        let (channel, timeout) = (p.channel.clone(), p.timeout);
         let proto = p.protocol;
-        let (live, shared, barrier) = (live.clone(), shared.clone(), barrier.clone());
+        let (live, shared) = (live.clone(), shared.clone());
+        let hold = p.hold.then(|| (settled.clone(), release_rx.clone()));
         tasks.spawn(async move {
             let (connecting, subscribe, setup, connected, subscribed) = &*shared;
             let t0 = Instant::now();
@@ -109,8 +131,9 @@ async fn avalanche(p: &ConnectParams) -> Step {
                 }
             };
             let settled = Instant::now();
-            if let Some(barrier) = barrier {
-                barrier.wait().await;
+            if let Some((settled, mut release)) = hold {
+                settled.add_permits(1);
+                let _ = release.wait_for(|r| *r).await;
             }
             if let Some(conn) = conn {
                 conn.close().await;
@@ -125,11 +148,15 @@ async fn avalanche(p: &ConnectParams) -> Step {
             last_settled = last_settled.max(t);
         }
     }
+    if let Some(c) = coordinator {
+        c.await
+            .map_err(|e| BenchError(format!("the hold's coordinator: {e}")))??;
+    }
     let seconds = started.elapsed().as_secs_f64();
     let timeline = monitor.finish().await;
     let (connecting, subscribe, setup, connected, subscribed) =
         Arc::try_unwrap(shared).unwrap_or_else(|_| unreachable!("all tasks joined"));
-    Step {
+    Ok(Step {
         connected: connected.into_inner(),
         subscribed: subscribed.into_inner(),
         connecting,
@@ -139,20 +166,23 @@ async fn avalanche(p: &ConnectParams) -> Step {
         seconds,
         all_settled_after: (last_settled - started).as_secs_f64(),
         timeline,
-    }
+    })
 }
 
 /// The protocols `connect` speaks.
 pub const PROTOCOLS: &[Proto] = &[Proto::Pusher, Proto::ActionCable, Proto::ActionCableExt];
 
 async fn connect_preflight(p: &ConnectParams) -> Result<(), BenchError> {
-    match p.protocol {
-        Proto::ActionCable | Proto::ActionCableExt => actioncable::preflight(&p.target, false)
-            .await
-            .map_err(BenchError),
-        // Pusher (`run` and `sweep` refuse the others).
-        _ => preflight(&p.target, None, false).await,
+    for target in std::iter::once(&p.target).chain(&p.nodes) {
+        match p.protocol {
+            Proto::ActionCable | Proto::ActionCableExt => actioncable::preflight(target, false)
+                .await
+                .map_err(BenchError)?,
+            // Pusher (`run` and `sweep` refuse the others).
+            _ => preflight(target, None, false).await?,
+        }
     }
+    Ok(())
 }
 
 fn check_limits(p: &ConnectParams, most: usize, report: &mut Report) {
@@ -173,16 +203,19 @@ fn check_limits(p: &ConnectParams, most: usize, report: &mut Report) {
 pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
     p.protocol.check("connect", PROTOCOLS)?;
     let mut report = Report::new("connect");
-    report.param("url", &p.target.url);
+    report.param("url", urls(p));
     report.param("clients", p.clients);
     report.param("channel", &p.channel);
     report.param("hold", p.hold);
     report.param("protocol", p.protocol.name());
-    check_limits(p, p.clients, &mut report);
+    let n = shard::share(p.shard, p.clients);
+    check_limits(p, n, &mut report);
     connect_preflight(p).await?;
+    // Every process's avalanche starts at once.
+    shard::sync(p.shard, "ready", serde_json::Value::Null).await?;
     let cpu = CpuMeter::start(p.server_pid);
-    let s = avalanche(p).await;
-    let n = p.clients as u64;
+    let s = avalanche(p).await?;
+    let n = n as u64;
     report.seconds = s.seconds;
     report.timeline = s.timeline;
     report.counter("ws_sessions", n);
@@ -196,6 +229,15 @@ pub async fn run(p: &ConnectParams) -> Result<Report, BenchError> {
     cpu.finish(&mut report);
     super::server_memory(&mut report, p.server_pid);
     Ok(report)
+}
+
+/// The URLs the clients connect to, for the report.
+fn urls(p: &ConnectParams) -> String {
+    if p.nodes.is_empty() {
+        return p.target.url.clone();
+    }
+    let all: Vec<&str> = p.nodes.iter().map(|t| t.url.as_str()).collect();
+    all.join(",")
 }
 
 #[derive(Debug, Clone)]
@@ -236,7 +278,7 @@ pub async fn sweep(p: &SweepParams) -> Result<Report, BenchError> {
         // One timeline for the whole sweep: each step's seconds are shifted
         // to count from the sweep's start and tagged with the step's N.
         let offset = started.elapsed().as_secs();
-        let s = avalanche(&params).await;
+        let s = avalanche(&params).await?;
         let mut previous = report.timeline.last().map_or(0, |t| t.second);
         for tick in &s.timeline {
             // Keep seconds increasing even when a short pause makes a step

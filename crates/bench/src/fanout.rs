@@ -27,6 +27,7 @@ use super::client::bench_data;
 use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
 use super::proto::{Broadcast, Proto, Publisher};
+use super::shard::{self, Shard};
 use super::{now_us, preflight, raise_nofile, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -60,6 +61,15 @@ pub struct FanoutParams {
     /// What subscribers and publishers speak: Pusher (WebSocket + HTTP
     /// API) or one of the AppSync APIs: only [`PROTOCOLS`].
     pub protocol: Proto,
+    /// Nodes of a cluster (several `--url`s): publisher j publishes
+    /// through node j mod n, and subscribers spread over them round-robin
+    /// unless `subscriber_targets` says otherwise. Empty: `target`.
+    pub nodes: Vec<Target>,
+    /// This process's part of a `--processes` run (None: all of it).
+    /// Subscriber i and publisher j are child (i mod N)'s and (j mod N)'s;
+    /// after publishing the children exchange the publishes that failed,
+    /// so each knows every publish its subscribers were owed.
+    pub shard: Option<Shard>,
 }
 
 impl FanoutParams {
@@ -78,8 +88,23 @@ impl FanoutParams {
             progress: true,
             server_pid: None,
             protocol: Proto::Pusher,
+            nodes: Vec::new(),
+            shard: None,
         }
     }
+}
+
+/// The note when publishers could not keep the asked rate (None when they
+/// did): the latencies then measure the publishers' backlog too.
+pub fn behind(sent: u64, achieved: f64, asked: f64, lag_max_ms: f64) -> Option<String> {
+    (sent > 0 && achieved < asked * RATE_TOLERANCE).then(|| {
+        format!(
+            "publishers fell behind: {achieved:.1} publishes/s achieved of {asked} asked \
+             (publish_lag max {lag_max_ms:.1} ms); message_latency counts from each publish's \
+             scheduled time, so it includes that lag. Use more --publishers or a lower --rate \
+             to measure the server rather than the publishers."
+        )
+    })
 }
 
 /// The protocols `fanout` speaks.
@@ -113,6 +138,8 @@ struct Shared {
     /// Accepted publishes per channel, by k / C.
     accepted_ids: Vec<std::sync::Mutex<SeqSet>>,
     publish_errors: AtomicU64,
+    /// Publish numbers k that failed (the others were accepted).
+    failed: std::sync::Mutex<Vec<u64>>,
     first_publish_error: std::sync::Mutex<Option<String>>,
     dropped: AtomicU64,
 }
@@ -124,12 +151,16 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     }
     let mut report = Report::new("fanout");
     report.param("url", &p.target.url);
-    if !p.subscriber_targets.is_empty() {
-        let urls: Vec<&str> = p
-            .subscriber_targets
-            .iter()
-            .map(|t| t.url.as_str())
-            .collect();
+    if p.nodes.len() > 1 {
+        let urls: Vec<&str> = p.nodes.iter().map(|t| t.url.as_str()).collect();
+        report.param("publisher urls", urls.join(","));
+    }
+    let subscriber_targets = match (p.subscriber_targets.is_empty(), p.nodes.len()) {
+        (true, 2..) => &p.nodes,
+        _ => &p.subscriber_targets,
+    };
+    if !subscriber_targets.is_empty() {
+        let urls: Vec<&str> = subscriber_targets.iter().map(|t| t.url.as_str()).collect();
         report.param("subscriber urls", urls.join(","));
     }
     report.param("subscribers", p.subscribers);
@@ -138,15 +169,27 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     report.param("rate", format!("{}/s", p.rate));
     report.param("duration", format!("{:?}", p.duration));
     report.param("protocol", p.protocol.name());
-    if let Some(w) = raise_nofile(p.subscribers as u64 + p.publishers as u64) {
+    let owned_subscribers = shard::share(p.shard, p.subscribers);
+    let owned_publishers = shard::share(p.shard, p.publishers);
+    if let Some(w) = raise_nofile(owned_subscribers as u64 + owned_publishers as u64) {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    match p.protocol {
-        Proto::Pusher => preflight(&p.target, None, true).await?,
-        other => appsync::preflight(&p.target, other)
-            .await
-            .map_err(|e| super::BenchError(e.explain(&p.target)))?,
+    let mut checked: Vec<&str> = Vec::new();
+    for target in std::iter::once(&p.target)
+        .chain(&p.nodes)
+        .chain(subscriber_targets)
+    {
+        if checked.contains(&target.url.as_str()) {
+            continue;
+        }
+        checked.push(&target.url);
+        match p.protocol {
+            Proto::Pusher => preflight(target, None, true).await?,
+            other => appsync::preflight(target, other)
+                .await
+                .map_err(|e| super::BenchError(e.explain(target)))?,
+        }
     }
     let cpu = CpuMeter::start(p.server_pid);
     let started = Instant::now();
@@ -164,6 +207,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         received: per_channel(),
         accepted_ids: (0..p.channels).map(|_| Default::default()).collect(),
         publish_errors: AtomicU64::new(0),
+        failed: Default::default(),
         first_publish_error: Default::default(),
         dropped: AtomicU64::new(0),
     });
@@ -177,15 +221,13 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     // Phase 1: every subscriber connected and confirmed.
     let gate = Arc::new(tokio::sync::Semaphore::new(p.concurrency.max(1)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(p.subscribers.max(1));
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(owned_subscribers.max(1));
     let mut subscribers = tokio::task::JoinSet::new();
     let (channels, publishers) = (p.channels as u64, p.publishers as u64);
-    for i in 0..p.subscribers {
+    for i in (0..p.subscribers).filter(|&i| shard::owns(p.shard, i)) {
         let c = i % p.channels;
-        let target = match p.subscriber_targets.len() {
-            0 => p.target.clone(),
-            n => p.subscriber_targets[i % n].clone(),
-        };
+        let target = super::node(&p.target, subscriber_targets, i).clone();
+        let node = i % subscriber_targets.len().max(1);
         let (s, timeout, protocol) = (s.clone(), p.timeout, p.protocol);
         let (gate, mut stop, ready) = (gate.clone(), stop_rx.clone(), ready_tx.clone());
         subscribers.spawn(async move {
@@ -252,7 +294,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                             s.dropped.fetch_add(1, Relaxed);
                             s.live.error(e.kind(), e.explain(&target));
                             s.live.connections.fetch_sub(1, Relaxed);
-                            return Some((c, got));
+                            return Some((c, node, got));
                         }
                     },
                     _ = stop.changed() => break,
@@ -260,27 +302,38 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
             }
             conn.close().await;
             s.live.connections.fetch_sub(1, Relaxed);
-            Some((c, got))
+            Some((c, node, got))
         });
     }
     drop(ready_tx);
-    for _ in 0..p.subscribers {
+    for _ in 0..owned_subscribers {
         if ready_rx.recv().await.is_none() {
             break;
         }
     }
     let subscribe_seconds = started.elapsed().as_secs_f64();
+    // Every process's subscribers are in before anyone publishes.
+    shard::sync(p.shard, "subscribed", serde_json::Value::Null).await?;
 
     // Phase 2: publishers on a fixed schedule; publish k goes to channel k % C.
-    let publisher = Publisher::new(p.protocol, &p.target, &Broadcast::default());
+    let nodes = match p.nodes.len() {
+        0 => std::slice::from_ref(&p.target),
+        _ => &p.nodes[..],
+    };
+    let node_publishers: Vec<Publisher> = nodes
+        .iter()
+        .map(|t| Publisher::new(p.protocol, t, &Broadcast::default()))
+        .collect();
     // The schedule on both clocks: `Instant` to sleep on, the bench clock
     // for the stamps receivers subtract from.
     let publish_start = Instant::now();
     let publish_start_us = now_us();
     let total = (p.rate * p.duration.as_secs_f64()).round() as u64;
     let mut publishers = tokio::task::JoinSet::new();
-    for j in 0..p.publishers as u64 {
-        let (s, publisher, target) = (s.clone(), publisher.clone(), p.target.clone());
+    for j in (0..p.publishers as u64).filter(|&j| shard::owns(p.shard, j as usize)) {
+        let node = j as usize % nodes.len();
+        let (publisher, target) = (node_publishers[node].clone(), nodes[node].clone());
+        let s = s.clone();
         let (step, rate, channels) = (p.publishers as u64, p.rate, p.channels as u64);
         publishers.spawn(async move {
             let mut k = j;
@@ -307,6 +360,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                         s.live.sent.fetch_add(1, Relaxed);
                     }
                     Err(e) => {
+                        s.failed.lock().unwrap().push(k);
                         if s.publish_errors.fetch_add(1, Relaxed) == 0 {
                             *s.first_publish_error.lock().unwrap() = Some(e.explain(&target));
                         }
@@ -318,6 +372,33 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     }
     while publishers.join_next().await.is_some() {}
     let publish_seconds = publish_start.elapsed().as_secs_f64();
+    // This process's accepted publishes, for `http_publishes`.
+    let accepted_here: u64 = s.accepted.iter().map(|a| a.load(Relaxed)).sum();
+    if p.shard.is_some() {
+        // Every publish k < total was made by some process; the ones none
+        // of them saw fail were accepted, and are owed to every subscriber
+        // of their channel here.
+        let failed = s.failed.lock().unwrap().clone();
+        let all = shard::sync(p.shard, "published", serde_json::json!(failed)).await?;
+        let failed: std::collections::HashSet<u64> = all
+            .iter()
+            .filter_map(|v| v.as_array())
+            .flatten()
+            .filter_map(|k| k.as_u64())
+            .collect();
+        for (c, a) in s.accepted.iter().enumerate() {
+            let mut ids = s.accepted_ids[c].lock().unwrap();
+            *ids = Default::default();
+            let mut n = 0;
+            for k in (c as u64..total).step_by(p.channels) {
+                if !failed.contains(&k) {
+                    ids.insert(k / channels);
+                    n += 1;
+                }
+            }
+            a.store(n, Relaxed);
+        }
+    }
 
     // Phase 3: wait for outstanding deliveries, then disconnect.
     let expected_of = |c: usize| s.accepted[c].load(Relaxed) * s.subscribed[c].load(Relaxed);
@@ -333,10 +414,18 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let _ = stop_tx.send(true);
     // Each subscriber's ids against the publishes the server accepted.
     let mut per_channel = vec![Deliveries::default(); p.channels];
+    // Deliveries received through each node (several nodes only), for
+    // each node's CPU per delivery.
+    let mut per_node = vec![0u64; subscriber_targets.len()];
     while let Some(r) = subscribers.join_next().await {
-        let Ok(Some((c, got))) = r else { continue };
+        let Ok(Some((c, node, got))) = r else {
+            continue;
+        };
         let accepted = s.accepted_ids[c].lock().unwrap();
         let expected_here = got.set.intersection_len(&accepted);
+        if let Some(n) = per_node.get_mut(node) {
+            *n += expected_here;
+        }
         let d = &mut per_channel[c];
         d.received += expected_here;
         d.duplicated += got.duplicates;
@@ -352,36 +441,40 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     report.timeline = monitor.finish().await;
     report.seconds = publish_seconds;
 
-    let accepted: u64 = s.accepted.iter().map(|a| a.load(Relaxed)).sum();
     let confirmed: u64 = s.subscribed.iter().map(|a| a.load(Relaxed)).sum();
-    report.counter("ws_sessions", p.subscribers as u64);
-    report.rate("ws_subscribe_success", confirmed, p.subscribers as u64);
+    report.counter("ws_sessions", owned_subscribers as u64);
+    report.rate("ws_subscribe_success", confirmed, owned_subscribers as u64);
     report.trend("ws_session_setup", s.connecting.total());
     report.value("all_subscribed_after", Some(subscribe_seconds), "s");
-    report.counter("http_publishes", accepted);
+    report.counter("http_publishes", accepted_here);
     report.counter("http_publish_errors", s.publish_errors.load(Relaxed));
     // Publishes sent per second, over the time from the start to the last
     // send plus one interval: exactly the asked rate when on schedule.
     let sent = s.publishes_sent.load(Relaxed);
     let span = s.last_send_us.load(Relaxed) as f64 / 1e6 + 1.0 / p.rate;
     let achieved = sent as f64 / span;
-    report.value("http_publish_rate_asked", Some(p.rate), "/s");
+    // A process of a `--processes` run is asked for its publishers' share
+    // (the merged report sums the shares).
+    let asked = p.rate * owned_publishers as f64 / p.publishers as f64;
+    report.value("http_publish_rate_asked", Some(asked), "/s");
     report.value("http_publish_rate_achieved", Some(achieved), "/s");
     report.trend("http_publish_duration", s.publish_duration.total());
     let lag = s.publish_lag.total();
-    if sent > 0 && achieved < p.rate * RATE_TOLERANCE {
-        report.notes.push(format!(
-            "publishers fell behind: {achieved:.1} publishes/s achieved of {} asked \
-             (publish_lag max {:.1} ms); message_latency counts from each publish's \
-             scheduled time, so it includes that lag. Use more --publishers or a lower --rate \
-             to measure the server rather than the publishers.",
-            p.rate,
-            lag.max() as f64 / 1000.0,
-        ));
+    // A process of a `--processes` run leaves the judgement to the merged
+    // report (its own share's schedule ends a publish interval early).
+    if p.shard.is_none() {
+        if let Some(note) = behind(sent, achieved, asked, lag.max() as f64 / 1000.0) {
+            report.notes.push(note);
+        }
     }
     report.trend("publish_lag", lag);
     report.counter("ws_msgs_received", s.live.received.load(Relaxed));
     report.deliveries(&total);
+    if per_node.len() > 1 {
+        for (k, n) in per_node.iter().enumerate() {
+            report.counter(&format!("deliveries_received{{node:{k}}}"), *n);
+        }
+    }
     for (c, d) in per_channel.iter().enumerate() {
         report.rate(
             &format!("delivery_success{{channel:{}}}", channel_name(c)),

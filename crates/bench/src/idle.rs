@@ -5,6 +5,7 @@
 use super::client::Conn;
 use super::metrics::{Latency, Live, Monitor};
 use super::proto::Proto;
+use super::shard::{self, Shard};
 use super::{preflight, raise_nofile, rss_bytes, BenchError, CpuMeter, Report, Target};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -30,6 +31,14 @@ pub struct IdleParams {
     pub timeout: Duration,
     pub progress: bool,
     pub server_pid: Option<u32>,
+    /// Nodes of a cluster the clients spread over, round-robin (several
+    /// `--url`s); empty: `target`.
+    pub nodes: Vec<Target>,
+    /// This process's part of a `--processes` run (None: all of it). A
+    /// child opens its share, meets the others at barrier `open`, and
+    /// closes when the parent answers: the parent measures the servers'
+    /// memory and holds meanwhile.
+    pub shard: Option<Shard>,
 }
 
 impl IdleParams {
@@ -45,6 +54,8 @@ impl IdleParams {
             timeout: Duration::from_secs(30),
             progress: true,
             server_pid: None,
+            nodes: Vec::new(),
+            shard: None,
         }
     }
 }
@@ -52,21 +63,28 @@ impl IdleParams {
 pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
     p.protocol.check("idle", PROTOCOLS)?;
     let mut report = Report::new("idle");
-    report.param("url", &p.target.url);
+    let urls: Vec<&str> = match p.nodes.len() {
+        0 => vec![p.target.url.as_str()],
+        _ => p.nodes.iter().map(|t| t.url.as_str()).collect(),
+    };
+    report.param("url", urls.join(","));
     report.param("protocol", p.protocol.name());
     report.param("clients", p.clients);
     report.param("channels_per_client", p.channels_per_client);
     report.param("channel_pool", p.channel_pool);
     report.param("hold", format!("{:?}", p.hold));
-    if let Some(w) = raise_nofile(p.clients as u64) {
+    let owned = shard::share(p.shard, p.clients);
+    if let Some(w) = raise_nofile(owned as u64) {
         eprintln!("herald bench: {w}");
         report.notes.push(w);
     }
-    match p.protocol {
-        Proto::Pusher => preflight(&p.target, None, false).await?,
-        _ => super::actioncable::preflight(&p.target, false)
-            .await
-            .map_err(BenchError)?,
+    for target in std::iter::once(&p.target).chain(&p.nodes) {
+        match p.protocol {
+            Proto::Pusher => preflight(target, None, false).await?,
+            _ => super::actioncable::preflight(target, false)
+                .await
+                .map_err(BenchError)?,
+        }
     }
     let cpu = CpuMeter::start(p.server_pid);
     let started = Instant::now();
@@ -79,12 +97,16 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
     let monitor = Monitor::start("idle", live.clone(), None, p.progress);
     let connecting = Arc::new(Latency::default());
     let subscribed = Arc::new(AtomicU64::new(0));
+    // Subscribed connections per node, for each server's memory per
+    // connection (the parent of a `--processes` run divides by them).
+    let per_node: Arc<Vec<AtomicU64>> =
+        Arc::new((0..p.nodes.len()).map(|_| AtomicU64::new(0)).collect());
     let dropped = Arc::new(AtomicU64::new(0));
     let gate = Arc::new(tokio::sync::Semaphore::new(p.concurrency.max(1)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(p.clients.max(1));
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(owned.max(1));
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..p.clients {
+    for i in (0..p.clients).filter(|&i| shard::owns(p.shard, i)) {
         let channels: Vec<String> = (0..p.channels_per_client)
             .map(|j| {
                 format!(
@@ -93,13 +115,15 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
                 )
             })
             .collect();
-        let (target, timeout, proto) = (p.target.clone(), p.timeout, p.protocol);
+        let target = super::node(&p.target, &p.nodes, i).clone();
+        let (timeout, proto) = (p.timeout, p.protocol);
         let (live, connecting, subscribed, dropped) = (
             live.clone(),
             connecting.clone(),
             subscribed.clone(),
             dropped.clone(),
         );
+        let (per_node, node_index) = (per_node.clone(), i % p.nodes.len().max(1));
         let (gate, mut stop, ready) = (gate.clone(), stop_rx.clone(), ready_tx.clone());
         tasks.spawn(async move {
             let permit = gate.acquire().await;
@@ -134,6 +158,9 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
                 Ok(()) => {
                     connecting.record_duration(i, t0.elapsed());
                     subscribed.fetch_add(1, Relaxed);
+                    if let Some(n) = per_node.get(node_index) {
+                        n.fetch_add(1, Relaxed);
+                    }
                     true
                 }
                 Err(e) => {
@@ -165,18 +192,27 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
         });
     }
     drop(ready_tx);
-    for _ in 0..p.clients {
+    for _ in 0..owned {
         if ready_rx.recv().await.is_none() {
             break;
         }
     }
     let opened_after = started.elapsed().as_secs_f64();
-    // Let allocations settle, measure, hold, measure again.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let server_open = p.server_pid.and_then(|pid| rss_bytes(Some(pid)));
-    tokio::time::sleep(p.hold).await;
-    let server_after = p.server_pid.and_then(|pid| rss_bytes(Some(pid)));
-    let self_after = rss_bytes(None);
+    let (server_open, server_after, self_after);
+    if p.shard.is_some() {
+        // The parent settles, measures and holds while every process
+        // waits here with its connections open.
+        shard::sync(p.shard, "open", serde_json::Value::Null).await?;
+        self_after = rss_bytes(None);
+        (server_open, server_after) = (None, None);
+    } else {
+        // Let allocations settle, measure, hold, measure again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        server_open = p.server_pid.and_then(|pid| rss_bytes(Some(pid)));
+        tokio::time::sleep(p.hold).await;
+        server_after = p.server_pid.and_then(|pid| rss_bytes(Some(pid)));
+        self_after = rss_bytes(None);
+    }
     let held = live.connections.load(Relaxed).max(0) as u64;
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
@@ -184,8 +220,13 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
     report.seconds = started.elapsed().as_secs_f64();
 
     let n = subscribed.load(Relaxed);
-    report.counter("ws_sessions", p.clients as u64);
-    report.rate("ws_subscribe_success", n, p.clients as u64);
+    report.counter("ws_sessions", owned as u64);
+    report.rate("ws_subscribe_success", n, owned as u64);
+    if p.nodes.len() > 1 {
+        for (k, count) in per_node.iter().enumerate() {
+            report.counter(&format!("ws_subscribed{{node:{k}}}"), count.load(Relaxed));
+        }
+    }
     report.counter("connections_held", held);
     report.counter("connections_dropped_by_server", dropped.load(Relaxed));
     report.trend("ws_session_setup", connecting.total());
@@ -208,7 +249,7 @@ pub async fn run(p: &IdleParams) -> Result<Report, BenchError> {
         per(self_before, self_after),
         "B",
     );
-    if p.server_pid.is_none() {
+    if p.server_pid.is_none() && p.shard.is_none() {
         report
             .notes
             .push("give --server-pid to measure the server's memory per connection".into());

@@ -208,16 +208,52 @@ pub struct Ledger {
     /// (stamp, id) of every send the server accepted.
     sends: Mutex<Vec<(u64, MsgId)>>,
     windows: Mutex<Vec<Window>>,
-    /// The next message number of the run.
+    /// The next message number of this process.
     next: AtomicU64,
+    /// This process's part of a `--processes` run: its numbers are
+    /// `local × count + index`, unique across the processes.
+    shard: Option<super::shard::Shard>,
 }
 
 impl Ledger {
+    /// The ledger of one process of a `--processes` run.
+    pub fn numbered(shard: Option<super::shard::Shard>) -> Ledger {
+        Ledger {
+            shard,
+            ..Ledger::default()
+        }
+    }
+
     /// A fresh id for a message `sender` is about to send.
     pub fn next_id(&self, sender: u64) -> MsgId {
+        let local = self.next.fetch_add(1, Ordering::Relaxed);
         MsgId {
             sender,
-            seq: self.next.fetch_add(1, Ordering::Relaxed),
+            seq: super::shard::global(self.shard, local),
+        }
+    }
+
+    /// Every accepted send so far, as `[stamp, sender, seq]`, for the
+    /// other processes of a `--processes` run.
+    pub fn sends_json(&self) -> serde_json::Value {
+        let sends = self.sends.lock().unwrap();
+        serde_json::Value::Array(
+            sends
+                .iter()
+                .map(|(t, id)| serde_json::json!([t, id.sender, id.seq]))
+                .collect(),
+        )
+    }
+
+    /// Add the sends another process's [`Ledger::sends_json`] listed.
+    pub fn add_sends(&self, list: &serde_json::Value) {
+        let mut sends = self.sends.lock().unwrap();
+        for s in list.as_array().into_iter().flatten() {
+            if let (Some(t), Some(sender), Some(seq)) =
+                (s[0].as_u64(), s[1].as_u64(), s[2].as_u64())
+            {
+                sends.push((t, MsgId { sender, seq }));
+            }
         }
     }
 

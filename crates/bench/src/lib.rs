@@ -24,6 +24,11 @@
 //!             server's gauge and descriptors back to baseline
 //! slow        a share of subscribers stop reading; the others' latency
 //!             against a clean run, slow-client closes, server memory
+//! shard       a child of a `--processes` run: the clients it owns, its
+//!             barriers with the parent
+//! multi       the parent of a `--processes` run: starts the children,
+//!             answers their barriers, measures the servers (several pids)
+//! merge       the children's reports sent whole and added up exactly
 //! worst       what soak, storm and slow share (process probes, /metrics,
 //!             HTTP API queries, presence subscriptions, slopes)
 //! proto       which protocol the clients speak (`--protocol`: Pusher,
@@ -57,11 +62,14 @@ pub mod fanout;
 pub mod gap;
 pub mod idle;
 pub mod ledger;
+pub mod merge;
 pub mod metrics;
+pub mod multi;
 pub mod proto;
 pub mod report;
 pub mod rolling;
 pub mod rpc;
+pub mod shard;
 pub mod slow;
 pub mod soak;
 pub mod storm;
@@ -207,15 +215,46 @@ impl Target {
     }
 }
 
+/// The node client `i` uses: round-robin over `nodes` (several `--url`s),
+/// or `target` when there is no list.
+pub fn node<'a>(target: &'a Target, nodes: &'a [Target], i: usize) -> &'a Target {
+    match nodes.len() {
+        0 => target,
+        n => &nodes[i % n],
+    }
+}
+
 /// How many 127.0.0.x source addresses connections are spread over.
 pub const SOURCE_ADDRESSES: usize = 64;
 
-static START: OnceLock<Instant> = OnceLock::new();
+/// The bench clock's zero, in microseconds of `CLOCK_MONOTONIC`.
+static EPOCH_US: OnceLock<u64> = OnceLock::new();
 
-/// The one process clock: microseconds since the bench first asked.
-/// Senders put it in the payload, receivers subtract it from their own.
+/// `CLOCK_MONOTONIC` in microseconds: one clock for every process on the
+/// machine (what `Instant` reads on Linux), so the generator processes of a
+/// `--processes` run stamp and subtract on the same clock.
+pub fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
+/// The bench clock: microseconds since the bench first asked (or since the
+/// zero a parent process gave, [`set_clock_epoch`]). Senders put it in the
+/// payload, receivers subtract it from their own.
 pub fn now_us() -> u64 {
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+    monotonic_us().saturating_sub(*EPOCH_US.get_or_init(monotonic_us))
+}
+
+/// Start the bench clock at `epoch` (microseconds of `CLOCK_MONOTONIC`), as
+/// the parent of a `--processes` run tells each child; false if the clock
+/// was already read.
+pub fn set_clock_epoch(epoch: u64) -> bool {
+    EPOCH_US.set(epoch).is_ok()
 }
 
 /// Raise this process's open-file limit to fit `needed` descriptors.
