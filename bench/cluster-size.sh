@@ -27,6 +27,7 @@ else
   redis-server --port $bport --bind 127.0.0.1 --save "" --appendonly no >/dev/null & B=$!; url=redis://127.0.0.1:$bport
 fi
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$bport) 2>/dev/null && break; sleep 0.1; done
+kill -0 "$B" 2>/dev/null || { echo "the broker did not start (port $bport taken?)" >&2; exit 1; }
 cfg=()
 if [ "$WEBHOOKS" = 1 ]; then
   python3 -c '
