@@ -10,6 +10,8 @@
 #     [PROTOCOL=actioncable-ext] [HERALD_CONFIG=file.toml] [ANYCABLE_FLAGS="--broker=memory"] \
 #     bench/cable-compare.sh herald|anycable TAG [bench flags, e.g. --clients 500 --duration 30s]
 #
+# HERALD_SERVER runs that binary as the Herald server instead of $HERALD (which
+# stays the generator and the app): two builds compared with one generator.
 # HERALD_CONFIG is read by `herald serve` itself (its config file, e.g.
 # `[rpc]` `history_limit = 0`); ANYCABLE_FLAGS are added to anycable-go's.
 set -u
@@ -19,6 +21,7 @@ PROTOCOL=${PROTOCOL:-actioncable}
 ANYCABLE_FLAGS=${ANYCABLE_FLAGS:-}
 which=$1; tag=$2; shift 2
 BIN=${HERALD:-target/release/herald}
+SERVER_BIN=${HERALD_SERVER:-$BIN}
 ANY=${ANYCABLE:-anycable-go}
 OUT=${OUT:-/tmp/cable-bench}
 mkdir -p "$OUT"
@@ -27,7 +30,7 @@ wait_port() { for i in $(seq 200); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null
 if [ "$which" = herald ]; then
   PORT=18951; RPC=50161
   $BIN bench rpc-server --port $RPC --threads 1 --broadcast-url http://127.0.0.1:$PORT/_broadcast 2>$OUT/$tag.app.log & APP=$!
-  $BIN serve --port $PORT --log warn --rpc-host 127.0.0.1:$RPC 2>$OUT/$tag.server.log & SRV=$!
+  $SERVER_BIN serve --port $PORT --log warn --rpc-host 127.0.0.1:$RPC 2>$OUT/$tag.server.log & SRV=$!
 else
   PORT=18952; RPC=50162
   $BIN bench rpc-server --port $RPC --threads 1 --broadcast-url http://127.0.0.1:$PORT/_broadcast 2>$OUT/$tag.app.log & APP=$!

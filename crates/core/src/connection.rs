@@ -65,6 +65,10 @@ pub enum Reason {
     Code(u16),
 }
 
+/// [`Connection::close`]'s word for a connection whose client is gone: not
+/// 0, so frames are refused, and no reason ([`Reason::unpack`] gives none).
+const GONE: u32 = u32::MAX;
+
 impl Reason {
     fn pack(self) -> u32 {
         match self {
@@ -312,6 +316,14 @@ impl Connection {
     /// The close somebody asked for, if any.
     pub fn close_requested(&self) -> Option<Reason> {
         Reason::unpack(self.close.load(Ordering::Acquire))
+    }
+
+    /// The client is gone and its session's teardown waits in the node's
+    /// [`Reaper`](crate::reaper::Reaper): frames are refused from now on
+    /// (see [`Connection::send`]), and a close asked for later is moot.
+    /// Not a [`Reason`]: nobody is left to be told one.
+    pub fn gone(&self) {
+        self.close.store(GONE, Ordering::Release);
     }
 }
 

@@ -53,6 +53,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod observer;
+pub mod reaper;
 pub mod session;
 pub mod sessions;
 /// Test helpers: only with the `testing` feature (dev-dependencies) or in

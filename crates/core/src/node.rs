@@ -60,6 +60,9 @@ pub struct Node {
     /// (calls to a backend after a client left, say). The server waits for
     /// it, bounded, after the clients are gone: [`Node::finish_tasks`].
     pub tasks: TaskTracker,
+    /// Where sessions whose clients went away are torn down, in batches
+    /// behind new connections (see [`crate::reaper`]).
+    pub reaper: crate::reaper::Reaper,
 }
 
 impl Node {
@@ -96,6 +99,7 @@ impl Node {
             publication_watchers: AtomicUsize::new(0),
             commands: Default::default(),
             tasks: TaskTracker::new(),
+            reaper: Default::default(),
         });
         broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
         node

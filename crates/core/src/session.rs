@@ -146,18 +146,21 @@ pub struct Settings {
     /// How long a session whose handler is [`Handler::idle`] may stay
     /// without a client message (the server's `ws_idle_timeout`).
     pub idle_timeout: Duration,
+    /// Where the session's teardown goes when its client has gone away.
+    pub reaper: crate::reaper::Reaper,
 }
 
 impl Settings {
-    /// The settings of a session of `app` on a server configured by
-    /// `config`.
-    pub fn new(config: &crate::config::Config, app: &crate::config::AppConfig) -> Settings {
+    /// The settings of a session of `app` on `node`.
+    pub fn new(node: &crate::node::Node, app: &crate::config::AppConfig) -> Settings {
+        let config = &node.config;
         Settings {
             max_message: app.max_frame_size,
             max_messages_per_second: app.max_messages_per_second,
             write_delay: config.write_delay(),
             write_delay_busy_only: config.write_delay_busy_only,
             idle_timeout: config.ws_idle_timeout(),
+            reaper: node.reaper.clone(),
         }
     }
 }
@@ -187,7 +190,7 @@ pub fn open(
     };
     Opened {
         conn: Arc::new(Connection::new(id, socket_id, wire, limit)),
-        settings: Settings::new(&node.config, &hub.app),
+        settings: Settings::new(node, &hub.app),
         shutdown: node.shutdown.clone(),
     }
 }
@@ -222,8 +225,8 @@ pub fn run<S, H>(
     shutdown: CancellationToken,
 ) -> impl Future<Output = ()> + Send
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-    H: Handler,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Handler + 'static,
 {
     // Made out here, so the block keeps the decoder but not its setting.
     let mut decoder = Decoder::new(settings.max_message);
@@ -399,16 +402,27 @@ where
             }
         };
 
-        // Leave channels first: the closing handshake may wait on the client.
-        Box::pin(handler.on_close()).await;
-        traffic.closed(match &end {
-            None if write_failed => metrics::Closed::WriteError,
-            None => metrics::Closed::Client,
-            Some(why) => why.closed(),
-        });
         let Some(why) = end else {
+            // The client went away (or its socket broke): nothing to say,
+            // so the whole teardown, leaving channels first, waits its turn
+            // in the reaper, behind new connections (see there why). From
+            // now on nothing is queued for it.
+            conn.gone();
+            let closed = if write_failed {
+                metrics::Closed::WriteError
+            } else {
+                metrics::Closed::Client
+            };
+            settings.reaper.defer(Box::pin(async move {
+                handler.on_close().await;
+                traffic.closed(closed);
+                drop((stream, decoder, conn));
+            }));
             return;
         };
+        // Leave channels first: the closing handshake may wait on the client.
+        Box::pin(handler.on_close()).await;
+        traffic.closed(why.closed());
         let closing = handler.closing(&why);
         Box::pin(close(
             stream,
