@@ -18,6 +18,8 @@
 //! msg         the messages on the wire
 //! tally       cluster-wide first/last holders (occupied, member added)
 //! redis, nats the transports
+//! redis_cluster  the Redis Cluster transport (sharded pub/sub)
+//!   └ redis_conn  one command connection type for a server or a cluster
 //! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! redis_streams  history and sessions on the Redis server (issue 19)
@@ -32,6 +34,8 @@ pub mod jetstream;
 pub mod msg;
 pub mod nats;
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_conn;
 pub mod redis_sessions;
 pub mod redis_streams;
 pub mod subject;
@@ -59,6 +63,11 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
         urls::Kind::Local => Arc::new(LocalBroker::with_ttl(config.ttl())),
         urls::Kind::Redis => Arc::new(
             redis::engine(url, &config.prefix, config.ttl())
+                .map_err(bad)?
+                .with_canary(every, deadline),
+        ),
+        urls::Kind::RedisCluster => Arc::new(
+            redis_cluster::engine(url, &config.prefix, config.ttl())
                 .map_err(bad)?
                 .with_canary(every, deadline),
         ),

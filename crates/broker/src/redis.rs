@@ -25,7 +25,10 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
     let client = crate::urls::redis_client(url)?;
-    let streams = crate::redis_streams::RedisStreams::new(client.clone(), prefix);
+    let streams = crate::redis_streams::RedisStreams::new(
+        crate::redis_conn::Connector::Single(client.clone()),
+        prefix,
+    );
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, client));
     });

@@ -590,11 +590,19 @@ impl Config {
             _ => {}
         }
         let b = &self.broker;
-        let schemes = ["redis://", "rediss://", "nats://", "tls://"];
+        let schemes = [
+            "redis://",
+            "rediss://",
+            "redis-cluster://",
+            "rediss-cluster://",
+            "nats://",
+            "tls://",
+        ];
         if b.url != "local" && !schemes.iter().any(|s| b.url.starts_with(s)) {
             return Err(invalid(
                 "broker.url",
-                "must be `local`, or a redis://, rediss://, nats:// or tls:// URL",
+                "must be `local`, or a redis://, rediss://, redis-cluster://, rediss-cluster://, \
+                 nats:// or tls:// URL",
             ));
         }
         if b.prefix.is_empty()
