@@ -250,6 +250,52 @@ async fn probe(node: &Server, ws: &mut Ws, stream: &str) -> (String, u64) {
     unreachable!()
 }
 
+/// Replicas as the only seeds: the client learns the masters from them,
+/// and the nodes stay connected (dropping the seeds' connections is not
+/// a lost connection).
+#[tokio::test]
+async fn replicas_alone_seed_the_topology() {
+    let cluster = RedisCluster::start();
+    let replicas = cluster.replicas();
+    assert_eq!(replicas.len(), 3);
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"rs\"\nttl = 3\n",
+        cluster.url_of(&replicas)
+    );
+    let a = Server::start_with(&top, "").await;
+    let b = Server::start_with(&top, "").await;
+    for s in [&a, &b] {
+        wait_ready(s, 200, TIMEOUT).await;
+    }
+    let mut ca = a.client().await;
+    ca.subscribe("news").await;
+    let mut cb = b.client().await;
+    cb.subscribe("news").await;
+    let deadline = Instant::now() + TIMEOUT;
+    for k in 0.. {
+        assert!(Instant::now() < deadline, "nothing crossed the nodes");
+        a.trigger("news", "p", &k.to_string()).await;
+        assert_eq!(ca.expect("p", Some("news")).await["data"], k.to_string());
+        if let Ok(f) =
+            tokio::time::timeout(Duration::from_millis(300), cb.expect("p", Some("news"))).await
+        {
+            assert_eq!(f["data"], k.to_string());
+            break;
+        }
+    }
+    // Connected once each: no session ended since.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for s in [&a, &b] {
+        assert_eq!(
+            s.metric("herald_broker_outages_total").await,
+            0,
+            "{}",
+            s.log()
+        );
+        assert_eq!(wait_ready(s, 200, TIMEOUT).await.as_secs(), 0);
+    }
+}
+
 #[tokio::test]
 async fn a_session_of_a_killed_node_is_restored_on_another_with_its_history() {
     let cluster = RedisCluster::start();
@@ -522,4 +568,123 @@ async fn a_master_that_stops_answering_is_noticed_by_the_canary() {
             break;
         }
     }
+}
+
+/// An AppSync Events socket on `server`, past `connection_ack`.
+async fn appsync_events(server: &Server) -> Ws {
+    use base64::Engine;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let header = json!({ "host": "example.com", "x-api-key": APPSYNC_KEY }).to_string();
+    let header = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(header);
+    let url = format!("ws://127.0.0.1:{}/event/realtime", server.port);
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        format!("aws-appsync-event-ws, header-{header}")
+            .parse()
+            .unwrap(),
+    );
+    let (mut ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    send(&mut ws, json!({ "type": "connection_init" })).await;
+    assert_eq!(appsync_next(&mut ws).await["type"], "connection_ack");
+    ws
+}
+
+const APPSYNC_KEY: &str = "test-api-key";
+
+/// The next AppSync message that is not a keep-alive.
+async fn appsync_next(ws: &mut Ws) -> Value {
+    loop {
+        match common::next(ws).await {
+            common::Next::Frame(f) if f["type"] == "ka" => continue,
+            common::Next::Frame(f) => return f,
+            common::Next::Close(c) => panic!("closed ({c:?})"),
+        }
+    }
+}
+
+/// Trailing-wildcard subscriptions (no sharded PSUBSCRIBE exists) across
+/// nodes: every matching subscription on another node gets each
+/// publication once, through the pattern's own shard channel.
+#[tokio::test]
+async fn appsync_wildcards_match_across_nodes_once_each() {
+    let cluster = RedisCluster::start();
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"aw\"\nttl = 3\n",
+        cluster.url()
+    );
+    let app = format!("api_keys = [\"{APPSYNC_KEY}\"]");
+    let a = Server::start_with(&top, &app).await;
+    let b = Server::start_with(&top, &app).await;
+    for s in [&a, &b] {
+        wait_ready(s, 200, TIMEOUT).await;
+    }
+    let mut ws = appsync_events(&b).await;
+    for (id, channel) in [("ns", "/ns/*"), ("a", "/ns/a/*"), ("x", "/ns/a/x")] {
+        send(
+            &mut ws,
+            json!({ "type": "subscribe", "id": id, "channel": channel,
+                    "authorization": { "host": "example.com", "x-api-key": APPSYNC_KEY } }),
+        )
+        .await;
+        assert_eq!(appsync_next(&mut ws).await["type"], "subscribe_success");
+    }
+    // Node B's three shard channels (two patterns, one channel) are on
+    // the cluster before anything is published.
+    let deadline = Instant::now() + TIMEOUT;
+    for suffix in [".%.ns.*", ".%.ns.a.*", ".%.ns.a.x"] {
+        while shard_owners(&cluster, suffix).len() != 1 {
+            assert!(Instant::now() < deadline, "{suffix} not subscribed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let http = reqwest::Client::new();
+    for (channel, n) in [
+        ("/ns/b", 1),
+        ("/ns/a/x/y", 2),
+        ("/other/a", 3),
+        ("/ns/ab", 4),
+        ("/ns/a/x", 5),
+    ] {
+        let body = json!({ "channel": channel, "events": [n.to_string()] }).to_string();
+        let res = http
+            .post(a.url("/event"))
+            .header("x-api-key", APPSYNC_KEY)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let want = ["a:2", "a:5", "ns:1", "ns:2", "ns:4", "ns:5", "x:5"];
+    let mut got = Vec::new();
+    for _ in 0..want.len() {
+        let d = appsync_next(&mut ws).await;
+        assert_eq!(d["type"], "data", "{d}");
+        got.push(format!(
+            "{}:{}",
+            d["id"].as_str().unwrap(),
+            d["event"].as_str().unwrap()
+        ));
+    }
+    got.sort();
+    assert_eq!(got, want);
+    // Nothing more (no second copy through another shard channel): a
+    // marker published now is the next message.
+    let body = json!({ "channel": "/ns/a/x", "events": ["\"end\""] }).to_string();
+    http.post(a.url("/event"))
+        .header("x-api-key", APPSYNC_KEY)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let mut tail = Vec::new();
+    for _ in 0..3 {
+        let d = appsync_next(&mut ws).await;
+        tail.push(d["event"].as_str().unwrap_or_default().to_owned());
+    }
+    assert!(tail.iter().all(|e| e.contains("end")), "{tail:?}");
 }

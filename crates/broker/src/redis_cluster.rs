@@ -42,7 +42,7 @@
 //! command, or a canary not heard back end the session, as a broken
 //! connection does on one server: the node is not ready, what it would
 //! send meanwhile is dropped and counted, and after a backoff (100 ms
-//! doubling to 5 s) a new cluster connection reads the slots afresh,
+//! doubling to 1 s) a new cluster connection reads the slots afresh,
 //! subscribes to everything wanted on the shards that own it now (the
 //! promoted replica after a failover) and announces the node, whose
 //! presence the others reconcile. The client never retries a command by
@@ -71,6 +71,9 @@ const SUBSCRIBE_CONCURRENCY: usize = 64;
 /// is treated as gone (the cluster will promote its replica), and a new
 /// cluster connection waits this long for a seed that is frozen.
 const NODE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest pause between reconnect attempts (the single server's is 5 s).
+const RETRY_CAP: Duration = Duration::from_secs(1);
 
 /// Longest wait for a whole new cluster connection (seeds, slots, every
 /// master's connection).
@@ -150,8 +153,10 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, seeds: Vec<Connec
         } else {
             tracing::debug!(engine = "redis-cluster", error = %err, attempt, "cluster session ended");
         }
-        // Back off; what is queued meanwhile is dropped, never kept.
-        let until = tokio::time::Instant::now() + crate::backoff(attempt);
+        // Back off; what is queued meanwhile is dropped, never kept. At
+        // most RETRY_CAP apart: a failover lasts a few seconds, and the
+        // node should follow its end soon, not up to 5 s later.
+        let until = tokio::time::Instant::now() + crate::backoff(attempt).min(RETRY_CAP);
         attempt = attempt.saturating_add(1);
         loop {
             tokio::select! {
@@ -316,6 +321,8 @@ async fn apply_dirty(
 
 /// Send a batch in runs (see the module doc): channel messages and
 /// cluster-wide ones alternate only after the run before is answered.
+/// When a run fails, its messages (their outcome unknown: some may have
+/// been delivered) and the rest of the batch are counted as dropped.
 async fn send_batch(
     shared: &Shared,
     conn: &ClusterConnection,
@@ -323,27 +330,46 @@ async fn send_batch(
 ) -> Result<(), String> {
     let prefix = shared.prefix.as_str();
     let mut run: Vec<(String, bytes::Bytes)> = Vec::new();
+    // Messages in `run` (each with its ancestors' copies).
+    let mut in_run = 0usize;
     let mut run_control = false;
     let mut flushes = Vec::new();
     let mut result = Ok(());
+    let mut dropped = 0usize;
     for o in batch.drain(..) {
         match o {
             Out::Send(subject, payload) => {
+                if result.is_err() {
+                    dropped += 1;
+                    continue;
+                }
                 let control = is_control(prefix, &subject);
-                if control != run_control && !run.is_empty() && result.is_ok() {
+                if control != run_control && !run.is_empty() {
                     result = send_run(conn, std::mem::take(&mut run)).await;
+                    if result.is_err() {
+                        dropped += in_run + 1;
+                        continue;
+                    }
+                    in_run = 0;
                 }
                 run_control = control;
                 for a in ancestors(prefix, &subject, shared.wildcard) {
                     run.push((a, payload.clone()));
                 }
                 run.push((wire(prefix, &subject), payload));
+                in_run += 1;
             }
             Out::Flush(done) => flushes.push(done),
         }
     }
     if !run.is_empty() && result.is_ok() {
         result = send_run(conn, run).await;
+        if result.is_err() {
+            dropped += in_run;
+        }
+    }
+    for _ in 0..dropped {
+        herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
     }
     for done in flushes {
         let _ = done.send(());

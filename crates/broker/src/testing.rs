@@ -576,11 +576,22 @@ impl RedisCluster {
 
     /// `redis-cluster://` with the first three servers as seeds.
     pub fn url(&self) -> String {
-        let seeds: Vec<String> = self.ports[..3]
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
+        self.url_of(&self.ports[..3])
+    }
+
+    /// `redis-cluster://` with these servers as seeds.
+    pub fn url_of(&self, ports: &[u16]) -> String {
+        let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         format!("redis-cluster://{}", seeds.join(","))
+    }
+
+    /// The ports of the replicas now.
+    pub fn replicas(&self) -> Vec<u16> {
+        self.nodes()
+            .into_iter()
+            .filter(|n| !n.master && !n.failed)
+            .map(|n| n.port)
+            .collect()
     }
 
     /// SIGKILL the server on `port` and wait until it is gone.
