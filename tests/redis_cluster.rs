@@ -9,7 +9,10 @@
 //! cluster's slots); a master SIGKILLed under a publish loop is replaced by
 //! its replica and the nodes follow without a crash or a duplicate,
 //! counting what was lost meanwhile; a master that stops answering
-//! (SIGSTOP) is noticed by the broker canary.
+//! (SIGSTOP) is noticed by the broker canary; replicas alone seed the
+//! topology; AppSync's trailing wildcards match across nodes, once each.
+//! (tests/webhooks.rs runs its cluster webhook tests on a Redis Cluster
+//! too: occupancy and members reported once, a killed node's once.)
 
 mod common;
 
