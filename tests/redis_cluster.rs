@@ -9,7 +9,8 @@
 //! cluster's slots); a master SIGKILLed under a publish loop is replaced by
 //! its replica and the nodes follow without a crash or a duplicate,
 //! counting what was lost meanwhile; a master that stops answering
-//! (SIGSTOP) is noticed by the broker canary; replicas alone seed the
+//! (SIGSTOP) is noticed by the broker canary; a slot moved to another
+//! master under subscribers is followed; replicas alone seed the
 //! topology; AppSync's trailing wildcards match across nodes, once each.
 //! (tests/webhooks.rs runs its cluster webhook tests on a Redis Cluster
 //! too: occupancy and members reported once, a killed node's once.)
@@ -690,4 +691,96 @@ async fn appsync_wildcards_match_across_nodes_once_each() {
         tail.push(d["event"].as_str().unwrap_or_default().to_owned());
     }
     assert!(tail.iter().all(|e| e.contains("end")), "{tail:?}");
+}
+
+/// A slot moved to another master under subscribers (resharding): the
+/// server unsubscribes them (`SUNSUBSCRIBE`), the nodes reconnect and
+/// subscribe on the new owner, and deliver across nodes again, once.
+#[tokio::test]
+async fn a_slot_moved_under_its_subscribers_is_followed() {
+    let cluster = RedisCluster::start();
+    let n = nodes(&cluster, 2, "mv", "ttl = 3\n").await;
+    let mut clients = Vec::new();
+    for s in &n {
+        let mut c = s.client().await;
+        c.subscribe("news").await;
+        clients.push(c);
+    }
+    let deadline = Instant::now() + TIMEOUT;
+    let (from, channel) = loop {
+        if let [p] = shard_owners(&cluster, ".news")[..] {
+            let channel = channel_on(p, &cluster, ".news");
+            if cluster
+                .cli(p, &["pubsub", "shardnumsub", &channel])
+                .lines()
+                .nth(1)
+                == Some("2")
+            {
+                break (p, channel);
+            }
+        }
+        assert!(Instant::now() < deadline, "news not subscribed by 2 nodes");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let slot = cluster.cli(from, &["cluster", "keyslot", &channel]);
+    let slot = slot.trim();
+    let to = cluster
+        .nodes()
+        .into_iter()
+        .find(|m| m.master && m.port != from)
+        .unwrap()
+        .port;
+    let id = |p: u16| cluster.cli(p, &["cluster", "myid"]).trim().to_owned();
+    let (from_id, to_id) = (id(from), id(to));
+    let outages: Vec<u64> = {
+        let mut v = Vec::new();
+        for s in &n {
+            v.push(s.metric("herald_broker_outages_total").await);
+        }
+        v
+    };
+    // The migration as redis-cli --cluster does it (the slot has no keys).
+    let ok = |out: String| assert_eq!(out.trim(), "OK", "{out}");
+    ok(cluster.cli(to, &["cluster", "setslot", slot, "importing", &from_id]));
+    ok(cluster.cli(from, &["cluster", "setslot", slot, "migrating", &to_id]));
+    for m in cluster.nodes().into_iter().filter(|m| m.master) {
+        ok(cluster.cli(m.port, &["cluster", "setslot", slot, "node", &to_id]));
+    }
+    // Both nodes end their session and subscribe on the new owner.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let owners = shard_owners(&cluster, ".news");
+        let subs = cluster.cli(to, &["pubsub", "shardnumsub", &channel]);
+        if owners == [to] && subs.lines().nth(1) == Some("2") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "news on {owners:?}: {subs}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (s, before) in n.iter().zip(outages) {
+        assert!(s.metric("herald_broker_outages_total").await > before);
+        wait_ready(s, 200, TIMEOUT).await;
+        // Told by the server, not by a timeout.
+        assert!(s.log().contains("the cluster moved"), "{}", s.log());
+    }
+    // Across nodes, once each.
+    n[0].trigger("news", "e", "1").await;
+    n[1].trigger("news", "e", "2").await;
+    for c in &mut clients {
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            got.push(
+                c.expect("e", Some("news")).await["data"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        got.sort();
+        assert_eq!(got, ["1", "2"]);
+    }
+    n[1].trigger("news", "marker", "m").await;
+    for c in &mut clients {
+        c.expect("marker", Some("news")).await;
+    }
 }
