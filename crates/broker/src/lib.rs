@@ -1,6 +1,6 @@
 //! Herald's cluster engines: several `herald serve` processes behave as
-//! one server through a Redis server (pub/sub) or a NATS server (core
-//! subjects). Stream history and resumable sessions live on the same
+//! one server through a Redis server (pub/sub), a Redis Cluster (sharded
+//! pub/sub) or a NATS server (core subjects). Stream history and resumable sessions live on the same
 //! server (Redis Streams and keys; JetStream and a key-value bucket). Both implement herald-core's broker traits
 //! (one per concern, together [`Broker`](herald_core::broker::Broker))
 //! with the same cluster logic; the transports only move bytes. See
