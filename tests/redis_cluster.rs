@@ -26,6 +26,11 @@ use std::time::{Duration, Instant};
 /// Failovers take a few seconds (node timeout 1 s, then an election).
 const FAILOVER: Duration = Duration::from_secs(30);
 
+/// One failover at a time in this file: each runs six servers whose
+/// failure detection and election are timed (node timeout 1 s), and on a
+/// small machine several at once, beside the other tests, starve them.
+static FAILOVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn nodes(cluster: &RedisCluster, n: usize, prefix: &str, extra: &str) -> Vec<Server> {
     let top = format!(
         "[broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\n{extra}",
@@ -374,6 +379,7 @@ async fn a_session_of_a_killed_node_is_restored_on_another_with_its_history() {
 
 #[tokio::test]
 async fn a_master_killed_under_load_is_replaced_and_nothing_is_duplicated() {
+    let _one = FAILOVERS.lock().await;
     let mut cluster = RedisCluster::start();
     let n = nodes(&cluster, 3, "fo", "ttl = 3\n").await;
     let mut clients = Vec::new();
@@ -529,7 +535,8 @@ async fn publish_loop(base: String) {
 
 #[tokio::test]
 async fn a_master_that_stops_answering_is_noticed_by_the_canary() {
-    let cluster = RedisCluster::start();
+    let _one = FAILOVERS.lock().await;
+    let mut cluster = RedisCluster::start();
     let n = nodes(
         &cluster,
         2,
@@ -698,6 +705,7 @@ async fn appsync_wildcards_match_across_nodes_once_each() {
 /// subscribe on the new owner, and deliver across nodes again, once.
 #[tokio::test]
 async fn a_slot_moved_under_its_subscribers_is_followed() {
+    let _one = FAILOVERS.lock().await;
     let cluster = RedisCluster::start();
     let n = nodes(&cluster, 2, "mv", "ttl = 3\n").await;
     let mut clients = Vec::new();
@@ -783,4 +791,81 @@ async fn a_slot_moved_under_its_subscribers_is_followed() {
     for c in &mut clients {
         c.expect("marker", Some("news")).await;
     }
+}
+
+/// A master of channels only (not of the cluster-wide slot) frozen: its
+/// subscribers are never told (no closed socket, no `SUNSUBSCRIBE`) and
+/// the canary passes, but the slot map changes when its replica is
+/// promoted, which the nodes check, and they subscribe on the new owner.
+#[tokio::test]
+async fn a_frozen_channel_master_failed_over_is_followed() {
+    let _one = FAILOVERS.lock().await;
+    let mut cluster = RedisCluster::start();
+    let n = nodes(&cluster, 2, "fz", "ttl = 60\n").await;
+    let control: u16 = cluster
+        .cli(cluster.running()[0], &["cluster", "keyslot", "{fz}"])
+        .trim()
+        .parse()
+        .unwrap();
+    let control = cluster.master_of_slot(control).unwrap();
+    // Channels until one lives on another master than the control slot.
+    let mut pick = None;
+    let mut keep = Vec::new();
+    for k in 0..16 {
+        let name = format!("chan-{k}");
+        let suffix = format!(".{name}");
+        let mut a = n[0].client().await;
+        a.subscribe(&name).await;
+        let mut b = n[1].client().await;
+        b.subscribe(&name).await;
+        let deadline = Instant::now() + TIMEOUT;
+        let owner = loop {
+            if let [p] = shard_owners(&cluster, &suffix)[..] {
+                let ch = channel_on(p, &cluster, &suffix);
+                if cluster
+                    .cli(p, &["pubsub", "shardnumsub", &ch])
+                    .lines()
+                    .nth(1)
+                    == Some("2")
+                {
+                    break p;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} not subscribed by 2 nodes"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        if owner != control {
+            pick = Some((name, owner, a, b));
+            break;
+        }
+        keep.push((a, b));
+    }
+    let (name, owner, mut a, mut b) = pick.expect("a channel off the control slot");
+    cluster.freeze(owner, true);
+    // Node 1 hears node 0's publications again once it follows the
+    // promoted replica.
+    let deadline = Instant::now() + FAILOVER;
+    for k in 0.. {
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never heard {name} again; log:\n{}",
+            n[1].log()
+        );
+        n[0].trigger(&name, "p", &k.to_string()).await;
+        assert_eq!(a.expect("p", Some(&name)).await["data"], k.to_string());
+        if let Ok(f) =
+            tokio::time::timeout(Duration::from_millis(300), b.expect("p", Some(&name))).await
+        {
+            assert_eq!(f["data"], k.to_string());
+            break;
+        }
+    }
+    // Found by the slot map check (changed, or its call to the frozen
+    // node timed out): node 1 sends nothing to that shard.
+    assert!(n[1].log().contains("slot map"), "{}", n[1].log());
+    cluster.freeze(owner, false);
+    drop(keep);
 }

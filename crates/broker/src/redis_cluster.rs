@@ -38,7 +38,9 @@
 //!
 //! Faults: a master that dies (or a connection that drops: the client
 //! reports it as a `Disconnection` push), a slot that moves away from
-//! under a subscription (the server's own `SUNSUBSCRIBE`), a failed
+//! under a subscription (the server's own `SUNSUBSCRIBE`), a slot map
+//! that differs from the one the session subscribed by (checked every
+//! [`TOPOLOGY_CHECK`]: a frozen master failed over tells nobody), a failed
 //! command, or a canary not heard back end the session, as a broken
 //! connection does on one server: the node is not ready, what it would
 //! send meanwhile is dropped and counted, and after a backoff (100 ms
@@ -71,6 +73,12 @@ const SUBSCRIBE_CONCURRENCY: usize = 64;
 /// is treated as gone (the cluster will promote its replica), and a new
 /// cluster connection waits this long for a seed that is frozen.
 const NODE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often a node compares the cluster's slot map with the one it
+/// subscribed by: a master that is frozen (not closed) and failed over
+/// never tells its subscribers, who would otherwise hear nothing from its
+/// slots' new owner.
+const TOPOLOGY_CHECK: Duration = Duration::from_secs(2);
 
 /// Longest pause between reconnect attempts (the single server's is 5 s).
 const RETRY_CAP: Duration = Duration::from_secs(1);
@@ -221,11 +229,23 @@ async fn session(
             Err(e) => return e,
         }
     }
+    let slots = match slot_map(&mut conn).await {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
     *connected = true;
     shared.set_up(true, "");
     let mut batch: Vec<Out> = Vec::with_capacity(BATCH);
+    // The check runs beside the loop (a call to a frozen node must not
+    // hold up the messages), for this session only.
+    let (changed_tx, mut changed) = tokio::sync::oneshot::channel::<String>();
+    let checker = AbortOnDrop(tokio::spawn(watch_slots(conn.clone(), slots, changed_tx)));
     loop {
         tokio::select! {
+            why = &mut changed => {
+                drop(checker);
+                return why.unwrap_or_else(|_| "slot map check stopped".into());
+            }
             p = pushes.recv() => match p {
                 Some(p) => {
                     if let Some(why) = on_push(shared, &subscribed, p) {
@@ -287,6 +307,68 @@ fn on_push(shared: &Shared, subscribed: &HashSet<String>, p: PushInfo) -> Option
         }
         _ => None,
     }
+}
+
+/// Aborts the task when the session that started it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Every [`TOPOLOGY_CHECK`], compare the slot map with `slots` (the one
+/// the session subscribed by); say why the session should end, once.
+async fn watch_slots(
+    mut conn: ClusterConnection,
+    slots: Vec<(i64, i64, String)>,
+    changed: tokio::sync::oneshot::Sender<String>,
+) {
+    loop {
+        tokio::time::sleep(TOPOLOGY_CHECK).await;
+        let why = match slot_map(&mut conn).await {
+            Ok(now) if now != slots => "the cluster's slot map changed".to_owned(),
+            Ok(_) => continue,
+            Err(e) => format!("checking the slot map: {e}"),
+        };
+        let _ = changed.send(why);
+        return;
+    }
+}
+
+/// Every slot range and its master's address, as `CLUSTER SLOTS` (asked
+/// of any node) lists them, sorted.
+async fn slot_map(conn: &mut ClusterConnection) -> Result<Vec<(i64, i64, String)>, String> {
+    let v: Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let Value::Array(ranges) = v else {
+        return Err("unexpected CLUSTER SLOTS answer".into());
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for r in &ranges {
+        let Value::Array(f) = r else { continue };
+        let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(master))) =
+            (f.first(), f.get(1), f.get(2))
+        else {
+            continue;
+        };
+        let host = master.first().and_then(bytes).unwrap_or_default();
+        let port = match master.get(1) {
+            Some(Value::Int(p)) => *p,
+            _ => 0,
+        };
+        out.push((
+            *first,
+            *last,
+            format!("{}:{port}", String::from_utf8_lossy(host)),
+        ));
+    }
+    out.sort();
+    Ok(out)
 }
 
 fn bytes(v: &Value) -> Option<&[u8]> {

@@ -389,6 +389,8 @@ pub struct RedisCluster {
     dir: std::path::PathBuf,
     ports: Vec<u16>,
     children: Vec<Option<Child>>,
+    /// SIGSTOPped servers (never asked anything: they would not answer).
+    frozen: Vec<u16>,
 }
 
 /// One line of `CLUSTER NODES`: port, flags, the slot ranges it owns.
@@ -405,6 +407,18 @@ impl RedisCluster {
     /// until every node says `cluster_state:ok` and every replica's link
     /// to its master is up.
     pub fn start() -> RedisCluster {
+        // A bus port taken between choosing and binding it can leave one
+        // server unmet, and `--cluster create` waiting for it forever:
+        // bounded, and the whole cluster made again.
+        for _ in 0..3 {
+            if let Some(c) = Self::try_start() {
+                return c;
+            }
+        }
+        panic!("the Redis Cluster could not be created three times");
+    }
+
+    fn try_start() -> Option<RedisCluster> {
         let dir = std::env::temp_dir().join(format!(
             "herald-rcluster-{}-{}",
             std::process::id(),
@@ -416,45 +430,25 @@ impl RedisCluster {
             dir,
             ports: Vec::new(),
             children: Vec::new(),
+            frozen: Vec::new(),
         };
         for _ in 0..6 {
-            let port = free_port();
-            let bus = free_port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string()])
-                .args(["--cluster-port", &bus.to_string()])
-                .args(["--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                .args(["--cluster-node-timeout", "1000"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&c.dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!("cannot run redis-server ({e}); apt-get install redis-server")
-                });
+            // A free port may be taken before the server binds it (other
+            // tests pick ports too): try new ones a few times.
+            let mut started = None;
+            for _ in 0..5 {
+                let port = free_port();
+                if let Some(child) = c.spawn(port) {
+                    started = Some((port, child));
+                    break;
+                }
+            }
+            let (port, child) = started.expect("redis-server did not start on 5 free ports");
             c.ports.push(port);
             c.children.push(Some(child));
         }
-        for (i, &port) in c.ports.clone().iter().enumerate() {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Some(Ok(Some(st))) = c.children[i].as_mut().map(|ch| ch.try_wait()) {
-                    panic!("redis-server {port} exited at start ({st}); a port may be taken");
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "redis-server {port} did not start"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
+        let mut create = Command::new("timeout");
+        create.args(["20", "redis-cli", "--cluster", "create"]);
         for p in &c.ports {
             create.arg(format!("127.0.0.1:{p}"));
         }
@@ -463,13 +457,51 @@ impl RedisCluster {
             .stdin(Stdio::null())
             .output()
             .expect("run redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        if !out.status.success() {
+            eprintln!(
+                "redis-cli --cluster create failed ({}), trying again: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout)
+            );
+            return None;
+        }
         c.wait_ok();
-        c
+        Some(c)
+    }
+
+    /// A cluster-enabled `redis-server` on `port` (and a free bus port),
+    /// once it accepts connections; None if it exited (a port taken).
+    fn spawn(&self, port: u16) -> Option<Child> {
+        let bus = free_port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--cluster-port", &bus.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args(["--cluster-node-timeout", "1000"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run redis-server ({e}); apt-get install redis-server")
+            });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(_)) = child.try_wait() {
+                return None;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(child)
     }
 
     /// `redis-cli -p port args…`'s output (empty if it fails).
@@ -483,12 +515,12 @@ impl RedisCluster {
             .unwrap_or_default()
     }
 
-    /// Ports of the servers running now.
+    /// Ports of the servers running now (not killed, not frozen).
     pub fn running(&self) -> Vec<u16> {
         self.ports
             .iter()
             .zip(&self.children)
-            .filter(|(_, c)| c.is_some())
+            .filter(|(p, c)| c.is_some() && !self.frozen.contains(p))
             .map(|(p, _)| *p)
             .collect()
     }
@@ -605,11 +637,15 @@ impl RedisCluster {
     }
 
     /// SIGSTOP (`true`) or SIGCONT (`false`) the server on `port`.
-    pub fn freeze(&self, port: u16, stop: bool) {
+    pub fn freeze(&mut self, port: u16, stop: bool) {
         if let Some(i) = self.ports.iter().position(|p| *p == port) {
             if let Some(c) = &self.children[i] {
                 signal(c.id(), stop);
             }
+        }
+        self.frozen.retain(|p| *p != port);
+        if stop {
+            self.frozen.push(port);
         }
     }
 }
