@@ -14,6 +14,10 @@
 //! topology; AppSync's trailing wildcards match across nodes, once each.
 //! (tests/webhooks.rs runs its cluster webhook tests on a Redis Cluster
 //! too: occupancy and members reported once, a killed node's once.)
+//!
+//! Longer than 800 lines on purpose: the failover tests must share one
+//! lock ([`FAILOVERS`], one failover at a time on a small machine), which
+//! only holds within one test binary, and they share the helpers here.
 
 mod common;
 
