@@ -204,6 +204,14 @@ fn bad_broker_urls_are_named_without_their_credentials() {
         "redis-sentinel://127.0.0.1:26379,,127.0.0.1:26380/mymaster",
         "redis-sentinel://127.0.0.1:26379/bad name",
         "rediss-sentinel://127.0.0.1:26379/",
+        "redis-cluster://",
+        "redis-cluster://127.0.0.1:7000,",
+        "redis-cluster://127.0.0.1",
+        "redis-cluster://127.0.0.1:notaport",
+        "redis-cluster://:hunter2secret@127.0.0.1:99999,127.0.0.1:7001",
+        "redis-cluster://127.0.0.1:7000/1",
+        "rediss-cluster://:hunter2secret@a:7000,:other@b:7001",
+        "redis-clusterx://127.0.0.1:7000",
     ];
     for url in bad {
         let file = serve_with(&format!("[broker]\nurl = \"{url}\"\n"));
@@ -281,13 +289,18 @@ fn sentinel_urls_are_accepted() {
 /// fails to bind the occupied port: status 1, past the configuration).
 #[test]
 fn a_list_of_nats_servers_is_accepted() {
-    let out = serve(
-        &[
-            "--broker",
-            "nats://127.0.0.1:4222, nats://127.0.0.1:4223,127.0.0.1:4224",
-        ],
-        &[],
-    );
+    accepted_past_the_configuration("nats://127.0.0.1:4222, nats://127.0.0.1:4223,127.0.0.1:4224");
+}
+
+/// Redis Cluster seeds, comma-separated, likewise.
+#[test]
+fn redis_cluster_seeds_are_accepted() {
+    accepted_past_the_configuration("redis-cluster://127.0.0.1:7000, 127.0.0.1:7001");
+    accepted_past_the_configuration("rediss-cluster://:pw@127.0.0.1:7000,127.0.0.1:7001");
+}
+
+fn accepted_past_the_configuration(url: &str) {
+    let out = serve(&["--broker", url], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot listen"), "{stderr}");

@@ -472,7 +472,7 @@ async fn shutdown_sends_what_waits() {
 
 // ----- in a cluster ----------------------------------------------------------
 
-use herald_broker::testing::{BrokerServer, Kind};
+use herald_broker::testing::{BrokerServer, Kind, RedisCluster};
 
 const CLUSTER_TYPES: &str = r#"["channel_occupied", "channel_vacated", "member_added", "member_removed", "client_event", "subscription_count"]"#;
 
@@ -481,7 +481,7 @@ const CLUSTER_TYPES: &str = r#"["channel_occupied", "channel_vacated", "member_a
 /// app pushes subscription counts (a client subscribing twice may see a
 /// count before its second confirmation).
 async fn cluster(
-    broker: &BrokerServer,
+    broker_url: &str,
     rx: &Receiver,
     prefix: &str,
     ttl: u64,
@@ -489,8 +489,7 @@ async fn cluster(
 ) -> Vec<Server> {
     let top = format!(
         "webhook_batch_ms = 20\nwebhook_leave_delay_ms = 0\n\
-         [broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\nttl = {ttl}\n",
-        broker.url()
+         [broker]\nurl = \"{broker_url}\"\nprefix = \"{prefix}\"\nttl = {ttl}\n"
     );
     let app = hook_app(
         &rx.url,
@@ -555,8 +554,19 @@ fn counts(rx: &Receiver, channel: &str) -> Vec<u64> {
 both!(a_cluster_sends_each_webhook_once);
 async fn a_cluster_sends_each_webhook_once(kind: Kind) {
     let broker = BrokerServer::start(kind);
+    sends_each_webhook_once(&broker.url()).await;
+}
+
+/// The same on a Redis Cluster (three masters, three replicas).
+#[tokio::test]
+async fn a_redis_cluster_sends_each_webhook_once() {
+    let broker = RedisCluster::start();
+    sends_each_webhook_once(&broker.url()).await;
+}
+
+async fn sends_each_webhook_once(broker_url: &str) {
     let rx = Receiver::start().await;
-    let n = cluster(&broker, &rx, "hooks-once", 30, true).await;
+    let n = cluster(broker_url, &rx, "hooks-once", 30, true).await;
     let mut bar = barrier_clients(&[&n[0], &n[1], &n[2]]).await;
 
     // The first subscribers of one channel on three nodes at once.
@@ -660,9 +670,20 @@ async fn a_cluster_sends_each_webhook_once(kind: Kind) {
 both!(a_killed_nodes_members_are_removed_once);
 async fn a_killed_nodes_members_are_removed_once(kind: Kind) {
     let broker = BrokerServer::start(kind);
+    killed_nodes_members_are_removed_once(&broker.url()).await;
+}
+
+/// The same on a Redis Cluster.
+#[tokio::test]
+async fn a_redis_clusters_killed_nodes_members_are_removed_once() {
+    let broker = RedisCluster::start();
+    killed_nodes_members_are_removed_once(&broker.url()).await;
+}
+
+async fn killed_nodes_members_are_removed_once(broker_url: &str) {
     let rx = Receiver::start().await;
     let ttl = 2;
-    let mut n = cluster(&broker, &rx, "hooks-kill", ttl, false).await;
+    let mut n = cluster(broker_url, &rx, "hooks-kill", ttl, false).await;
     let mut bar = barrier_clients(&[&n[0], &n[1]]).await;
     let mut watcher = n[1].client().await;
     watcher
@@ -759,7 +780,7 @@ both!(a_broker_outage_reports_the_net_changes_once);
 async fn a_broker_outage_reports_the_net_changes_once(kind: Kind) {
     let mut broker = BrokerServer::start(kind);
     let rx = Receiver::start().await;
-    let n = cluster(&broker, &rx, "hooks-outage", 30, false).await;
+    let n = cluster(&broker.url(), &rx, "hooks-outage", 30, false).await;
     let mut c1 = n[1].client().await;
     c1.subscribe("stays").await;
     c1.subscribe("goes").await;

@@ -42,7 +42,13 @@ pub fn subscribe(url: &str, channel: &str) -> Result<mpsc::Receiver<Bytes>, Stri
         let addr = async_nats::ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
         tokio::spawn(nats_loop(addr, channel, tx));
     } else {
-        return Err("broker.url: an ingress needs a redis:// or nats:// broker".into());
+        return Err(if url.contains("-cluster://") {
+            "broker.url: the broadcast ingress does not support redis-cluster:// yet; \
+             broadcast over http"
+                .into()
+        } else {
+            "broker.url: an ingress needs a redis:// or nats:// broker".into()
+        });
     }
     Ok(rx)
 }
@@ -179,7 +185,13 @@ pub fn consume_stream(
     group: &str,
 ) -> Result<mpsc::Receiver<Bytes>, String> {
     if !is_redis(url) {
-        return Err("broker.url: a Redis stream needs a redis:// broker".into());
+        return Err(if url.contains("-cluster://") {
+            "broker.url: the redisx ingress does not support redis-cluster:// yet; \
+             broadcast over http"
+                .into()
+        } else {
+            "broker.url: a Redis stream needs a redis:// broker".into()
+        });
     }
     let master = Master::parse(url).map_err(|e| format!("broker.url: {e}"))?;
     let (tx, rx) = mpsc::channel(QUEUE);

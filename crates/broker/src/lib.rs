@@ -1,6 +1,6 @@
 //! Herald's cluster engines: several `herald serve` processes behave as
-//! one server through a Redis server (pub/sub) or a NATS server (core
-//! subjects). Stream history and resumable sessions live on the same
+//! one server through a Redis server (pub/sub), a Redis Cluster (sharded
+//! pub/sub) or a NATS server (core subjects). Stream history and resumable sessions live on the same
 //! server (Redis Streams and keys; JetStream and a key-value bucket). Both implement herald-core's broker traits
 //! (one per concern, together [`Broker`](herald_core::broker::Broker))
 //! with the same cluster logic; the transports only move bytes. See
@@ -18,6 +18,8 @@
 //! msg         the messages on the wire
 //! tally       cluster-wide first/last holders (occupied, member added)
 //! redis, nats the transports
+//! redis_cluster  the Redis Cluster transport (sharded pub/sub)
+//!   └ redis_conn  one command connection type for a server or a cluster
 //! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! redis_master   where the Redis master is (one server, or asked of Sentinels)
@@ -34,6 +36,8 @@ pub mod jetstream;
 pub mod msg;
 pub mod nats;
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_conn;
 pub mod redis_master;
 pub mod redis_sessions;
 pub mod redis_streams;
@@ -65,6 +69,11 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
         urls::Kind::Local => Arc::new(LocalBroker::with_ttl(config.ttl())),
         urls::Kind::Redis => Arc::new(
             redis::engine(url, &config.prefix, config.ttl())
+                .map_err(bad)?
+                .with_canary(every, deadline),
+        ),
+        urls::Kind::RedisCluster => Arc::new(
+            redis_cluster::engine(url, &config.prefix, config.ttl())
                 .map_err(bad)?
                 .with_canary(every, deadline),
         ),

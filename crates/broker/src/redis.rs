@@ -36,7 +36,10 @@ const ROLE_EVERY: Duration = Duration::from_secs(5);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
     let master = Master::parse(url)?;
-    let streams = crate::redis_streams::RedisStreams::new(master.clone(), prefix);
+    let streams = crate::redis_streams::RedisStreams::new(
+        crate::redis_conn::Connector::Single(master.clone()),
+        prefix,
+    );
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, master));
     });

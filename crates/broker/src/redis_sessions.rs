@@ -147,9 +147,20 @@ async fn write_sessions(link: Arc<Link>, ttl: Duration, mut rx: mpsc::Receiver<(
             continue;
         }
         let run = async {
-            let (mut conn, scripts) = link.get().await?;
-            let mut pipe = redis::pipe();
-            for (key, snap, [a, b], token) in &writes {
+            let (conn, scripts) = link.get().await?;
+            // One pipeline on one server; on a cluster one per slot (a
+            // pipeline may not cross slots), sent together.
+            let mut groups: HashMap<u16, (Vec<usize>, redis::Pipeline)> = HashMap::new();
+            for (i, (key, snap, [a, b], token)) in writes.iter().enumerate() {
+                let slot = if conn.is_cluster() {
+                    crate::redis_conn::slot(key.as_bytes())
+                } else {
+                    0
+                };
+                let (at, pipe) = groups
+                    .entry(slot)
+                    .or_insert_with(|| (Vec::new(), redis::pipe()));
+                at.push(i);
                 pipe.cmd("EVALSHA")
                     .arg(&scripts.save)
                     .arg(1)
@@ -160,9 +171,21 @@ async fn write_sessions(link: Arc<Link>, ttl: Duration, mut rx: mpsc::Receiver<(
                     .arg(snap)
                     .arg(ttl_ms);
             }
-            pipe.query_async::<Vec<i64>>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
+            let sent = groups.into_values().map(|(at, pipe)| {
+                let mut conn = conn.clone();
+                async move {
+                    let r = pipe.query_async::<Vec<i64>>(&mut conn).await;
+                    r.map(|done| (at, done))
+                }
+            });
+            let mut out = vec![0i64; writes.len()];
+            for r in futures_util::future::join_all(sent).await {
+                let (at, done) = r.map_err(|e| e.to_string())?;
+                for (i, ok) in at.into_iter().zip(done) {
+                    out[i] = ok;
+                }
+            }
+            Ok::<_, String>(out)
         };
         let r = match tokio::time::timeout(CALL_TIMEOUT, run).await {
             Ok(r) => r,

@@ -24,6 +24,12 @@
 //! Sessions: `<prefix>:sess:<h>`, in [`crate::redis_sessions`], sharing
 //! this module's command connection.
 //!
+//! On Redis Cluster ([`crate::redis_cluster`]) the same names work as they
+//! are: a stream's two keys share the hash tag `{<h>}`, so the scripts
+//! that touch both run on one slot's master; different streams spread
+//! over the slots; a session is one key. The names are the single
+//! server's, so a rolling upgrade on one Redis keeps its history.
+//!
 //! The commands use their own multiplexed connection (not the pub/sub
 //! one), connected on first use and again after a failure (at most once
 //! per [`RETRY`]). Every call is bounded by [`CALL_TIMEOUT`]; when the
@@ -31,14 +37,13 @@
 //! out without one), reads give [`Miss::Unavailable`], stores are dropped,
 //! and one warning per [`LOG_EVERY`] says how many calls failed.
 
-use crate::redis_master::Master;
+use crate::redis_conn::{Conn, Connector};
 use futures_util::future::{FutureExt, Shared};
 use herald_core::broker::{BoxFuture, Streams};
 use herald_core::history::{Backlog, Entry, History, Limits, Miss, Position};
 use herald_core::sessions::SessionStore;
 use parking_lot::Mutex;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Value};
+use redis::Value;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -156,18 +161,19 @@ pub(crate) struct Scripts {
 
 /// The command connection: made on first use, dropped on any error, made
 /// again (with the scripts loaded) at most once per [`RETRY`], on the
-/// master [`Master`] names then (a Sentinel failover followed).
+/// master [`crate::redis_master::Master`] names then (a Sentinel failover
+/// followed), or on the cluster.
 pub(crate) struct Link {
-    master: Master,
-    conn: tokio::sync::Mutex<Option<(MultiplexedConnection, Scripts)>>,
+    client: Connector,
+    conn: tokio::sync::Mutex<Option<(Conn, Scripts)>>,
     tried: Mutex<Option<Instant>>,
     pub(crate) outage: Outage,
 }
 
 impl Link {
-    fn new(master: Master) -> Link {
+    fn new(client: Connector) -> Link {
         Link {
-            master,
+            client,
             conn: tokio::sync::Mutex::new(None),
             tried: Mutex::new(None),
             outage: Outage {
@@ -177,7 +183,7 @@ impl Link {
         }
     }
 
-    pub(crate) async fn get(&self) -> Result<(MultiplexedConnection, Scripts), String> {
+    pub(crate) async fn get(&self) -> Result<(Conn, Scripts), String> {
         let mut slot = self.conn.lock().await;
         if let Some(c) = &*slot {
             return Ok(c.clone());
@@ -189,16 +195,7 @@ impl Link {
             }
             *tried = Some(Instant::now());
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT));
-        let conn = self
-            .master
-            .client()
-            .await?
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| e.to_string())?;
+        let conn = self.client.connect(CONNECT_TIMEOUT, CALL_TIMEOUT).await?;
         let load = |body: &'static str| {
             let mut c = conn.clone();
             async move {
@@ -264,9 +261,11 @@ pub struct RedisStreams {
 }
 
 impl RedisStreams {
-    pub fn new(master: Master, prefix: &str) -> RedisStreams {
+    /// On one server ([`Connector::Single`]) or a Redis Cluster, where the
+    /// keys below are placed on slots deliberately (see the module doc).
+    pub fn new(client: Connector, prefix: &str) -> RedisStreams {
         RedisStreams {
-            link: Arc::new(Link::new(master)),
+            link: Arc::new(Link::new(client)),
             prefix: prefix.to_owned(),
         }
     }

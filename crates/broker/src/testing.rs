@@ -1,7 +1,9 @@
 //! Real broker servers for tests: `redis-server` or `nats-server` (Debian's
 //! packages; the README's test command installs them) on a free loopback
-//! port, killed on drop, restartable on the same port; and a cluster of
-//! `nats-server`s routed together ([`NatsCluster`]).
+//! port, killed on drop, restartable on the same port; a cluster of
+//! `nats-server`s routed together ([`NatsCluster`]); and a Redis Cluster
+//! of six `redis-server`s, three masters and three replicas
+//! ([`RedisCluster`]).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -415,5 +417,284 @@ impl Drop for NatsCluster {
                 let _ = std::fs::remove_dir_all(dir);
             }
         }
+    }
+}
+
+/// Six `redis-server --cluster-enabled yes` on loopback (own ports for
+/// clients and the cluster bus, files in a temp dir) made into one cluster
+/// of three masters with a replica each by `redis-cli --cluster create`,
+/// `cluster-node-timeout` 1000 ms so a killed master's replica is
+/// promoted within a few seconds. Killed on drop.
+pub struct RedisCluster {
+    dir: std::path::PathBuf,
+    ports: Vec<u16>,
+    children: Vec<Option<Child>>,
+    /// SIGSTOPped servers (never asked anything: they would not answer).
+    frozen: Vec<u16>,
+}
+
+/// One line of `CLUSTER NODES`: port, flags, the slot ranges it owns.
+#[derive(Debug, Clone)]
+pub struct ClusterNode {
+    pub port: u16,
+    pub master: bool,
+    pub failed: bool,
+    pub slots: Vec<(u16, u16)>,
+}
+
+impl RedisCluster {
+    /// Start the six servers, create the cluster, and wait (at most 30 s)
+    /// until every node says `cluster_state:ok` and every replica's link
+    /// to its master is up.
+    pub fn start() -> RedisCluster {
+        // A bus port taken between choosing and binding it can leave one
+        // server unmet, and `--cluster create` waiting for it forever:
+        // bounded, and the whole cluster made again.
+        for _ in 0..3 {
+            if let Some(c) = Self::try_start() {
+                return c;
+            }
+        }
+        panic!("the Redis Cluster could not be created three times");
+    }
+
+    fn try_start() -> Option<RedisCluster> {
+        let dir = std::env::temp_dir().join(format!(
+            "herald-rcluster-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the cluster's directory");
+        let mut c = RedisCluster {
+            dir,
+            ports: Vec::new(),
+            children: Vec::new(),
+            frozen: Vec::new(),
+        };
+        for _ in 0..6 {
+            // A free port may be taken before the server binds it (other
+            // tests pick ports too): try new ones a few times.
+            let mut started = None;
+            for _ in 0..5 {
+                let port = free_port();
+                if let Some(child) = c.spawn(port) {
+                    started = Some((port, child));
+                    break;
+                }
+            }
+            let (port, child) = started.expect("redis-server did not start on 5 free ports");
+            c.ports.push(port);
+            c.children.push(Some(child));
+        }
+        let mut create = Command::new("timeout");
+        create.args(["20", "redis-cli", "--cluster", "create"]);
+        for p in &c.ports {
+            create.arg(format!("127.0.0.1:{p}"));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        if !out.status.success() {
+            eprintln!(
+                "redis-cli --cluster create failed ({}), trying again: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout)
+            );
+            return None;
+        }
+        c.wait_ok();
+        Some(c)
+    }
+
+    /// A cluster-enabled `redis-server` on `port` (and a free bus port),
+    /// once it accepts connections; None if it exited (a port taken).
+    fn spawn(&self, port: u16) -> Option<Child> {
+        let bus = free_port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--cluster-port", &bus.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args(["--cluster-node-timeout", "1000"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run redis-server ({e}); apt-get install redis-server")
+            });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(_)) = child.try_wait() {
+                return None;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(child)
+    }
+
+    /// `redis-cli -p port args…`'s output (empty if it fails).
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Ports of the servers running now (not killed, not frozen).
+    pub fn running(&self) -> Vec<u16> {
+        self.ports
+            .iter()
+            .zip(&self.children)
+            .filter(|(p, c)| c.is_some() && !self.frozen.contains(p))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// The cluster as a running server sees it.
+    pub fn nodes(&self) -> Vec<ClusterNode> {
+        for port in self.running() {
+            let text = self.cli(port, &["cluster", "nodes"]);
+            if text.trim().is_empty() {
+                continue;
+            }
+            return text
+                .lines()
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let addr = f.get(1)?;
+                    let port = addr.split('@').next()?.rsplit(':').next()?.parse().ok()?;
+                    let flags = f.get(2)?;
+                    let slots = f
+                        .iter()
+                        .skip(8)
+                        .filter(|s| !s.starts_with('['))
+                        .filter_map(|s| {
+                            let (a, b) = s.split_once('-').unwrap_or((s, s));
+                            Some((a.parse().ok()?, b.parse().ok()?))
+                        })
+                        .collect();
+                    Some(ClusterNode {
+                        port,
+                        master: flags.contains("master"),
+                        failed: flags.contains("fail") && !flags.contains("fail?"),
+                        slots,
+                    })
+                })
+                .collect();
+        }
+        Vec::new()
+    }
+
+    /// The port of the master that owns `slot` now.
+    pub fn master_of_slot(&self, slot: u16) -> Option<u16> {
+        self.nodes()
+            .into_iter()
+            .find(|n| {
+                n.master && !n.failed && n.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
+            })
+            .map(|n| n.port)
+    }
+
+    /// Wait (at most 30 s) until every running node says
+    /// `cluster_state:ok`, three live masters own all the slots, and every
+    /// running replica's link to its master is up.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let states_ok = self.running().iter().all(|&p| {
+                self.cli(p, &["cluster", "info"])
+                    .contains("cluster_state:ok")
+            });
+            let nodes = self.nodes();
+            let owned: u32 = nodes
+                .iter()
+                .filter(|n| n.master && !n.failed)
+                .flat_map(|n| n.slots.iter().map(|(a, b)| u32::from(b - a) + 1))
+                .sum();
+            let running = self.running();
+            let replicas_up = nodes
+                .iter()
+                .filter(|n| !n.master && running.contains(&n.port))
+                .all(|n| {
+                    self.cli(n.port, &["info", "replication"])
+                        .contains("master_link_status:up")
+                });
+            if states_ok && owned == 16384 && replicas_up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Redis Cluster is not ok: {:?}",
+                self.nodes()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `redis-cluster://` with the first three servers as seeds.
+    pub fn url(&self) -> String {
+        self.url_of(&self.ports[..3])
+    }
+
+    /// `redis-cluster://` with these servers as seeds.
+    pub fn url_of(&self, ports: &[u16]) -> String {
+        let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis-cluster://{}", seeds.join(","))
+    }
+
+    /// The ports of the replicas now.
+    pub fn replicas(&self) -> Vec<u16> {
+        self.nodes()
+            .into_iter()
+            .filter(|n| !n.master && !n.failed)
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// SIGKILL the server on `port` and wait until it is gone.
+    pub fn kill(&mut self, port: u16) {
+        if let Some(i) = self.ports.iter().position(|p| *p == port) {
+            if let Some(mut c) = self.children[i].take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) the server on `port`.
+    pub fn freeze(&mut self, port: u16, stop: bool) {
+        if let Some(i) = self.ports.iter().position(|p| *p == port) {
+            if let Some(c) = &self.children[i] {
+                signal(c.id(), stop);
+            }
+        }
+        self.frozen.retain(|p| *p != port);
+        if stop {
+            self.frozen.push(port);
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for p in self.ports.clone() {
+            self.kill(p);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

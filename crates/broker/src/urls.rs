@@ -8,6 +8,12 @@
 //! cluster from any one server (the servers gossip their client URLs), so
 //! one URL of a routed cluster is enough to fail over; listing several
 //! only matters for the first connection.
+//!
+//! Redis Cluster takes `redis-cluster://[user:password@]host:port[,host:port...]`
+//! (`rediss-cluster://` over TLS): any reachable nodes seed the topology
+//! (the client learns the rest with `CLUSTER SLOTS`); the credentials of
+//! the first entry are used for every node, and a cluster has no database
+//! but 0, so no `/db` path.
 
 use async_nats::ServerAddr;
 use herald_core::config::BrokerConfig;
@@ -17,12 +23,17 @@ use std::str::FromStr;
 /// the client try in turn).
 pub const MAX_NATS_SERVERS: usize = 64;
 
+/// Most seed nodes in one `redis-cluster://` list.
+pub const MAX_CLUSTER_SEEDS: usize = 64;
+
 /// The engine a URL names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Local,
     Redis,
     Nats,
+    /// `redis-cluster://` / `rediss-cluster://` ([`crate::redis_cluster`]).
+    RedisCluster,
 }
 
 /// Check `config.url` the way the engine will read it; the error names
@@ -45,8 +56,14 @@ pub fn check(config: &BrokerConfig) -> Result<Kind, String> {
         nats_servers(url).map_err(bad)?;
         return Ok(Kind::Nats);
     }
+    if url.starts_with("redis-cluster://") || url.starts_with("rediss-cluster://") {
+        redis_cluster_seeds(url).map_err(bad)?;
+        return Ok(Kind::RedisCluster);
+    }
     Err(bad(
-        "expected local, redis://, rediss://, redis-sentinel://, rediss-sentinel://, nats:// or tls:// (several NATS servers comma-separated)"
+        "expected local, redis://, rediss://, redis-sentinel://, rediss-sentinel://, \
+         redis-cluster://, rediss-cluster://, nats:// or tls:// (several NATS servers, \
+         sentinels or cluster seeds comma-separated)"
             .into(),
     ))
 }
@@ -66,6 +83,67 @@ pub(crate) fn redis_client(url: &str) -> Result<redis::Client, String> {
         }
     }
     Ok(client)
+}
+
+/// The seed nodes of a `redis-cluster://` / `rediss-cluster://` URL, as
+/// `redis://` / `rediss://` connection infos carrying the first entry's
+/// credentials (parsing only; nothing connects).
+pub fn redis_cluster_seeds(url: &str) -> Result<Vec<redis::ConnectionInfo>, String> {
+    use redis::IntoConnectionInfo;
+    let (scheme, rest) = match url.split_once("://") {
+        Some(("redis-cluster", rest)) => ("redis", rest),
+        Some(("rediss-cluster", rest)) => ("rediss", rest),
+        _ => return Err("expected redis-cluster:// or rediss-cluster://".into()),
+    };
+    let parts: Vec<&str> = rest.split(',').map(str::trim).collect();
+    if parts.len() > MAX_CLUSTER_SEEDS {
+        return Err(format!("at most {MAX_CLUSTER_SEEDS} seed nodes"));
+    }
+    let mut credentials = "";
+    let mut out = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let n = i + 1;
+        if part.is_empty() {
+            return Err(format!("seed {n} of the list is empty"));
+        }
+        let hostport = match part.rsplit_once('@') {
+            Some((creds, hostport)) if i == 0 => {
+                credentials = creds;
+                hostport
+            }
+            Some((creds, hostport)) if creds == credentials => hostport,
+            Some(_) => {
+                return Err(
+                    "credentials go on the first seed only (they apply to every node)".into(),
+                )
+            }
+            None => part,
+        };
+        if hostport.contains(['/', '?', '#']) {
+            return Err(format!(
+                "seed {n} of the list: host:port only (a cluster has database 0 only)"
+            ));
+        }
+        let Some((host, port)) = hostport.rsplit_once(':') else {
+            return Err(format!("seed {n} of the list: expected host:port"));
+        };
+        if host.is_empty() {
+            return Err(format!("seed {n} of the list has no host"));
+        }
+        if port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("seed {n} of the list: the port must be 1 to 65535"));
+        }
+        let full = if credentials.is_empty() {
+            format!("{scheme}://{hostport}")
+        } else {
+            format!("{scheme}://{credentials}@{hostport}")
+        };
+        let info = full
+            .into_connection_info()
+            .map_err(|e| format!("seed {n} of the list: {}", e))?;
+        out.push(info);
+    }
+    Ok(out)
 }
 
 /// The servers of a `nats://` / `tls://` URL or comma-separated list.
@@ -135,11 +213,28 @@ mod tests {
             ("nats://a", Kind::Nats),
             ("redis-sentinel://a:26379,b:26379/mymaster", Kind::Redis),
             ("rediss-sentinel://:pw@a:26379/mymaster", Kind::Redis),
+            ("redis-cluster://127.0.0.1:7000", Kind::RedisCluster),
+            (
+                "redis-cluster://127.0.0.1:7000, 127.0.0.1:7001,h:7002",
+                Kind::RedisCluster,
+            ),
+            ("redis-cluster://:pw@a:7000,b:7001", Kind::RedisCluster),
+            (
+                "rediss-cluster://u:pw@a:7000,u:pw@b:7001",
+                Kind::RedisCluster,
+            ),
         ] {
             assert_eq!(check(&config(url)), Ok(kind), "{url}");
         }
         assert_eq!(nats_servers("nats://a:1, b:2").unwrap().len(), 2);
         assert_eq!(nats_servers("tls://a:1,b:2").unwrap()[1].scheme(), "tls");
+        let seeds = redis_cluster_seeds("rediss-cluster://:pw@a:1,b:2").unwrap();
+        assert_eq!(seeds.len(), 2);
+        assert_eq!(seeds[1].redis_settings().password(), Some("pw"));
+        assert!(matches!(
+            seeds[1].addr(),
+            redis::ConnectionAddr::TcpTls { host, port: 2, .. } if host == "b"
+        ));
     }
 
     #[test]
@@ -161,12 +256,28 @@ mod tests {
             "redis-sentinel://:secretpw@a:26379",
             "redis-sentinel://:secretpw@a:notaport/m",
             "redis-sentinel://a:1,,b:2/m",
+            "redis-cluster://",
+            "redis-cluster://a:7000,",
+            "redis-cluster://a:7000,,b:7001",
+            "redis-cluster://a",
+            "redis-cluster://a:notaport",
+            "redis-cluster://:secretpw@a:99999",
+            "redis-cluster://a:7000/2",
+            "redis-cluster://:secretpw@a:7000,:otherpw@b:7001",
+            "redis-cluster://a:7000,:secretpw@b:7001",
+            "rediss-cluster://:7000",
+            "redis-clusters://a:7000",
         ] {
             let e = check(&config(url)).expect_err(url);
             assert!(e.starts_with("broker.url"), "{url}: {e}");
             assert!(!e.contains("secretpw"), "{url}: {e}");
         }
         let long = vec!["nats://a:1"; MAX_NATS_SERVERS + 1].join(",");
+        assert!(check(&config(&long)).is_err());
+        let long = format!(
+            "redis-cluster://{}",
+            vec!["a:1"; MAX_CLUSTER_SEEDS + 1].join(",")
+        );
         assert!(check(&config(&long)).is_err());
     }
 }

@@ -596,17 +596,21 @@ impl Config {
             _ => {}
         }
         let b = &self.broker;
-        let schemes = ["redis://", "rediss://", "nats://", "tls://"];
-        let sentinel = ["redis-sentinel://", "rediss-sentinel://"];
-        if b.url != "local"
-            && !schemes
-                .iter()
-                .chain(&sentinel)
-                .any(|s| b.url.starts_with(s))
-        {
+        let schemes = [
+            "redis://",
+            "rediss://",
+            "redis-sentinel://",
+            "rediss-sentinel://",
+            "redis-cluster://",
+            "rediss-cluster://",
+            "nats://",
+            "tls://",
+        ];
+        if b.url != "local" && !schemes.iter().any(|s| b.url.starts_with(s)) {
             return Err(invalid(
                 "broker.url",
-                "must be `local`, or a redis://, rediss://, redis-sentinel://, rediss-sentinel://, nats:// or tls:// URL",
+                "must be `local`, or a redis://, rediss://, redis-sentinel://, rediss-sentinel://, \
+                 redis-cluster://, rediss-cluster://, nats:// or tls:// URL",
             ));
         }
         if b.prefix.is_empty()
