@@ -168,9 +168,75 @@ async fn call(rpc: Arc<Rpc>, sid: String, req: DisconnectRequest) {
     match result {
         Ok(res) if crate::proto::status_of(res.status) == crate::proto::Status::Error => {
             metrics::count(&m::RPC_APP_ERRORS);
-            tracing::warn!(sid, "RPC Disconnect: the app answered ERROR");
+            if let Some(more) = FAILED.report() {
+                tracing::warn!(sid, more, "RPC Disconnect: the app answered ERROR");
+            }
         }
         Ok(_) => {}
-        Err(e) => tracing::warn!(sid, error = %e, "RPC Disconnect failed"),
+        Err(e) => {
+            if let Some(more) = FAILED.report() {
+                tracing::warn!(sid, error = %e, more, "RPC Disconnect failed");
+            }
+        }
+    }
+}
+
+/// Failed Disconnect calls are logged once per [`REPORT_EVERY`]: when the
+/// app is down after a mass disconnect, thousands of queued calls fail
+/// within seconds, and one line each would bury everything else.
+static FAILED: Reports = Reports::new();
+
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A log line's allowance: the first failure, then one per interval with
+/// the count of those not logged since (`more`).
+struct Reports {
+    last_ms: std::sync::atomic::AtomicU64,
+    skipped: std::sync::atomic::AtomicU64,
+}
+
+impl Reports {
+    const fn new() -> Reports {
+        Reports {
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+            skipped: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(failures not logged since the last line)` when this one may
+    /// be logged.
+    fn report(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = herald_core::history::now_ms().max(1);
+        let last = self.last_ms.load(Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= REPORT_EVERY.as_millis() as u64;
+        if due
+            && self
+                .last_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            Some(self.skipped.swap(0, Relaxed))
+        } else {
+            self.skipped.fetch_add(1, Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::Reports;
+
+    #[test]
+    fn failures_are_logged_once_per_interval_with_the_count_skipped() {
+        let r = Reports::new();
+        assert_eq!(r.report(), Some(0), "the first is logged");
+        assert_eq!(r.report(), None);
+        assert_eq!(r.report(), None);
+        // As if the interval had passed.
+        r.last_ms.store(1, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(r.report(), Some(2), "the two skipped are counted");
+        assert_eq!(r.report(), None);
     }
 }
