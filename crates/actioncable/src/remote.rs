@@ -31,7 +31,51 @@ pub const MAX_IDENTIFIERS: usize = 4096;
 
 const SHARDS: usize = 16;
 
-type Shard = HashMap<Arc<str>, Vec<(ConnId, Weak<Connection>)>>;
+type Shard = HashMap<Arc<str>, Holders>;
+
+/// The connections under one identifiers text: nearly always one, kept
+/// inline (a `Vec` would be a 64-byte allocation per connection).
+enum Holders {
+    One(ConnId, Weak<Connection>),
+    Many(Vec<(ConnId, Weak<Connection>)>),
+}
+
+impl Holders {
+    fn push(&mut self, id: ConnId, conn: Weak<Connection>) {
+        match self {
+            Holders::One(..) => {
+                let Holders::One(first, weak) =
+                    std::mem::replace(self, Holders::Many(Vec::with_capacity(2)))
+                else {
+                    unreachable!()
+                };
+                if let Holders::Many(v) = self {
+                    v.push((first, weak));
+                    v.push((id, conn));
+                }
+            }
+            Holders::Many(v) => v.push((id, conn)),
+        }
+    }
+
+    /// Forget `id`; whether none is left.
+    fn remove(&mut self, id: ConnId) -> bool {
+        match self {
+            Holders::One(first, _) => *first == id,
+            Holders::Many(v) => {
+                v.retain(|(i, _)| *i != id);
+                v.is_empty()
+            }
+        }
+    }
+
+    fn live(&self) -> Vec<Arc<Connection>> {
+        match self {
+            Holders::One(_, c) => c.upgrade().into_iter().collect(),
+            Holders::Many(v) => v.iter().filter_map(|(_, c)| c.upgrade()).collect(),
+        }
+    }
+}
 
 /// This node's Action Cable connections by their identifiers. Sharded: a
 /// connect or a close takes one short lock among 16.
@@ -60,11 +104,8 @@ pub struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         let mut shard = self.set.shard(&self.key).lock();
-        if let Some(list) = shard.get_mut(&self.key) {
-            list.retain(|(id, _)| *id != self.id);
-            if list.is_empty() {
-                shard.remove(&self.key);
-            }
+        if shard.get_mut(&self.key).is_some_and(|h| h.remove(self.id)) {
+            shard.remove(&self.key);
         }
     }
 }
@@ -75,16 +116,22 @@ impl Identities {
     }
 
     /// Index `conn` under `identifiers` (none for a client without any).
-    pub fn add(self: &Arc<Self>, identifiers: &str, conn: &Arc<Connection>) -> Option<Registered> {
+    pub fn add(
+        self: &Arc<Self>,
+        identifiers: &Arc<str>,
+        conn: &Arc<Connection>,
+    ) -> Option<Registered> {
         if identifiers.is_empty() || identifiers.len() > MAX_IDENTIFIERS {
             return None;
         }
-        let key: Arc<str> = Arc::from(identifiers);
-        self.shard(&key)
-            .lock()
-            .entry(key.clone())
-            .or_default()
-            .push((conn.id, Arc::downgrade(conn)));
+        let key = identifiers.clone();
+        let weak = Arc::downgrade(conn);
+        match self.shard(&key).lock().entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().push(conn.id, weak),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Holders::One(conn.id, weak));
+            }
+        }
         Some(Registered {
             set: self.clone(),
             key,
@@ -98,7 +145,7 @@ impl Identities {
             .shard(identifiers)
             .lock()
             .get(identifiers)
-            .map(|l| l.iter().filter_map(|(_, c)| c.upgrade()).collect())
+            .map(Holders::live)
             .unwrap_or_default();
         let code = if reconnect {
             CLOSE_REMOTE_RECONNECT
@@ -173,6 +220,27 @@ pub fn run(identities: &Identities, body: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_holder_inline_then_many_then_none() {
+        let ids = |h: &Holders| match h {
+            Holders::One(i, _) => vec![*i],
+            Holders::Many(v) => v.iter().map(|(i, _)| *i).collect(),
+        };
+        let mut h = Holders::One(1, Weak::new());
+        h.push(2, Weak::new());
+        h.push(3, Weak::new());
+        assert_eq!(ids(&h), [1, 2, 3]);
+        assert!(!h.remove(2));
+        assert!(!h.remove(9), "not there: nothing removed");
+        assert_eq!(ids(&h), [1, 3]);
+        assert!(!h.remove(1));
+        assert!(h.remove(3), "the last one gone");
+        let mut one = Holders::One(7, Weak::new());
+        assert!(!one.remove(8));
+        assert!(one.remove(7));
+        assert!(h.live().is_empty(), "dropped connections are not returned");
+    }
 
     #[test]
     fn commands_are_told_from_broadcasts_and_checked() {

@@ -346,6 +346,9 @@ async fn open(
     for f in welcome {
         conn.send(f);
     }
+    // One copy of the identifiers, shared by the session and the
+    // remote-command index.
+    let identifiers: Arc<str> = Arc::from(identifiers);
     let identity = cable.identities.add(&identifiers, &conn);
     let cable_presence = cable.presence.clone();
     let mut s = CableSession {
@@ -482,8 +485,9 @@ struct CableSession {
     /// Boxed: it is large and read only when calling the app; this struct
     /// is part of every connection's task.
     env: Box<SessionEnv>,
-    /// The app's connection identifiers (opaque JSON), echoed in calls.
-    identifiers: String,
+    /// The app's connection identifiers (opaque JSON), echoed in calls;
+    /// the remote-command index holds the same text.
+    identifiers: Arc<str>,
     subs: Vec<Sub>,
     /// Streams followed, over all subscriptions.
     streams: usize,
@@ -674,7 +678,7 @@ impl CableSession {
         let req = CommandMessage {
             command: "subscribe".into(),
             identifier: identifier.clone(),
-            connection_identifiers: self.identifiers.clone(),
+            connection_identifiers: self.identifiers.to_string(),
             data: String::new(),
             env: Some(self.env.for_channel(&identifier)),
         };
@@ -738,7 +742,7 @@ impl CableSession {
                 let req = CommandMessage {
                     command: "unsubscribe".into(),
                     identifier: identifier.to_owned(),
-                    connection_identifiers: self.identifiers.clone(),
+                    connection_identifiers: self.identifiers.to_string(),
                     data: String::new(),
                     env: Some(self.env.for_channel(identifier)),
                 };
@@ -775,7 +779,7 @@ impl CableSession {
         let req = CommandMessage {
             command: "message".into(),
             identifier: identifier.to_owned(),
-            connection_identifiers: self.identifiers.clone(),
+            connection_identifiers: self.identifiers.to_string(),
             data,
             env: Some(self.env.for_channel(identifier)),
         };
@@ -934,7 +938,7 @@ impl CableSession {
     /// What a restore of this session would bring back.
     fn snapshot(&self, subs: &[Sub]) -> crate::reliable::Snapshot {
         crate::reliable::Snapshot {
-            identifiers: self.identifiers.clone(),
+            identifiers: self.identifiers.to_string(),
             cstate: self.env.cstate.clone(),
             istate: self.env.istate.clone(),
             subs: subs
@@ -973,7 +977,7 @@ impl CableSession {
         if std::mem::take(&mut self.authenticated) {
             if let Some(queue) = &self.cable.disconnects {
                 let req = DisconnectRequest {
-                    identifiers: self.identifiers.clone(),
+                    identifiers: self.identifiers.to_string(),
                     subscriptions: subs.iter().map(|s| s.identifier.to_string()).collect(),
                     env: Some(self.env.for_disconnect()),
                 };
