@@ -477,6 +477,17 @@ struct Sub {
     streams: Vec<String>,
 }
 
+/// Push onto `v`, making room for one element when it has none: nearly
+/// every connection has one subscription of one stream, and a `Vec`'s
+/// first growth makes room for four (160 bytes of `Sub`s, 96 of stream
+/// names, per idle connection; bench/RESULTS.md "Idle memory").
+fn push_tight<T>(v: &mut Vec<T>, x: T) {
+    if v.capacity() == 0 {
+        v.reserve_exact(1);
+    }
+    v.push(x);
+}
+
 struct CableSession {
     node: Arc<Node>,
     hub: Arc<Hub>,
@@ -691,10 +702,13 @@ impl CableSession {
             }
         };
         if status_of(res.status) == Status::Success {
-            self.subs.push(Sub {
-                identifier: Arc::from(identifier.as_str()),
-                streams: Vec::new(),
-            });
+            push_tight(
+                &mut self.subs,
+                Sub {
+                    identifier: Arc::from(identifier.as_str()),
+                    streams: Vec::new(),
+                },
+            );
             self.apply(&identifier, res, true).await
         } else {
             metrics::count(&metrics::SUBSCRIPTION_ERRORS);
@@ -720,10 +734,13 @@ impl CableSession {
         if stream.len() > MAX_STREAM_NAME || self.streams >= MAX_STREAMS {
             return self.reject(&identifier);
         }
-        self.subs.push(Sub {
-            identifier: Arc::from(identifier.as_str()),
-            streams: Vec::new(),
-        });
+        push_tight(
+            &mut self.subs,
+            Sub {
+                identifier: Arc::from(identifier.as_str()),
+                streams: Vec::new(),
+            },
+        );
         self.pubsub_state(&identifier, &stream, public);
         self.add_stream(&identifier, stream).await;
         self.send(&wire::confirm(&identifier));
@@ -893,7 +910,7 @@ impl CableSession {
             .await
         {
             Ok(_) => {
-                self.subs[at].streams.push(stream);
+                push_tight(&mut self.subs[at].streams, stream);
                 self.streams += 1;
             }
             Err(e) => {

@@ -20,10 +20,13 @@ impl CableSession {
     pub(super) async fn restore(&mut self, snap: crate::reliable::Snapshot) {
         self.hold = true;
         for (identifier, streams) in snap.subs {
-            self.subs.push(Sub {
-                identifier: Arc::from(identifier.as_str()),
-                streams: Vec::new(),
-            });
+            super::push_tight(
+                &mut self.subs,
+                Sub {
+                    identifier: Arc::from(identifier.as_str()),
+                    streams: Vec::new(),
+                },
+            );
             for s in streams {
                 self.add_stream(&identifier, s).await;
             }
