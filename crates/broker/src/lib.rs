@@ -95,3 +95,27 @@ pub(crate) fn backoff(n: u32) -> std::time::Duration {
     let ms = 100u64.saturating_mul(1u64 << n.min(6));
     std::time::Duration::from_millis(ms.min(5000))
 }
+
+/// Wait until `until` between two sessions of a transport: what is queued
+/// meanwhile is dropped and counted, never kept (it would arrive late and
+/// out of order with what the others sent since); flushes are answered.
+/// `false` once the engine stopped.
+pub(crate) async fn drop_until(
+    rx: &mut tokio::sync::mpsc::Receiver<engine::Out>,
+    until: tokio::time::Instant,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => return true,
+            o = rx.recv() => match o {
+                Some(engine::Out::Send(..)) => {
+                    herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED)
+                }
+                Some(engine::Out::Flush(done)) => {
+                    let _ = done.send(());
+                }
+                None => return false,
+            },
+        }
+    }
+}

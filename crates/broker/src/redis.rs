@@ -61,15 +61,8 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, master: Master) {
         // Back off; what is queued meanwhile is dropped, never kept.
         let until = tokio::time::Instant::now() + master.backoff(attempt);
         attempt = attempt.saturating_add(1);
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(until) => break,
-                o = rx.recv() => match o {
-                    Some(Out::Send(..)) => herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED),
-                    Some(Out::Flush(done)) => { let _ = done.send(()); }
-                    None => return,
-                },
-            }
+        if !crate::drop_until(&mut rx, until).await {
+            return;
         }
     }
 }

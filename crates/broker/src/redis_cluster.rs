@@ -166,15 +166,8 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, seeds: Vec<Connec
         // node should follow its end soon, not up to 5 s later.
         let until = tokio::time::Instant::now() + crate::backoff(attempt).min(RETRY_CAP);
         attempt = attempt.saturating_add(1);
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(until) => break,
-                o = rx.recv() => match o {
-                    Some(Out::Send(..)) => herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED),
-                    Some(Out::Flush(done)) => { let _ = done.send(()); }
-                    None => return,
-                },
-            }
+        if !crate::drop_until(&mut rx, until).await {
+            return;
         }
     }
 }
