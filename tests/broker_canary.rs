@@ -9,9 +9,9 @@
 #[macro_use]
 mod common;
 
-use common::{Client, Server, TIMEOUT};
+use common::{wait_ready, Client, Server, TIMEOUT};
 use herald_broker::testing::{BrokerServer, Kind, NatsCluster};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Nodes with a 1 s canary and a long TTL (so nothing but the canary can
 /// explain a quick 503).
@@ -20,22 +20,6 @@ async fn node(url: &str, prefix: &str) -> Server {
         "[broker]\nurl = \"{url}\"\nprefix = \"{prefix}\"\nttl = 60\ncanary_interval = 1\ncanary_timeout = 1\n"
     );
     Server::start_with(&top, "").await
-}
-
-async fn wait_ready(s: &Server, want: u16, within: Duration) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        let (status, body) = s.raw_api("GET", "/ready", "", "").await;
-        if status == want {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < within,
-            "/ready stayed {status} {body}, wanted {want}; log:\n{}",
-            s.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn subscribed(s: &Server) -> Client {

@@ -10,7 +10,7 @@
 #[macro_use]
 mod common;
 
-use common::{Client, Server, TIMEOUT};
+use common::{api_users, users_everywhere, wait_ready, Client, Server, TIMEOUT};
 use herald_broker::testing::{BrokerServer, Kind};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ async fn nodes(broker: &BrokerServer, n: usize, ttl: u64, prefix: &str) -> Vec<S
     // has heard the others; the last to start has heard everyone, and the
     // earlier ones heard it say hello.
     for s in &out {
-        wait_ready(s, 200).await;
+        wait_ready(s, 200, TIMEOUT).await;
     }
     out
 }
@@ -36,57 +36,6 @@ async fn nodes(broker: &BrokerServer, n: usize, ttl: u64, prefix: &str) -> Vec<S
 async fn ready(s: &Server) -> (u16, String) {
     let (status, body) = s.raw_api("GET", "/ready", "", "").await;
     (status, body.as_str().unwrap_or_default().to_owned())
-}
-
-async fn wait_ready(s: &Server, want: u16) {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let (status, body) = ready(s).await;
-        if status == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/ready stayed {status} {body}, wanted {want}; log:\n{}",
-            s.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The ids of a presence channel's members as `GET …/users` lists them.
-async fn api_users(s: &Server, channel: &str) -> Vec<String> {
-    let (status, body) = s
-        .api(
-            "GET",
-            &format!("/apps/test-app/channels/{channel}/users"),
-            "",
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let mut ids: Vec<String> = body["users"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["id"].as_str().unwrap().to_owned())
-        .collect();
-    ids.sort();
-    ids
-}
-
-/// Wait until every node's API lists exactly `want`.
-async fn users_everywhere(nodes: &[&Server], channel: &str, want: &[&str]) {
-    let deadline = Instant::now() + TIMEOUT;
-    for s in nodes {
-        loop {
-            let got = api_users(s, channel).await;
-            if got == want {
-                break;
-            }
-            assert!(Instant::now() < deadline, "users {got:?}, wanted {want:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 }
 
 /// Sign a client in as `id` (pusher:signin).
@@ -136,6 +85,7 @@ async fn sigkilled_node_leaves_within_the_ttl(kind: Kind) {
         &[&n[0], &n[1], &n[2]],
         "presence-room",
         &["doomed", "obs", "other"],
+        TIMEOUT,
     )
     .await;
 
@@ -152,7 +102,7 @@ async fn sigkilled_node_leaves_within_the_ttl(kind: Kind) {
         took < Duration::from_secs(ttl) + Duration::from_millis(1500),
         "removed after {took:?} (TTL {ttl} s)"
     );
-    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs", "other"]).await;
+    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs", "other"], TIMEOUT).await;
     // Once: a marker published afterwards is the next frame.
     n[1].trigger("presence-room", "marker", "m").await;
     obs.expect("marker", Some("presence-room")).await;
@@ -185,7 +135,7 @@ async fn graceful_stop_removes_members_at_once(kind: Kind) {
     assert_eq!(gone["user_id"], "leaving");
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(n[2].wait_exit().await.success());
-    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs"]).await;
+    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs"], TIMEOUT).await;
     let _ = n.pop();
 }
 
@@ -208,7 +158,7 @@ async fn broker_outage_and_recovery(kind: Kind) {
 
     broker.kill();
     for s in &n {
-        wait_ready(s, 503).await;
+        wait_ready(s, 503, TIMEOUT).await;
         assert_eq!(ready(s).await.1, "BROKER DOWN");
         assert_eq!(s.metric("herald_broker_up").await, 0);
     }
@@ -225,7 +175,7 @@ async fn broker_outage_and_recovery(kind: Kind) {
     // delivery resumes everywhere, exactly once.
     broker.restart();
     for s in &n {
-        wait_ready(s, 200).await;
+        wait_ready(s, 200, TIMEOUT).await;
         assert_eq!(s.metric("herald_broker_up").await, 1);
     }
     for (i, s) in n.iter().enumerate() {
@@ -299,6 +249,6 @@ async fn channel_figures_agree_on_every_node(kind: Kind) {
         }
         c.expect_close(4009).await;
     }
-    users_everywhere(&[&n[0], &n[1], &n[2]], "presence-room", &["u2"]).await;
+    users_everywhere(&[&n[0], &n[1], &n[2]], "presence-room", &["u2"], TIMEOUT).await;
     drop((a, b, c, keep));
 }

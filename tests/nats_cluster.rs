@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Client, Server, TIMEOUT};
+use common::{wait_ready, Client, Server, TIMEOUT};
 use futures_util::StreamExt;
 use herald_broker::testing::NatsCluster;
 use serde_json::Value;
@@ -24,25 +24,9 @@ async fn nodes(urls: &[String], prefix: &str, ttl: u64) -> Vec<Server> {
         out.push(Server::start_with(&top, "").await);
     }
     for s in &out {
-        wait_ready(s, 200).await;
+        wait_ready(s, 200, TIMEOUT).await;
     }
     out
-}
-
-async fn wait_ready(s: &Server, want: u16) {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let (status, body) = s.raw_api("GET", "/ready", "", "").await;
-        if status == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/ready stayed {status} {body}, wanted {want}; log:\n{}",
-            s.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The data of the `event` frames that arrive before `until`, stopping
@@ -157,8 +141,8 @@ async fn a_killed_server_is_left_for_another_and_the_gap_is_measured() {
         tokio::time::sleep(Duration::from_millis(1000)).await;
         cluster.kill(0);
         let t0 = Instant::now();
-        wait_ready(&n[0], 503).await;
-        wait_ready(&n[0], 200).await;
+        wait_ready(&n[0], 503, TIMEOUT).await;
+        wait_ready(&n[0], 200, TIMEOUT).await;
         t0.elapsed()
     };
     let ((), back_after) = tokio::join!(publisher, killer);

@@ -22,7 +22,7 @@
 mod common;
 
 use common::ext::{broadcast, cable, frame, send};
-use common::{Client, Server, Ws, TIMEOUT};
+use common::{users_everywhere, wait_ready, Client, Server, Ws, TIMEOUT};
 use herald_broker::testing::RedisCluster;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -48,22 +48,6 @@ async fn nodes(cluster: &RedisCluster, n: usize, prefix: &str, extra: &str) -> V
         wait_ready(s, 200, TIMEOUT).await;
     }
     out
-}
-
-async fn wait_ready(s: &Server, want: u16, within: Duration) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        let (status, body) = s.raw_api("GET", "/ready", "", "").await;
-        if status == want {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < within,
-            "/ready stayed {status} {body}, wanted {want}; log:\n{}",
-            s.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The masters' ports whose `PUBSUB SHARDCHANNELS` list a shard channel
@@ -100,39 +84,6 @@ fn cluster_keys(cluster: &RedisCluster, pattern: &str) -> Vec<String> {
         );
     }
     out
-}
-
-async fn api_users(s: &Server, channel: &str) -> Vec<String> {
-    let (status, body) = s
-        .api(
-            "GET",
-            &format!("/apps/test-app/channels/{channel}/users"),
-            "",
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let mut ids: Vec<String> = body["users"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["id"].as_str().unwrap().to_owned())
-        .collect();
-    ids.sort();
-    ids
-}
-
-async fn users_everywhere(nodes: &[&Server], channel: &str, want: &[&str]) {
-    let deadline = Instant::now() + TIMEOUT;
-    for s in nodes {
-        loop {
-            let got = api_users(s, channel).await;
-            if got == want {
-                break;
-            }
-            assert!(Instant::now() < deadline, "users {got:?}, wanted {want:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 }
 
 async fn member_event(c: &mut Client, event: &str) -> Value {
@@ -212,7 +163,13 @@ async fn broadcast_presence_and_figures_across_nodes_over_sharded_pubsub() {
         member_event(&mut obs, "pusher_internal:member_added").await["user_id"],
         "doomed"
     );
-    users_everywhere(&[&n[0], &n[1], &n[2]], "presence-room", &["doomed", "obs"]).await;
+    users_everywhere(
+        &[&n[0], &n[1], &n[2]],
+        "presence-room",
+        &["doomed", "obs"],
+        TIMEOUT,
+    )
+    .await;
     for s in &n {
         let (_, list) = s.api("GET", "/apps/test-app/channels", "").await;
         let names: Vec<&String> = list["channels"].as_object().unwrap().keys().collect();
@@ -229,7 +186,7 @@ async fn broadcast_presence_and_figures_across_nodes_over_sharded_pubsub() {
         "removed after {:?}",
         t0.elapsed()
     );
-    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs"]).await;
+    users_everywhere(&[&n[0], &n[1]], "presence-room", &["obs"], TIMEOUT).await;
     n[1].trigger("presence-room", "marker", "m").await;
     obs.expect("marker", Some("presence-room")).await;
     drop(doomed);
@@ -416,7 +373,13 @@ async fn a_master_killed_under_load_is_replaced_and_nothing_is_duplicated() {
     member
         .subscribe_presence("presence-room", "before", json!({}))
         .await;
-    users_everywhere(&[&n[0], &n[1], &n[2]], "presence-room", &["before", "obs"]).await;
+    users_everywhere(
+        &[&n[0], &n[1], &n[2]],
+        "presence-room",
+        &["before", "obs"],
+        TIMEOUT,
+    )
+    .await;
     assert_eq!(
         member_event(&mut obs, "pusher_internal:member_added").await["user_id"],
         "before"
@@ -453,7 +416,13 @@ async fn a_master_killed_under_load_is_replaced_and_nothing_is_duplicated() {
     }
     // Presence is right on every node (nobody removed by the outage), and
     // a member joining after it is seen everywhere, once.
-    users_everywhere(&[&n[0], &n[1], &n[2]], "presence-room", &["before", "obs"]).await;
+    users_everywhere(
+        &[&n[0], &n[1], &n[2]],
+        "presence-room",
+        &["before", "obs"],
+        TIMEOUT,
+    )
+    .await;
     let mut late = n[1].client().await;
     late.subscribe_presence("presence-room", "late", json!({}))
         .await;
@@ -461,6 +430,7 @@ async fn a_master_killed_under_load_is_replaced_and_nothing_is_duplicated() {
         &[&n[0], &n[1], &n[2]],
         "presence-room",
         &["before", "late", "obs"],
+        TIMEOUT,
     )
     .await;
     // The next member event node 0's client sees is "late" joining: no

@@ -11,7 +11,7 @@
 mod common;
 
 use common::ext::{broadcast, cable, frame, ident, send};
-use common::{Client, Server, Ws, TIMEOUT};
+use common::{users_everywhere, wait_ready, Client, Server, Ws, TIMEOUT};
 use herald_broker::testing_sentinel::RedisSentinel;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -48,61 +48,6 @@ async fn nodes(s: &RedisSentinel, n: usize, prefix: &str, extra: &str) -> Vec<Se
         wait_ready(s, 200, TIMEOUT).await;
     }
     out
-}
-
-async fn wait_ready(s: &Server, want: u16, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let (status, body) = s.raw_api("GET", "/ready", "", "").await;
-        if status == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/ready stayed {status} {body}, wanted {want}; log:\n{}",
-            s.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The ids of a presence channel's members as `GET …/users` lists them.
-async fn api_users(s: &Server, channel: &str) -> Vec<String> {
-    let (status, body) = s
-        .api(
-            "GET",
-            &format!("/apps/test-app/channels/{channel}/users"),
-            "",
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let mut ids: Vec<String> = body["users"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["id"].as_str().unwrap().to_owned())
-        .collect();
-    ids.sort();
-    ids
-}
-
-/// Wait (at most `within`) until every node's API lists exactly `want`.
-async fn users_everywhere(nodes: &[Server], channel: &str, want: &[&str], within: Duration) {
-    let deadline = Instant::now() + within;
-    for s in nodes {
-        loop {
-            let got = api_users(s, channel).await;
-            if got == want {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "users {got:?} on :{}, wanted {want:?}",
-                s.port
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
 }
 
 /// What one subscriber received: `(event, data)` in order, from a task

@@ -849,3 +849,67 @@ pub fn assert_storm_came_back(r: &herald_bench::report::Report, clients: f64) {
         "{summary}"
     );
 }
+
+// ----- several nodes ---------------------------------------------------------
+
+/// Wait (at most `within`) until `GET /ready` answers `want`; how long it took.
+pub async fn wait_ready(s: &Server, want: u16, within: Duration) -> Duration {
+    let t0 = std::time::Instant::now();
+    loop {
+        let (status, body) = s.raw_api("GET", "/ready", "", "").await;
+        if status == want {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < within,
+            "/ready stayed {status} {body}, wanted {want}; log:\n{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The ids of a presence channel's members as `GET …/users` lists them.
+pub async fn api_users(s: &Server, channel: &str) -> Vec<String> {
+    let (status, body) = s
+        .api(
+            "GET",
+            &format!("/apps/test-app/channels/{channel}/users"),
+            "",
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut ids: Vec<String> = body["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Wait (at most `within`) until every node's API lists exactly `want`.
+pub async fn users_everywhere(
+    nodes: &[impl std::borrow::Borrow<Server>],
+    channel: &str,
+    want: &[&str],
+    within: Duration,
+) {
+    let deadline = std::time::Instant::now() + within;
+    for s in nodes {
+        let s = s.borrow();
+        loop {
+            let got = api_users(s, channel).await;
+            if got == want {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "users {got:?} on :{}, wanted {want:?}",
+                s.port
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
