@@ -9,7 +9,8 @@
 //! cluster's slots); a master SIGKILLed under a publish loop is replaced by
 //! its replica and the nodes follow without a crash or a duplicate,
 //! counting what was lost meanwhile; a master that stops answering
-//! (SIGSTOP) is noticed by the broker canary; a slot moved to another
+//! (SIGSTOP), of the cluster-wide slot or of channels only, is noticed by
+//! the broker canary (a copy through every master); a slot moved to another
 //! master under subscribers is followed; replicas alone seed the
 //! topology; AppSync's trailing wildcards match across nodes, once each.
 //! (tests/webhooks.rs runs its cluster webhook tests on a Redis Cluster
@@ -767,23 +768,27 @@ async fn a_slot_moved_under_its_subscribers_is_followed() {
     }
 }
 
-/// A master of channels only (not of the cluster-wide slot) frozen: its
-/// subscribers are never told (no closed socket, no `SUNSUBSCRIBE`) and
-/// the canary passes, but the slot map changes when its replica is
-/// promoted, which the nodes check, and they subscribe on the new owner.
-#[tokio::test]
-async fn a_frozen_channel_master_failed_over_is_followed() {
-    let _one = FAILOVERS.lock().await;
-    let mut cluster = RedisCluster::start();
-    let n = nodes(&cluster, 2, "fz", "ttl = 60\n").await;
-    let control: u16 = cluster
-        .cli(cluster.running()[0], &["cluster", "keyslot", "{fz}"])
+/// The master owning the cluster-wide slot (hash tag `{prefix}`).
+fn control_master(cluster: &RedisCluster, prefix: &str) -> u16 {
+    let slot: u16 = cluster
+        .cli(
+            cluster.running()[0],
+            &["cluster", "keyslot", &format!("{{{prefix}}}")],
+        )
         .trim()
         .parse()
         .unwrap();
-    let control = cluster.master_of_slot(control).unwrap();
-    // Channels until one lives on another master than the control slot.
-    let mut pick = None;
+    cluster.master_of_slot(slot).unwrap()
+}
+
+/// A channel subscribed on both nodes whose shard is another master
+/// than `control`: its name, that master, a client on each node, and the
+/// clients of channels tried before (to keep until the test ends).
+async fn channel_off(
+    cluster: &RedisCluster,
+    n: &[Server],
+    control: u16,
+) -> (String, u16, Client, Client, Vec<(Client, Client)>) {
     let mut keep = Vec::new();
     for k in 0..16 {
         let name = format!("chan-{k}");
@@ -794,8 +799,8 @@ async fn a_frozen_channel_master_failed_over_is_followed() {
         b.subscribe(&name).await;
         let deadline = Instant::now() + TIMEOUT;
         let owner = loop {
-            if let [p] = shard_owners(&cluster, &suffix)[..] {
-                let ch = channel_on(p, &cluster, &suffix);
+            if let [p] = shard_owners(cluster, &suffix)[..] {
+                let ch = channel_on(p, cluster, &suffix);
                 if cluster
                     .cli(p, &["pubsub", "shardnumsub", &ch])
                     .lines()
@@ -812,34 +817,113 @@ async fn a_frozen_channel_master_failed_over_is_followed() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         if owner != control {
-            pick = Some((name, owner, a, b));
-            break;
+            return (name, owner, a, b, keep);
         }
         keep.push((a, b));
     }
-    let (name, owner, mut a, mut b) = pick.expect("a channel off the control slot");
-    cluster.freeze(owner, true);
-    // Node 1 hears node 0's publications again once it follows the
-    // promoted replica.
-    let deadline = Instant::now() + FAILOVER;
+    panic!("no channel off the control slot in 16");
+}
+
+/// Node 0 publishes on `name` until node 1's client hears it again
+/// (within `within`); each publication reaches node 0's own client.
+async fn heard_again(n: &[Server], name: &str, a: &mut Client, b: &mut Client, within: Duration) {
+    let deadline = Instant::now() + within;
     for k in 0.. {
         assert!(
             Instant::now() < deadline,
             "node 1 never heard {name} again; log:\n{}",
             n[1].log()
         );
-        n[0].trigger(&name, "p", &k.to_string()).await;
-        assert_eq!(a.expect("p", Some(&name)).await["data"], k.to_string());
+        n[0].trigger(name, "p", &k.to_string()).await;
+        assert_eq!(a.expect("p", Some(name)).await["data"], k.to_string());
         if let Ok(f) =
-            tokio::time::timeout(Duration::from_millis(300), b.expect("p", Some(&name))).await
+            tokio::time::timeout(Duration::from_millis(300), b.expect("p", Some(name))).await
         {
             assert_eq!(f["data"], k.to_string());
-            break;
+            return;
         }
     }
+}
+
+/// A master of channels only (not of the cluster-wide slot) frozen: its
+/// subscribers are never told (no closed socket, no `SUNSUBSCRIBE`), but
+/// the slot map changes when its replica is promoted, which the nodes
+/// check, and they subscribe on the new owner. The canary is off here
+/// (it would notice first: the next test), so this tests the check.
+#[tokio::test]
+async fn a_frozen_channel_master_failed_over_is_followed() {
+    let _one = FAILOVERS.lock().await;
+    let mut cluster = RedisCluster::start();
+    let n = nodes(&cluster, 2, "fz", "ttl = 60\ncanary_interval = 0\n").await;
+    let control = control_master(&cluster, "fz");
+    let (name, owner, mut a, mut b, keep) = channel_off(&cluster, &n, control).await;
+    cluster.freeze(owner, true);
+    // Node 1 hears node 0's publications again once it follows the
+    // promoted replica.
+    heard_again(&n, &name, &mut a, &mut b, FAILOVER).await;
     // Found by the slot map check (changed, or its call to the frozen
     // node timed out): node 1 sends nothing to that shard.
     assert!(n[1].log().contains("slot map"), "{}", n[1].log());
+    assert!(!n[1].log().contains("canary"), "{}", n[1].log());
+    cluster.freeze(owner, false);
+    drop(keep);
+}
+
+/// Issue 20 on a cluster: a master of channels only (not the shard of the
+/// cluster-wide subjects) stops answering with its sockets open. The
+/// canary goes through every master, so both nodes notice within its
+/// interval and timeout: `/ready` 503, the failure counted and logged;
+/// they reconnect, follow the promoted replica and deliver again.
+#[tokio::test]
+async fn a_frozen_channel_master_is_noticed_by_the_canary_of_its_shard() {
+    let _one = FAILOVERS.lock().await;
+    let mut cluster = RedisCluster::start();
+    let n = nodes(
+        &cluster,
+        2,
+        "sc",
+        "ttl = 60\ncanary_interval = 1\ncanary_timeout = 1\n",
+    )
+    .await;
+    let control = control_master(&cluster, "sc");
+    let (name, owner, mut a, mut b, keep) = channel_off(&cluster, &n, control).await;
+    // Every node's canary has a copy subscribed on that master.
+    let copies = cluster
+        .cli(owner, &["pubsub", "shardchannels", "*sc.canary.*"])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count();
+    assert_eq!(copies, 2, "one canary copy per node on {owner}");
+    let failures: Vec<u64> = futures_util::future::join_all(
+        n.iter()
+            .map(|s| s.metric("herald_broker_canary_failures_total")),
+    )
+    .await;
+    let frozen_at = Instant::now();
+    cluster.freeze(owner, true);
+    for s in &n {
+        wait_ready(s, 503, TIMEOUT).await;
+    }
+    let noticed = frozen_at.elapsed();
+    eprintln!("both nodes not ready {noticed:?} after the freeze");
+    for (s, before) in n.iter().zip(&failures) {
+        assert!(s.metric("herald_broker_canary_failures_total").await > *before);
+        assert!(
+            s.log().contains("broker canary not heard back"),
+            "{}",
+            s.log()
+        );
+    }
+    // They reconnect: ready on the promoted replica, the old master still
+    // frozen, and node 1 hears node 0 on that shard again.
+    for s in &n {
+        wait_ready(s, 200, FAILOVER).await;
+    }
+    eprintln!(
+        "both nodes ready again {:?} after the freeze",
+        frozen_at.elapsed()
+    );
+    heard_again(&n, &name, &mut a, &mut b, TIMEOUT).await;
     cluster.freeze(owner, false);
     drop(keep);
 }

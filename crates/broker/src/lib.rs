@@ -19,6 +19,7 @@
 //! tally       cluster-wide first/last holders (occupied, member added)
 //! redis, nats the transports
 //! redis_cluster  the Redis Cluster transport (sharded pub/sub)
+//!   ├ redis_shards  the canary through every master
 //!   └ redis_conn  one command connection type for a server or a cluster
 //! jetstream   history and sessions on NATS JetStream (issue 19)
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
@@ -40,6 +41,7 @@ pub mod redis_cluster;
 pub mod redis_conn;
 pub mod redis_master;
 pub mod redis_sessions;
+pub mod redis_shards;
 pub mod redis_streams;
 pub mod subject;
 pub mod tally;

@@ -11,12 +11,16 @@
 //!   keep their names: each hashes to its own slot, so channels spread
 //!   over the shards and a shard carries only its channels' traffic.
 //! - **The cluster-wide subjects** (`all`: heartbeats, first/last holders,
-//!   requests, state; `node.{id}`: replies; `canary.{id}`) share one slot,
-//!   the hash tag `{prefix}` put before their names on the wire. Every
-//!   node must hear `all` anyway, so spreading it would not spread its
-//!   load; on one slot a node's control messages and the replies to it
-//!   keep their order (one shard, one connection), and the canary tests
-//!   the very connection `all` arrives on.
+//!   requests, state; `node.{id}`: replies) share one slot, the hash tag
+//!   `{prefix}` put before their names on the wire. Every node must hear
+//!   `all` anyway, so spreading it would not spread its load; on one slot
+//!   a node's control messages and the replies to it keep their order
+//!   (one shard, one connection).
+//! - **The canary** (`canary.{id}`) goes as one copy per master of the
+//!   slot map, each behind a hash tag of that master's slots, and counts
+//!   as heard once every copy is ([`crate::redis_shards`]): a node that
+//!   stops hearing one channel shard is noticed as one that stops hearing
+//!   the broker.
 //! - **Patterns** (AppSync's trailing wildcards): there is no sharded
 //!   `PSUBSCRIBE`. A pattern `/a/b/` is subscribed to as the literal
 //!   sharded channel `….%.a.b.*` (its single-server name), and a message to
@@ -41,7 +45,7 @@
 //! under a subscription (the server's own `SUNSUBSCRIBE`), a slot map
 //! that differs from the one the session subscribed by (checked every
 //! [`TOPOLOGY_CHECK`]: a frozen master failed over tells nobody), a failed
-//! command, or a canary not heard back end the session, as a broken
+//! command, or a canary not heard back (from any master) end the session, as a broken
 //! connection does on one server: the node is not ready, what it would
 //! send meanwhile is dropped and counted, and after a backoff (100 ms
 //! doubling to 1 s) a new cluster connection reads the slots afresh,
@@ -53,6 +57,7 @@
 
 use crate::engine::{Engine, Out, Shared};
 use crate::redis_conn::slot;
+use crate::redis_shards::ShardCanary;
 use futures_util::stream::{self, StreamExt};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -197,15 +202,31 @@ async fn session(
         Err(_) => return "timed out connecting to the cluster".into(),
     };
     let prefix = shared.prefix.as_str();
+    // The slot map this session subscribes by (the canary's copies go to
+    // its masters; a change ends the session).
+    let slots = match slot_map(&mut conn).await {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let mut canary = ShardCanary::new(prefix, &shared.canary_subject(), &slots);
     // Subjects subscribed to, by their engine names.
     let mut subscribed: HashSet<String> = HashSet::new();
-    let mut names = vec![shared.all(), shared.own_subject(), shared.canary_subject()];
-    names.extend(shared.wanted_now().into_iter().map(|(s, _)| s));
+    let mut names: Vec<(String, String)> = [shared.all(), shared.own_subject()]
+        .into_iter()
+        .chain(shared.wanted_now().into_iter().map(|(s, _)| s))
+        .map(|s| (wire(prefix, &s), s))
+        .collect();
+    names.extend(
+        canary
+            .wires()
+            .iter()
+            .map(|w| (w.clone(), canary.subject().to_owned())),
+    );
     let results: Vec<Result<String, String>> = stream::iter(names)
-        .map(|subject| {
+        .map(|(name, subject)| {
             let mut c = conn.clone();
             async move {
-                c.ssubscribe(wire(prefix, &subject))
+                c.ssubscribe(name)
                     .await
                     .map(|()| subject)
                     .map_err(|e| e.to_string())
@@ -222,10 +243,6 @@ async fn session(
             Err(e) => return e,
         }
     }
-    let slots = match slot_map(&mut conn).await {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
     *connected = true;
     shared.set_up(true, "");
     let mut batch: Vec<Out> = Vec::with_capacity(BATCH);
@@ -241,7 +258,7 @@ async fn session(
             }
             p = pushes.recv() => match p {
                 Some(p) => {
-                    if let Some(why) = on_push(shared, &subscribed, p) {
+                    if let Some(why) = on_push(shared, &subscribed, &mut canary, p) {
                         return why;
                     }
                 }
@@ -264,7 +281,7 @@ async fn session(
                 if let Err(e) = apply_dirty(shared, &mut conn, &mut subscribed).await {
                     return e;
                 }
-                if let Err(e) = send_batch(shared, &conn, &mut batch).await {
+                if let Err(e) = send_batch(shared, &conn, &canary, &mut batch).await {
                     return e;
                 }
             }
@@ -275,13 +292,27 @@ async fn session(
 /// A push from the cluster: a message is handed to the engine; a dropped
 /// connection or a subscription the server ended is a reason to start
 /// again (returned).
-fn on_push(shared: &Shared, subscribed: &HashSet<String>, p: PushInfo) -> Option<String> {
+fn on_push(
+    shared: &Shared,
+    subscribed: &HashSet<String>,
+    canary: &mut ShardCanary,
+    p: PushInfo,
+) -> Option<String> {
     match p.kind {
         PushKind::SMessage => {
             if let [channel, payload, ..] = p.data.as_slice() {
                 if let (Some(channel), Some(payload)) = (bytes(channel), bytes(payload)) {
                     if let Ok(name) = std::str::from_utf8(channel) {
-                        shared.on_message(unwire(name), payload);
+                        let subject = unwire(name);
+                        if subject == canary.subject() {
+                            // One shard's copy: the engine hears the
+                            // canary once every shard's has come back.
+                            if let Some(n) = canary.heard(name, payload) {
+                                shared.on_message(subject, n.to_string().as_bytes());
+                            }
+                        } else {
+                            shared.on_message(subject, payload);
+                        }
                     }
                 }
             }
@@ -401,6 +432,7 @@ async fn apply_dirty(
 async fn send_batch(
     shared: &Shared,
     conn: &ClusterConnection,
+    canary: &ShardCanary,
     batch: &mut Vec<Out>,
 ) -> Result<(), String> {
     let prefix = shared.prefix.as_str();
@@ -428,10 +460,17 @@ async fn send_batch(
                     in_run = 0;
                 }
                 run_control = control;
-                for a in ancestors(prefix, &subject, shared.wildcard) {
-                    run.push((a, payload.clone()));
+                if subject == canary.subject() {
+                    // A copy through every master (crate::redis_shards).
+                    for w in canary.wires() {
+                        run.push((w.clone(), payload.clone()));
+                    }
+                } else {
+                    for a in ancestors(prefix, &subject, shared.wildcard) {
+                        run.push((a, payload.clone()));
+                    }
+                    run.push((wire(prefix, &subject), payload));
                 }
-                run.push((wire(prefix, &subject), payload));
                 in_run += 1;
             }
             Out::Flush(done) => flushes.push(done),
