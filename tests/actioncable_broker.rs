@@ -2,15 +2,16 @@
 //! serve` nodes on a real `redis-server` / `nats-server`, an app
 //! publishing `{"stream","data"}` to `__anycable__` with the real Redis /
 //! NATS client, and an Action Cable client on each node: every message
-//! reaches each client exactly once, in order, batches included. Plus the
-//! configuration checks (the adapter must match the broker).
+//! reaches each client exactly once, in order, batches included; both
+//! Redis adapters on a real Redis Cluster too. Plus the configuration
+//! checks (the adapter must match the broker).
 
 #[macro_use]
 mod common;
 
 use common::{Server, Ws, TIMEOUT};
 use futures_util::{SinkExt, StreamExt};
-use herald_broker::testing::{BrokerServer, Kind};
+use herald_broker::testing::{BrokerServer, Kind, RedisCluster};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -301,6 +302,117 @@ async fn redis_stream_entries_reach_every_node_once() {
     }
 }
 
+/// Probes (`{"probe": k}`, then `"end"`) sent with `send` until every
+/// client has had one, then what is still on its way drained.
+async fn probe_until_heard(clients: &mut [Ws], mut send: impl FnMut(usize, &str)) {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut seen = vec![false; clients.len()];
+    let mut k = 0;
+    while seen.iter().any(|s| !s) {
+        assert!(Instant::now() < deadline, "the ingress never delivered");
+        k += 1;
+        send(k, &message("room", json!({ "probe": k })).to_string());
+        for (c, s) in clients.iter_mut().zip(seen.iter_mut()) {
+            while let Some(f) = frame_within(c, Duration::from_millis(100)).await {
+                assert!(f["message"]["probe"].is_number(), "{f}");
+                *s = true;
+            }
+        }
+    }
+    send(
+        k + 1,
+        &message("room", json!({ "probe": "end" })).to_string(),
+    );
+    for c in clients.iter_mut() {
+        while frame(c).await["message"]["probe"] != "end" {}
+    }
+}
+
+/// Each client gets `n` messages `{"n": 0..n}` (in any order: they come
+/// through different nodes), and nothing more.
+async fn each_once(clients: &mut [Ws], n: i64) {
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while got.len() < n as usize {
+            let f = frame(c).await;
+            got.push(f["message"]["n"].as_i64().unwrap_or_else(|| panic!("{f}")));
+        }
+        got.sort();
+        assert_eq!(got, (0..n).collect::<Vec<_>>(), "client on node {i}");
+        assert_eq!(
+            frame_within(c, Duration::from_millis(300)).await,
+            None,
+            "client on node {i}"
+        );
+    }
+}
+
+/// Both Redis adapters on a Redis Cluster (`redis-cluster://`): the app
+/// `PUBLISH`es through every node of the cluster in turn, replicas
+/// included (the cluster bus forwards a plain `PUBLISH` to every node, so
+/// each node's ingress hears it whichever node it subscribed on), and
+/// `XADD`s to the master of the stream's slot (each entry read by one
+/// node, published to both); each Action Cable client gets every message
+/// once, and the read entries are deleted.
+#[tokio::test]
+async fn both_redis_adapters_work_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"cx-{}\"\n[rpc]\npublic_streams = true\nbroadcast_adapter = \"redis,redisx\"\n",
+        cluster.url(),
+        std::process::id()
+    );
+    let servers = [
+        Server::start_with(&top, "").await,
+        Server::start_with(&top, "").await,
+    ];
+    let mut clients = [cable(&servers[0]).await, cable(&servers[1]).await];
+    let all = cluster.running();
+    assert_eq!(all.len(), 6);
+    let publish = |k: usize, body: &str| {
+        let port = all[k % all.len()];
+        let out = cluster.cli(port, &["publish", CHANNEL, body]);
+        assert!(
+            out.trim().parse::<u64>().is_ok(),
+            "PUBLISH on {port}: {out:?}"
+        );
+    };
+    probe_until_heard(&mut clients, publish).await;
+    for n in 0..12 {
+        publish(n, &message("room", json!({ "n": n })).to_string());
+    }
+    each_once(&mut clients, 12).await;
+
+    // The stream: one key, on the master of its slot.
+    let slot: u16 = cluster
+        .cli(all[0], &["cluster", "keyslot", CHANNEL])
+        .trim()
+        .parse()
+        .unwrap();
+    let master = cluster.master_of_slot(slot).unwrap();
+    let xadd = |_: usize, body: &str| {
+        let out = cluster.cli(master, &["xadd", CHANNEL, "*", "payload", body]);
+        assert!(out.contains('-'), "XADD on {master}: {out:?}");
+    };
+    probe_until_heard(&mut clients, xadd).await;
+    for n in 0..12 {
+        xadd(0, &message("room", json!({ "n": n })).to_string());
+    }
+    each_once(&mut clients, 12).await;
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let len = cluster.cli(master, &["xlen", CHANNEL]);
+        if len.trim() == "0" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{len} entries left in the stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The adapter reads the broker's server: it must be the matching kind.
 #[test]
 fn the_adapter_must_match_the_broker() {
@@ -309,6 +421,7 @@ fn the_adapter_must_match_the_broker() {
         ("nats://127.0.0.1:4222", "redis"),
         ("redis://127.0.0.1:6379", "nats"),
         ("nats://127.0.0.1:4222", "redisx"),
+        ("redis-cluster://127.0.0.1:7000", "nats"),
     ] {
         let dir = std::env::temp_dir().join(format!(
             "herald-adapter-{}-{adapter}-{}",

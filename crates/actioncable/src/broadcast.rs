@@ -179,14 +179,25 @@ pub fn ingress_stream(rpc: &RpcConfig) -> Option<&str> {
 /// The consumer group every node reads the stream in (AnyCable's).
 pub const STREAM_GROUP: &str = "bx";
 
-/// Check that the broadcast adapter matches the broker: `redis` needs a
-/// `redis://` (or `rediss://`) `broker.url`, `nats` a `nats://` (or
-/// `tls://`) one, since the messages are read from the broker's server.
+/// Check that the broadcast adapter matches the broker: `redis` and
+/// `redisx` need a Redis `broker.url` (one server, Sentinels or a
+/// cluster, with or without TLS), `nats` a `nats://` (or `tls://`) one,
+/// since the messages are read from the broker's server.
 pub fn check_adapter(rpc: &RpcConfig, broker: &BrokerConfig) -> Result<(), String> {
     let url = broker.url.as_str();
+    let redis = [
+        "redis://",
+        "rediss://",
+        "redis-sentinel://",
+        "rediss-sentinel://",
+        "redis-cluster://",
+        "rediss-cluster://",
+    ]
+    .iter()
+    .any(|s| url.starts_with(s));
     for a in rpc.broadcast_adapter.split(',').map(str::trim) {
         let ok = match a {
-            "redis" | "redisx" => url.starts_with("redis://") || url.starts_with("rediss://"),
+            "redis" | "redisx" => redis,
             "nats" => url.starts_with("nats://") || url.starts_with("tls://"),
             _ => true,
         };

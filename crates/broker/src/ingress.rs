@@ -13,7 +13,15 @@
 //! [`consume_stream`]: a Redis stream read through a consumer group, so
 //! each entry goes to one node, which publishes it to the cluster; entries
 //! wait in Redis while no node reads.
+//!
+//! On a Redis Cluster (`redis-cluster://`, `rediss-cluster://`): a plain
+//! `PUBLISH` is forwarded over the cluster bus to every node, masters and
+//! replicas, so a plain `SUBSCRIBE` on any one node hears what the app
+//! publishes through any other; the ingress subscribes on the URL's seeds,
+//! the next one after each broken connection. The stream is one key: its
+//! commands go through a cluster connection to the master of its slot.
 
+use crate::redis_conn::Connector;
 use crate::redis_master::Master;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -35,22 +43,66 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 pub fn subscribe(url: &str, channel: &str) -> Result<mpsc::Receiver<Bytes>, String> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let channel = channel.to_owned();
-    if is_redis(url) {
-        let master = Master::parse(url).map_err(|e| format!("broker.url: {e}"))?;
-        tokio::spawn(redis_loop(master, channel, tx));
+    if let Some(source) = Source::parse(url)? {
+        tokio::spawn(redis_loop(source, channel, tx));
     } else if url.starts_with("nats://") || url.starts_with("tls://") {
         let addr = async_nats::ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
         tokio::spawn(nats_loop(addr, channel, tx));
     } else {
-        return Err(if url.contains("-cluster://") {
-            "broker.url: the broadcast ingress does not support redis-cluster:// yet; \
-             broadcast over http"
-                .into()
-        } else {
-            "broker.url: an ingress needs a redis:// or nats:// broker".into()
-        });
+        return Err("broker.url: an ingress needs a redis:// or nats:// broker".into());
     }
     Ok(rx)
+}
+
+/// Where the ingress's Redis connections go.
+enum Source {
+    /// One server, or the master the Sentinels name at each connection.
+    Master(Master),
+    /// A Redis Cluster's seed nodes, and the next one to try.
+    Cluster(Vec<redis::ConnectionInfo>, std::sync::atomic::AtomicUsize),
+}
+
+impl Source {
+    /// The Redis source `url` names; `None` for another kind of URL.
+    fn parse(url: &str) -> Result<Option<Source>, String> {
+        let bad = |e: String| format!("broker.url: {e}");
+        if url.starts_with("redis-cluster://") || url.starts_with("rediss-cluster://") {
+            let seeds = crate::urls::redis_cluster_seeds(url).map_err(bad)?;
+            return Ok(Some(Source::Cluster(seeds, Default::default())));
+        }
+        if is_redis(url) {
+            return Ok(Some(Source::Master(Master::parse(url).map_err(bad)?)));
+        }
+        Ok(None)
+    }
+
+    /// A client for one server: the master now, or the next seed (a
+    /// plain `SUBSCRIBE` hears the cluster's `PUBLISH`es on any node).
+    async fn client(&self) -> Result<redis::Client, String> {
+        match self {
+            Source::Master(m) => m.client().await,
+            Source::Cluster(seeds, next) => {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % seeds.len();
+                redis::Client::open(seeds[i].clone()).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The command connection for a stream: the cluster's routes each
+    /// command to its key's master. `call` bounds one call.
+    fn connector(&self, call: Duration) -> Result<Connector, String> {
+        match self {
+            Source::Master(m) => Ok(Connector::Single(m.clone())),
+            Source::Cluster(seeds, _) => Connector::cluster(seeds.clone(), TIMEOUT, call),
+        }
+    }
+
+    fn backoff(&self, n: u32) -> Duration {
+        match self {
+            Source::Master(m) => m.backoff(n),
+            Source::Cluster(..) => crate::backoff(n),
+        }
+    }
 }
 
 /// Hand one message on; false once nobody listens.
@@ -80,12 +132,12 @@ fn is_redis(url: &str) -> bool {
 
 /// Each connection is made to the master [`Master`] names then, so a
 /// Sentinel failover (which closes the old master's pub/sub clients) is
-/// followed.
-async fn redis_loop(master: Master, channel: String, tx: mpsc::Sender<Bytes>) {
+/// followed; on a cluster, to the next seed.
+async fn redis_loop(source: Source, channel: String, tx: mpsc::Sender<Bytes>) {
     let mut attempt = 0u32;
     loop {
         let err = async {
-            let client = master.client().await?;
+            let client = source.client().await?;
             let mut pubsub = tokio::time::timeout(TIMEOUT, client.get_async_pubsub())
                 .await
                 .map_err(|_| "timed out connecting".to_string())?
@@ -121,7 +173,7 @@ async fn redis_loop(master: Master, channel: String, tx: mpsc::Sender<Bytes>) {
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(master.backoff(attempt)) => {}
+            _ = tokio::time::sleep(source.backoff(attempt)) => {}
             _ = tx.closed() => return,
         }
         attempt = attempt.saturating_add(1);
@@ -184,18 +236,19 @@ pub fn consume_stream(
     stream: &str,
     group: &str,
 ) -> Result<mpsc::Receiver<Bytes>, String> {
-    if !is_redis(url) {
-        return Err(if url.contains("-cluster://") {
-            "broker.url: the redisx ingress does not support redis-cluster:// yet; \
-             broadcast over http"
-                .into()
-        } else {
-            "broker.url: a Redis stream needs a redis:// broker".into()
-        });
-    }
-    let master = Master::parse(url).map_err(|e| format!("broker.url: {e}"))?;
+    let Some(source) = Source::parse(url)? else {
+        return Err("broker.url: a Redis stream needs a redis:// broker".into());
+    };
+    // One call may block for the read's block time.
+    let connector = source.connector(TIMEOUT + Duration::from_millis(BLOCK_MS))?;
     let (tx, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(stream_loop(master, stream.to_owned(), group.to_owned(), tx));
+    tokio::spawn(stream_loop(
+        source,
+        connector,
+        stream.to_owned(),
+        group.to_owned(),
+        tx,
+    ));
     Ok(rx)
 }
 
@@ -205,20 +258,20 @@ const BLOCK_MS: u64 = 2000;
 /// Entries read at once.
 const READ_COUNT: usize = 100;
 
-async fn stream_loop(master: Master, stream: String, group: String, tx: mpsc::Sender<Bytes>) {
+async fn stream_loop(
+    source: Source,
+    connector: Connector,
+    stream: String,
+    group: String,
+    tx: mpsc::Sender<Bytes>,
+) {
     let consumer = format!("herald-{:016x}", rand::random::<u64>());
     let mut attempt = 0u32;
     loop {
         let err = async {
-            let config = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(TIMEOUT))
-                .set_response_timeout(Some(TIMEOUT + Duration::from_millis(BLOCK_MS)));
-            let mut conn = master
-                .client()
-                .await?
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut conn = connector
+                .connect(TIMEOUT, TIMEOUT + Duration::from_millis(BLOCK_MS))
+                .await?;
             let created: redis::RedisResult<()> = redis::cmd("XGROUP")
                 .arg("CREATE")
                 .arg(&stream)
@@ -313,7 +366,7 @@ async fn stream_loop(master: Master, stream: String, group: String, tx: mpsc::Se
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(master.backoff(attempt)) => {}
+            _ = tokio::time::sleep(source.backoff(attempt)) => {}
             _ = tx.closed() => return,
         }
         attempt = attempt.saturating_add(1);

@@ -94,7 +94,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
     let seeds = crate::urls::redis_cluster_seeds(url)?;
-    let commands = crate::redis_conn::Connector::cluster(seeds.clone(), NODE_TIMEOUT)?;
+    let commands =
+        crate::redis_conn::Connector::cluster(seeds.clone(), NODE_TIMEOUT, NODE_TIMEOUT)?;
     let streams = crate::redis_streams::RedisStreams::new(commands, prefix);
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
         tokio::spawn(run(shared, rx, seeds));

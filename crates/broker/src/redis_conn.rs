@@ -29,12 +29,18 @@ pub enum Connector {
 impl Connector {
     /// A cluster client for the `redis-cluster://` seeds: no retries of
     /// its own (a failed call fails at once; the caller's outage handling
-    /// applies, as on one server), RESP3 not needed for commands.
-    pub fn cluster(seeds: Vec<redis::ConnectionInfo>, timeout: Duration) -> Result<Self, String> {
+    /// applies, as on one server), RESP3 not needed for commands. Its
+    /// connections are made within `connect`, its calls bounded by `call`
+    /// (for a cluster, [`Connector::connect`]'s are not used).
+    pub fn cluster(
+        seeds: Vec<redis::ConnectionInfo>,
+        connect: Duration,
+        call: Duration,
+    ) -> Result<Self, String> {
         ClusterClient::builder(seeds)
             .retries(0)
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
+            .connection_timeout(connect)
+            .response_timeout(call)
             .build()
             .map(Connector::Cluster)
             .map_err(|e| e.to_string())
