@@ -178,6 +178,12 @@ impl Server {
 
     /// `top` is TOML for top-level keys, `app` for keys of the test app.
     pub async fn start_with(top: &str, app: &str) -> Server {
+        Server::start_with_env(top, app, &[]).await
+    }
+
+    /// [`Server::start_with`] with these environment variables set too
+    /// (e.g. `SSL_CERT_FILE`: the authorities a TLS broker is checked by).
+    pub async fn start_with_env(top: &str, app: &str, env: &[(&str, &str)]) -> Server {
         let dir = scratch_dir();
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -196,6 +202,7 @@ impl Server {
                 .env_remove("HERALD_CONFIG")
                 .env_remove("HERALD_PORT")
                 .env_remove("HERALD_HOST")
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)

@@ -424,13 +424,64 @@ impl Drop for NatsCluster {
 /// clients and the cluster bus, files in a temp dir) made into one cluster
 /// of three masters with a replica each by `redis-cli --cluster create`,
 /// `cluster-node-timeout` 1000 ms so a killed master's replica is
-/// promoted within a few seconds. Killed on drop.
+/// promoted within a few seconds. Killed on drop. [`RedisCluster::start_tls`]:
+/// the same over TLS only (clients, the cluster bus and replication).
 pub struct RedisCluster {
     dir: std::path::PathBuf,
     ports: Vec<u16>,
     children: Vec<Option<Child>>,
     /// SIGSTOPped servers (never asked anything: they would not answer).
     frozen: Vec<u16>,
+    tls: Option<Tls>,
+}
+
+/// A server certificate and its key (PEM files) for TLS-only Redis
+/// servers; the certificate is also the authority clients and the other
+/// servers trust (a self-signed test certificate naming 127.0.0.1).
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl Tls {
+    /// `redis-server` arguments: TLS on `port`, no plain port, the bus and
+    /// replication over TLS; client certificates optional.
+    pub fn server_args(&self, port: u16) -> Vec<String> {
+        let mut a: Vec<String> = ["--port", "0", "--tls-port"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.push(port.to_string());
+        for (k, v) in [
+            ("--tls-cert-file", &self.cert),
+            ("--tls-key-file", &self.key),
+            ("--tls-ca-cert-file", &self.cert),
+        ] {
+            a.push(k.into());
+            a.push(v.display().to_string());
+        }
+        for s in [
+            "--tls-auth-clients",
+            "optional",
+            "--tls-cluster",
+            "yes",
+            "--tls-replication",
+            "yes",
+        ] {
+            a.push(s.into());
+        }
+        a
+    }
+
+    /// `redis-cli` arguments to reach such a server.
+    pub fn cli_args(&self) -> Vec<String> {
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            self.cert.display().to_string(),
+        ]
+    }
 }
 
 /// One line of `CLUSTER NODES`: port, flags, the slot ranges it owns.
@@ -450,15 +501,24 @@ impl RedisCluster {
         // A bus port taken between choosing and binding it can leave one
         // server unmet, and `--cluster create` waiting for it forever:
         // bounded, and the whole cluster made again.
+        Self::start_with(None)
+    }
+
+    /// [`RedisCluster::start`] over TLS only: `rediss-cluster://` URLs.
+    pub fn start_tls(tls: Tls) -> RedisCluster {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<Tls>) -> RedisCluster {
         for _ in 0..3 {
-            if let Some(c) = Self::try_start() {
+            if let Some(c) = Self::try_start(tls.clone()) {
                 return c;
             }
         }
         panic!("the Redis Cluster could not be created three times");
     }
 
-    fn try_start() -> Option<RedisCluster> {
+    fn try_start(tls: Option<Tls>) -> Option<RedisCluster> {
         let dir = std::env::temp_dir().join(format!(
             "herald-rcluster-{}-{}",
             std::process::id(),
@@ -471,6 +531,7 @@ impl RedisCluster {
             ports: Vec::new(),
             children: Vec::new(),
             frozen: Vec::new(),
+            tls,
         };
         for _ in 0..6 {
             // A free port may be taken before the server binds it (other
@@ -488,7 +549,11 @@ impl RedisCluster {
             c.children.push(Some(child));
         }
         let mut create = Command::new("timeout");
-        create.args(["20", "redis-cli", "--cluster", "create"]);
+        create.args(["20", "redis-cli"]);
+        if let Some(t) = &c.tls {
+            create.args(t.cli_args());
+        }
+        create.args(["--cluster", "create"]);
         for p in &c.ports {
             create.arg(format!("127.0.0.1:{p}"));
         }
@@ -513,8 +578,12 @@ impl RedisCluster {
     /// once it accepts connections; None if it exited (a port taken).
     fn spawn(&self, port: u16) -> Option<Child> {
         let bus = free_port();
-        let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string()])
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            Some(t) => cmd.args(t.server_args(port)),
+            None => cmd.args(["--port", &port.to_string()]),
+        };
+        let mut child = cmd
             .args(["--cluster-port", &bus.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes"])
@@ -547,6 +616,7 @@ impl RedisCluster {
     /// `redis-cli -p port args…`'s output (empty if it fails).
     pub fn cli(&self, port: u16, args: &[&str]) -> String {
         Command::new("redis-cli")
+            .args(self.tls.iter().flat_map(Tls::cli_args))
             .args(["-h", "127.0.0.1", "-p", &port.to_string()])
             .args(args)
             .stdin(Stdio::null())
@@ -651,10 +721,16 @@ impl RedisCluster {
         self.url_of(&self.ports[..3])
     }
 
-    /// `redis-cluster://` with these servers as seeds.
+    /// `redis-cluster://` (`rediss-cluster://` over TLS) with these
+    /// servers as seeds.
     pub fn url_of(&self, ports: &[u16]) -> String {
         let seeds: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        format!("redis-cluster://{}", seeds.join(","))
+        let scheme = if self.tls.is_some() {
+            "rediss-cluster"
+        } else {
+            "redis-cluster"
+        };
+        format!("{scheme}://{}", seeds.join(","))
     }
 
     /// The ports of the replicas now.

@@ -4,7 +4,10 @@
 //! on free loopback ports with their files in a temp directory. The master
 //! can be SIGKILLed and the sentinels' promotion of the replica awaited.
 //! Everything is killed and the directory removed on drop.
+//! [`RedisSentinel::start_tls`]: the same over TLS only (the data servers,
+//! replication and the sentinels).
 
+use crate::testing::Tls;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -22,6 +25,7 @@ pub struct RedisSentinel {
     /// Data servers by port (master and replica; a killed one is `None`).
     servers: BTreeMap<u16, Option<Child>>,
     sentinels: Vec<(u16, Child)>,
+    tls: Option<Tls>,
 }
 
 fn free_port() -> u16 {
@@ -55,8 +59,21 @@ fn spawn(cmd: &mut Command, port: u16) -> Child {
     child
 }
 
-fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+fn query<T: redis::FromRedisValue>(
+    tls: Option<&Tls>,
+    port: u16,
+    cmd: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    let client = match tls {
+        None => redis::Client::open(format!("redis://127.0.0.1:{port}"))?,
+        Some(t) => redis::Client::build_with_tls(
+            format!("rediss://127.0.0.1:{port}"),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(&t.cert)?),
+            },
+        )?,
+    };
     let mut c = client.get_connection_with_timeout(Duration::from_secs(1))?;
     c.set_read_timeout(Some(Duration::from_secs(1)))?;
     cmd.query(&mut c)
@@ -79,6 +96,15 @@ impl RedisSentinel {
     /// replica is in sync and every sentinel knows the replica and the two
     /// other sentinels.
     pub fn start() -> RedisSentinel {
+        Self::start_with(None)
+    }
+
+    /// [`RedisSentinel::start`] over TLS only: `rediss-sentinel://` URLs.
+    pub fn start_tls(tls: Tls) -> RedisSentinel {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<Tls>) -> RedisSentinel {
         let dir = std::env::temp_dir().join(format!(
             "herald-sentinel-{}-{}",
             std::process::id(),
@@ -89,22 +115,34 @@ impl RedisSentinel {
             dir,
             servers: BTreeMap::new(),
             sentinels: Vec::new(),
+            tls,
         };
         let master = free_port();
         s.start_server(master, None);
         let replica = free_port();
         s.start_server(replica, Some(master));
         wait_for("the replica to sync", || {
-            let info: String = query(replica, redis::cmd("INFO").arg("replication")).ok()?;
+            let info: String = s
+                .query(replica, redis::cmd("INFO").arg("replication"))
+                .ok()?;
             info.contains("master_link_status:up").then_some(())
         });
         for _ in 0..3 {
             let port = free_port();
             let conf = s.dir.join(format!("sentinel-{port}.conf"));
+            let listen = match &s.tls {
+                None => format!("port {port}\n"),
+                Some(t) => format!(
+                    "port 0\ntls-port {port}\ntls-cert-file {c}\ntls-key-file {k}\n\
+                     tls-ca-cert-file {c}\ntls-auth-clients optional\ntls-replication yes\n",
+                    c = t.cert.display(),
+                    k = t.key.display()
+                ),
+            };
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                    "{listen}bind 127.0.0.1\ndir {dir}\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                      sentinel failover-timeout {MASTER_NAME} 3000\n\
@@ -121,8 +159,9 @@ impl RedisSentinel {
         }
         for &(port, _) in &s.sentinels {
             wait_for("the sentinels to know each other and the replica", || {
-                let m: BTreeMap<String, String> =
-                    query(port, redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME)).ok()?;
+                let m: BTreeMap<String, String> = s
+                    .query(port, redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME))
+                    .ok()?;
                 (m.get("num-other-sentinels").map(String::as_str) == Some("2")
                     && m.get("num-slaves").map(String::as_str) == Some("1"))
                 .then_some(())
@@ -133,7 +172,11 @@ impl RedisSentinel {
 
     fn start_server(&mut self, port: u16, replica_of: Option<u16>) {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        match &self.tls {
+            Some(t) => cmd.args(t.server_args(port)),
+            None => cmd.args(["--port", &port.to_string()]),
+        };
+        cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir);
@@ -144,6 +187,15 @@ impl RedisSentinel {
         self.servers.insert(port, Some(child));
     }
 
+    /// One command to the server or sentinel on `port` (over TLS if ours is).
+    fn query<T: redis::FromRedisValue>(
+        &self,
+        port: u16,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        query(self.tls.as_ref(), port, cmd)
+    }
+
     /// The URL herald takes: every sentinel, then the master group.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
@@ -151,19 +203,25 @@ impl RedisSentinel {
             .iter()
             .map(|(p, _)| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis-sentinel://{}/{MASTER_NAME}", hosts.join(","))
+        let scheme = if self.tls.is_some() {
+            "rediss-sentinel"
+        } else {
+            "redis-sentinel"
+        };
+        format!("{scheme}://{}/{MASTER_NAME}", hosts.join(","))
     }
 
     /// The master's port as the first sentinel that answers names it.
     pub fn master_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|&(p, _)| {
-            let (_, port): (String, u16) = query(
-                p,
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(MASTER_NAME),
-            )
-            .ok()?;
+            let (_, port): (String, u16) = self
+                .query(
+                    p,
+                    redis::cmd("SENTINEL")
+                        .arg("get-master-addr-by-name")
+                        .arg(MASTER_NAME),
+                )
+                .ok()?;
             Some(port)
         })
     }
@@ -171,7 +229,12 @@ impl RedisSentinel {
     /// A plain URL of the master now (for a test's own inspection).
     pub fn master_url(&self) -> String {
         format!(
-            "redis://127.0.0.1:{}",
+            "{}://127.0.0.1:{}",
+            if self.tls.is_some() {
+                "rediss"
+            } else {
+                "redis"
+            },
             self.master_port().expect("no sentinel names a master")
         )
     }
@@ -194,7 +257,7 @@ impl RedisSentinel {
         wait_for("the sentinels to promote the replica", || {
             let port = self.master_port().filter(|p| *p != old)?;
             let agree = self.sentinels.iter().all(|&(p, _)| {
-                query::<(String, u16)>(
+                self.query::<(String, u16)>(
                     p,
                     redis::cmd("SENTINEL")
                         .arg("get-master-addr-by-name")
@@ -202,7 +265,7 @@ impl RedisSentinel {
                 )
                 .is_ok_and(|(_, m)| m == port)
             });
-            let role: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).ok()?;
+            let role: Vec<redis::Value> = self.query(port, &redis::cmd("ROLE")).ok()?;
             let is_master =
                 matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"master");
             (agree && is_master).then_some(port)
@@ -216,15 +279,16 @@ impl RedisSentinel {
     pub fn manual_failover(&self) -> (u16, u16) {
         let old = self.master_port().expect("no sentinel names a master");
         let (sentinel, _) = &self.sentinels[0];
-        let ok: String = query(
-            *sentinel,
-            redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME),
-        )
-        .expect("SENTINEL FAILOVER");
+        let ok: String = self
+            .query(
+                *sentinel,
+                redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME),
+            )
+            .expect("SENTINEL FAILOVER");
         assert_eq!(ok, "OK");
         let new = self.wait_failover(old);
         wait_for("the old master to become a replica", || {
-            let role: Vec<redis::Value> = query(old, &redis::cmd("ROLE")).ok()?;
+            let role: Vec<redis::Value> = self.query(old, &redis::cmd("ROLE")).ok()?;
             matches!(role.first(), Some(redis::Value::BulkString(b)) if b == b"slave").then_some(())
         });
         (old, new)
@@ -237,14 +301,17 @@ impl RedisSentinel {
     pub fn demote_behind_sentinels(&self) -> (u16, u16) {
         let old = self.master_port().expect("no sentinel names a master");
         let new = *self.servers.keys().find(|p| **p != old).expect("a replica");
-        let _: String = query(new, redis::cmd("REPLICAOF").arg("NO").arg("ONE")).unwrap();
-        let _: String = query(
-            old,
-            redis::cmd("REPLICAOF")
-                .arg("127.0.0.1")
-                .arg(new.to_string()),
-        )
-        .unwrap();
+        let _: String = self
+            .query(new, redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+            .unwrap();
+        let _: String = self
+            .query(
+                old,
+                redis::cmd("REPLICAOF")
+                    .arg("127.0.0.1")
+                    .arg(new.to_string()),
+            )
+            .unwrap();
         (old, new)
     }
 
