@@ -277,3 +277,41 @@ pub async fn ingest(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_adapters_take_any_redis_broker_and_nats_only_nats() {
+        let rpc = |a: &str| RpcConfig {
+            broadcast_adapter: a.into(),
+            ..RpcConfig::default()
+        };
+        let broker = |u: &str| BrokerConfig {
+            url: u.into(),
+            ..BrokerConfig::default()
+        };
+        for url in [
+            "redis://a:6379",
+            "rediss://a:6380",
+            "redis-sentinel://a:26379/m",
+            "rediss-sentinel://a:26379/m",
+            "redis-cluster://a:7000,b:7001",
+            "rediss-cluster://a:7000",
+        ] {
+            for a in ["redis", "redisx", "http,redis,redisx"] {
+                assert!(check_adapter(&rpc(a), &broker(url)).is_ok(), "{a} {url}");
+            }
+            assert!(check_adapter(&rpc("nats"), &broker(url)).is_err(), "{url}");
+        }
+        for url in ["local", "nats://a:4222", "tls://a:4222"] {
+            assert!(check_adapter(&rpc("redis"), &broker(url)).is_err(), "{url}");
+            assert!(
+                check_adapter(&rpc("redisx"), &broker(url)).is_err(),
+                "{url}"
+            );
+        }
+        assert!(check_adapter(&rpc("nats"), &broker("nats://a:4222")).is_ok());
+    }
+}
