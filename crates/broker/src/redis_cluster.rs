@@ -45,8 +45,8 @@
 //! under a subscription (the server's own `SUNSUBSCRIBE`), a slot map
 //! that differs from the one the session subscribed by (checked every
 //! [`TOPOLOGY_CHECK`]: a frozen master failed over tells nobody), a failed
-//! command, or a canary not heard back (from any master) end the session, as a broken
-//! connection does on one server: the node is not ready, what it would
+//! command, or a canary not heard back (from any master) end the session,
+//! as a broken connection does on one server: the node is not ready, what it would
 //! send meanwhile is dropped and counted, and after a backoff (100 ms
 //! doubling to 1 s) a new cluster connection reads the slots afresh,
 //! subscribes to everything wanted on the shards that own it now (the
