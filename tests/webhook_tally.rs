@@ -1,9 +1,9 @@
 //! The occupancy tally in a cluster (crates/broker/src/tally.rs): only the
 //! leader and its successor keep the other nodes' channels and members
 //! (`herald_cluster_tally_keys`), the successor takes over when the leader
-//! is SIGKILLed with no webhook lost or doubled, and a node that becomes a
-//! keeper without a tally rebuilds it from every node's set before it
-//! reports. Real `herald serve` processes on a real redis-server or
+//! is SIGKILLed or stopped with no webhook lost or doubled, and a node
+//! that becomes a keeper without a tally rebuilds it from every node's set
+//! before it reports. Real `herald serve` processes on a real redis-server or
 //! nats-server, webhooks to a receiver in the test.
 
 #[macro_use]
@@ -327,5 +327,61 @@ async fn a_leader_without_a_tally_rebuilds_before_it_reports(kind: Kind) {
     for u in ["w2", "w3"] {
         assert_eq!(rx.count("member_added", "presence-w", Some(u)), 1);
         assert_eq!(rx.count("member_removed", "presence-w", Some(u)), 0);
+    }
+}
+
+both!(a_leader_that_stops_hands_over_to_its_successor);
+async fn a_leader_that_stops_hands_over_to_its_successor(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let (rx, url) = Receiver::start().await;
+    // A long TTL: a graceful stop is seen at once, not after it.
+    let mut n = cluster(&broker.url(), &url, "tally-stop", 30, 3).await;
+    let mut c = Vec::new();
+    for (i, s) in n.iter().enumerate() {
+        let mut k = s.client().await;
+        k.subscribe(&format!("only-{i}")).await;
+        c.push(k);
+    }
+    for i in 0..3 {
+        rx.wait("channel_occupied", &format!("only-{i}"), None)
+            .await;
+    }
+    assert_eq!(n[2].metric("herald_cluster_tally_keys").await, 0);
+
+    // SIGTERM the leader: its clients leave (reported by it), it says
+    // goodbye, the successor leads and node 2 asks for the sets.
+    assert_eq!(unsafe { libc::kill(n[0].pid(), libc::SIGTERM) }, 0);
+    n[0].wait_exit().await;
+    rx.wait("channel_vacated", "only-0", None).await;
+    tally_keys(&n[2], 1).await;
+    tally_keys(&n[1], 1).await;
+
+    // The new leader reports; then it stops too and node 2 takes over.
+    let mut k2 = c.pop().unwrap();
+    k2.unsubscribe("only-2").await;
+    rx.wait("channel_vacated", "only-2", None).await;
+    assert_eq!(unsafe { libc::kill(n[1].pid(), libc::SIGTERM) }, 0);
+    n[1].wait_exit().await;
+    rx.wait("channel_vacated", "only-1", None).await;
+    k2.subscribe("after").await;
+    rx.wait("channel_occupied", "after", None).await;
+    let mut bar = n[2].client().await;
+    bar.subscribe_private("private-barrier").await;
+    rx.barrier(std::slice::from_mut(&mut bar), 1).await;
+    for (name, ch, want) in [
+        ("channel_occupied", "only-0", 1),
+        ("channel_occupied", "only-1", 1),
+        ("channel_occupied", "only-2", 1),
+        ("channel_occupied", "after", 1),
+        ("channel_vacated", "only-0", 1),
+        ("channel_vacated", "only-1", 1),
+        ("channel_vacated", "only-2", 1),
+    ] {
+        assert_eq!(
+            rx.count(name, ch, None),
+            want,
+            "{name} {ch}:\n{}",
+            rx.dump()
+        );
     }
 }
