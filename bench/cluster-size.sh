@@ -8,14 +8,17 @@
 #                                        # filled again, once a second
 #   WEBHOOKS=1 ...                       # the app has occupancy webhooks
 #                                        # (to a loopback receiver answering 200)
-# Prints one line: nodes, channels, idle node's RSS before/after (KiB), its
-# CPU over the window (ms), node 0's RSS and CPU, the broker's CPU and
-# (Redis) bytes in/out over the window.
+#   HERALD_BIN=/path/to/herald ...       # another build (default target/release)
+# Prints one line: nodes, channels, idle node's RSS before/after (KiB), the
+# other nodes' keys it keeps (herald_cluster_tally_keys), its CPU over the
+# window (ms), node 0's RSS and CPU, node 1's RSS (with
+# webhooks node 0 leads and node 1 is its successor: both keep the tally),
+# the broker's CPU and (Redis) bytes in/out over the window.
 cd "$(dirname "$0")/.."
 set -u
 N=${1:?nodes}; C=${2:?channels}
 ENGINE=${ENGINE:-redis}; CHURN=${CHURN:-0}; WINDOW=${WINDOW:-20}; WEBHOOKS=${WEBHOOKS:-0}
-bin=./target/release/herald
+bin=${HERALD_BIN:-./target/release/herald}
 ulimit -n "$(ulimit -Hn)"
 base=18800; bport=18799
 tck=$(getconf CLK_TCK)
@@ -42,8 +45,12 @@ http.server.ThreadingHTTPServer(("127.0.0.1", 18798), H).serve_forever()' & W=$!
   cfg=(--config /tmp/size-webhooks.toml)
 fi
 P=()
-for i in $(seq 0 $((N-1))); do "$bin" serve "${cfg[@]}" --port $((base+i)) --log warn --broker "$url" 2>/dev/null & P+=($!); done
-for i in $(seq 0 $((N-1))); do for _ in $(seq 200); do [ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:$((base+i))/ready)" = 200 ] && break; sleep 0.1; done; done
+# One after the other: node 0 is the oldest (the leader, with webhooks),
+# node 1 the next (its successor), the last node the youngest.
+for i in $(seq 0 $((N-1))); do
+  "$bin" serve "${cfg[@]}" --port $((base+i)) --log warn --broker "$url" 2>/dev/null & P+=($!)
+  for _ in $(seq 200); do [ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:$((base+i))/ready)" = 200 ] && break; sleep 0.1; done
+done
 sleep 3  # heartbeats exchanged, leader settled
 last=${P[$((N-1))]}; first=${P[0]}
 rss0=$(rss "$last")
@@ -64,12 +71,13 @@ if [ "$ENGINE" = redis ]; then io1=$(redis-cli -p $bport info stats | awk -F: '/
 sleep "$WINDOW"
 c2=$(cpu "$last"); f2=$(cpu "$first"); b2=$(bcpu)
 if [ "$ENGINE" = redis ]; then io2=$(redis-cli -p $bport info stats | awk -F: '/total_net_input_bytes|total_net_output_bytes/{printf "%s ", $2+0}'); fi
-rss1=$(rss "$last"); rssf=$(rss "$first")
+rss1=$(rss "$last"); rssf=$(rss "$first"); rss_1=$(rss "${P[1]}")
+keys=$(curl -s http://127.0.0.1:$((base+N-1))/metrics | awk '/^herald_cluster_tally_keys /{print $2}')
 kill "$G" 2>/dev/null; wait "$G" 2>/dev/null
 io=""
 if [ "$ENGINE" = redis ]; then
   read -r i1 o1 <<<"$io1"; read -r i2 o2 <<<"$io2"
   io="broker_in_b_s=$(( (i2 - i1) / WINDOW )) broker_out_b_s=$(( (o2 - o1) / WINDOW ))"
 fi
-echo "engine=$ENGINE churn=$CHURN webhooks=$WEBHOOKS nodes=$N channels=$C idle_node_rss_kib=$rss0->$rss1 idle_node_cpu_ms_per_s=$(( (c2 - c1) / WINDOW )) node0_rss_kib=$rssf node0_cpu_ms_per_s=$(( (f2 - f1) / WINDOW )) broker_cpu_ms_per_s=$(( (b2 - b1) / WINDOW )) $io"
+echo "engine=$ENGINE churn=$CHURN webhooks=$WEBHOOKS nodes=$N channels=$C idle_node_rss_kib=$rss0->$rss1 idle_node_tally_keys=${keys:-none} idle_node_cpu_ms_per_s=$(( (c2 - c1) / WINDOW )) node0_rss_kib=$rssf node1_rss_kib=$rss_1 node0_cpu_ms_per_s=$(( (f2 - f1) / WINDOW )) broker_cpu_ms_per_s=$(( (b2 - b1) / WINDOW )) $io"
 kill -9 "${P[@]}" "$B" ${W:-} 2>/dev/null; wait 2>/dev/null

@@ -329,8 +329,9 @@ fn shown(raw: &str) -> String {
 }
 
 impl Observer for Feed {
-    /// The console shows the cluster's occupancy and members on every
-    /// node, though only one node reports each (for webhooks).
+    /// The console shows the cluster's occupancy and members on the nodes
+    /// that keep the tally (the leader, which reports each for webhooks,
+    /// and its successor); the others keep no tally to see them with.
     fn seen(&self, app_id: &str, ns: Namespace, change: &Change<'_>) {
         self.changed(app_id, ns, change);
     }

@@ -1,28 +1,37 @@
 //! Cluster-wide occupancy and membership, decided once for the cluster
 //! (what webhooks such as `channel_occupied` or `member_removed` report).
 //!
-//! Every node keeps the same tally: for each node, the channels it has
-//! subscribers to and the presence members it has a socket of ("keys").
-//! A node tells every other node when one of its keys appears or goes
-//! (`Msg::Held` on `all`), and sends its whole set with its presence state
-//! (after connecting, and when a newcomer asks). A key is held in the
-//! cluster while some node holds it; it *flips* when the first node takes
-//! it or the last one lets it go (or is declared gone).
+//! The tally: for each node, the channels it has subscribers to and the
+//! presence members it has a socket of ("keys"). A node tells every other
+//! node when one of its keys appears or goes (`Msg::Held` on `all`), and
+//! sends its whole set with its presence state (after connecting, and when
+//! a node asks). A key is held in the cluster while some node holds it; it
+//! *flips* when the first node takes it or the last one lets it go (or is
+//! declared gone).
 //!
-//! Every node sees the flips, but only the **leader** reports them: the
-//! oldest node alive (earliest start, then lowest id; a node that was cut
-//! off for longer than the TTL counts as started again). All nodes agree on
-//! it once they have heard each other, and it changes only when the leader
-//! leaves or dies, never when a node joins. One reporter also means a
-//! channel that empties on one node and fills again on another is seen in
-//! order by one webhook queue, whose leave delay can cancel the pair.
+//! Only the **leader** reports flips: the oldest node alive (earliest
+//! start, then lowest id; a node that was cut off for longer than the TTL
+//! counts as started again). All nodes agree on it once they have heard
+//! each other, and it changes only when the leader leaves or dies, never
+//! when a node joins. One reporter also means a channel that empties on one
+//! node and fills again on another is seen in order by one webhook queue,
+//! whose leave delay can cancel the pair.
 //!
-//! A node that does not lead keeps a **journal**: for each key that
-//! flipped since the leader last spoke, whether it was held before. The
-//! journal is cleared whenever a message from the leader arrives. When the
-//! node becomes the leader because the old one died (or because it finds
-//! itself alone, or back after an outage), it reports the net change of
-//! each journaled key: what the old leader may not have lived to report.
+//! Only the leader and its **successor** (the next oldest, which would lead
+//! next) keep the other nodes' keys: the *keepers*. Every other node keeps
+//! its own keys only (to re-send its set), so its memory follows what it
+//! serves, not the cluster's size. A node that becomes a keeper without the
+//! others' keys (the successor after the leader went, or both keepers gone
+//! at once) asks every node for its whole set and decides no flip until all
+//! have answered: it never reports from a partial tally (see
+//! `Tally::rebuilding`).
+//!
+//! The successor keeps a **journal**: for each key that flipped since the
+//! leader last spoke, whether it was held before. The journal is cleared
+//! whenever a message from the leader arrives. When the node becomes the
+//! leader because the old one died (or because it finds itself alone, or
+//! back after an outage), it reports the net change of each journaled key:
+//! what the old leader may not have lived to report.
 
 use herald_core::fanout::NodeId;
 use herald_core::namespace::ChannelId;
@@ -44,8 +53,10 @@ pub struct Flip {
 
 #[derive(Default)]
 pub struct Tally {
-    /// Node → the keys it holds.
+    /// Node → the keys it holds (a keeper: every node; else only its own).
     nodes: HashMap<NodeId, HashSet<Key>>,
+    /// Keys in `nodes`, over all nodes.
+    total: usize,
     /// Key → how many nodes hold it.
     held: HashMap<Key, u32>,
     /// Key → whether it was held before its first flip since the leader
@@ -54,11 +65,42 @@ pub struct Tally {
     journal: HashMap<Key, (bool, Option<NodeId>)>,
     /// Whether this node led at the last check.
     pub leading: bool,
+    /// Whether this node keeps the other nodes' keys (it leads or would
+    /// lead next).
+    pub keeper: bool,
+    /// Nodes whose whole set this keeper still waits for since it became
+    /// one; no flip is decided (reported or journaled) while any is missing.
+    pub rebuilding: HashSet<NodeId>,
 }
 
 impl Tally {
     pub fn is_held(&self, key: &Key) -> bool {
         self.held.get(key).is_some_and(|n| *n > 0)
+    }
+
+    /// Whether flips are decided now: a keeper with every node's set.
+    pub fn whole(&self) -> bool {
+        self.keeper && self.rebuilding.is_empty()
+    }
+
+    /// Keys held for nodes other than `me` (0 on a node that does not keep).
+    pub fn others(&self, me: NodeId) -> usize {
+        self.total - self.nodes.get(&me).map_or(0, HashSet::len)
+    }
+
+    /// Keep only `me`'s keys (this node no longer keeps the others'), and
+    /// give their memory back; the journal goes too (it is the keepers').
+    pub fn forget_others(&mut self, me: NodeId) {
+        let mine = self.nodes.remove(&me).unwrap_or_default();
+        self.nodes = HashMap::new();
+        self.held = mine.iter().map(|k| (k.clone(), 1)).collect();
+        self.total = mine.len();
+        if !mine.is_empty() {
+            self.nodes.insert(me, mine);
+        }
+        self.journal = HashMap::new();
+        self.rebuilding.clear();
+        self.keeper = false;
     }
 
     /// The keys node `n` holds.
@@ -76,6 +118,7 @@ impl Tally {
             if !self.nodes.entry(n).or_default().insert(key.clone()) {
                 return (false, None);
             }
+            self.total += 1;
             let c = self.held.entry(key.clone()).or_default();
             *c += 1;
             (true, (*c == 1).then_some(Flip { key, on: true }))
@@ -86,6 +129,7 @@ impl Tally {
             if !keys.remove(&key) {
                 return (false, None);
             }
+            self.total -= 1;
             if keys.is_empty() {
                 self.nodes.remove(&n);
             }
@@ -107,6 +151,7 @@ impl Tally {
     /// empty set when it is gone). Returns the flips.
     pub fn replace(&mut self, n: NodeId, new: HashSet<Key>) -> Vec<Flip> {
         let old = self.nodes.remove(&n).unwrap_or_default();
+        self.total = self.total - old.len() + new.len();
         let mut flips = Vec::new();
         for key in old.difference(&new) {
             flips.extend(self.release(key.clone()));
@@ -251,6 +296,32 @@ mod tests {
         t.journal(&[f], None);
         t.clear_journal();
         assert!(t.replay().is_empty());
+    }
+
+    #[test]
+    fn a_node_that_stops_keeping_holds_only_its_own() {
+        let mut t = Tally {
+            keeper: true,
+            ..Tally::default()
+        };
+        t.set(1, k("mine"), true);
+        t.set(1, k("shared"), true);
+        t.set(2, k("shared"), true);
+        t.set(2, k("theirs"), true);
+        t.replace(3, [k("third")].into_iter().collect());
+        assert_eq!(t.others(1), 3);
+        assert_eq!(t.others(2), 3);
+        let f = t.set(2, k("x"), true).1.unwrap();
+        t.journal(&[f], None);
+        t.forget_others(1);
+        assert!(!t.keeper && !t.whole());
+        assert_eq!(t.others(1), 0);
+        assert_eq!(t.of(1).len(), 2);
+        assert!(t.is_held(&k("shared")) && !t.is_held(&k("theirs")));
+        assert!(t.replay().is_empty(), "the journal was the keepers'");
+        // Its own keys still come and go as before.
+        assert_eq!(t.set(1, k("shared"), false).1.map(|f| f.on), Some(false));
+        assert_eq!(t.of(1), [k("mine")]);
     }
 
     #[test]

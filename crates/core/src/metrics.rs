@@ -167,6 +167,40 @@ pub static API_ERRORS: Counter = Counter::new(
     "HTTP API requests answered with an error",
 );
 
+/// A process-wide gauge without labels, set by the part that owns the
+/// figure and read when scraping.
+pub struct Gauge {
+    pub name: &'static str,
+    pub help: &'static str,
+    value: AtomicU64,
+}
+
+impl Gauge {
+    pub const fn new(name: &'static str, help: &'static str) -> Gauge {
+        Gauge {
+            name,
+            help,
+            value: AtomicU64::new(0),
+        }
+    }
+
+    pub fn set(&self, v: u64) {
+        self.value.store(v, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+pub static CLUSTER_TALLY_KEYS: Gauge = Gauge::new(
+    "herald_cluster_tally_keys",
+    "Other nodes' occupied channels and presence members this node keeps for occupancy webhooks \
+     (non-zero only on the leader and its successor)",
+);
+
+static GAUGES: [&Gauge; 1] = [&CLUSTER_TALLY_KEYS];
+
 static ALL: [&Counter; 16] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
@@ -374,6 +408,9 @@ fn describe() {
     for c in ALL {
         describe_counter!(c.name, c.help);
     }
+    for g in GAUGES {
+        describe_gauge!(g.name, g.help);
+    }
     describe_gauge!(
         "herald_connections",
         "Open client connections (by app and protocol)"
@@ -525,6 +562,9 @@ pub fn render(apps: &[AppGauges<'_>], broker: &'static str, broker_up: bool) -> 
     let extra = EXTRA.lock().clone();
     for c in ALL.iter().copied().chain(extra) {
         counter!(c.name).absolute(c.get());
+    }
+    for g in GAUGES {
+        gauge!(g.name).set(g.get() as f64);
     }
     for t in all_traffic() {
         let (app, protocol) = (t.app.to_string(), t.protocol);

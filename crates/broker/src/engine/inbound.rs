@@ -234,7 +234,10 @@ impl Shared {
         match msg {
             Msg::StateBegin { n } => {
                 s.incoming.insert(n, HashMap::new());
-                s.incoming_held.insert(n, HashSet::new());
+                // Only keepers hold the other nodes' keys.
+                if s.tally.keeper {
+                    s.incoming_held.insert(n, HashSet::new());
+                }
             }
             Msg::StateHeld { n, k } => {
                 if let Some(inc) = s.incoming_held.get_mut(&n) {
@@ -243,8 +246,12 @@ impl Shared {
             }
             Msg::Held { n, a, ch, u, j } => {
                 self.lead_check(s, acts);
+                if !s.tally.keeper {
+                    return;
+                }
                 let (_, flip) = s.tally.set(n, (a, ch, u), j);
                 Self::flipped(s, flip.into_iter().collect(), acts, None);
+                self.tally_gauge(s);
             }
             Msg::StatePart { n, e } => {
                 let mut keep = Vec::new();
@@ -264,9 +271,10 @@ impl Shared {
                     reconcile(s, n, inc, acts);
                 }
                 if let Some(held) = s.incoming_held.remove(&n) {
+                    self.take_set(s, n, held, acts);
+                } else {
+                    // Perhaps it made this node a keeper (its age known).
                     self.lead_check(s, acts);
-                    let flips = s.tally.replace(n, held);
-                    Self::flipped(s, flips, acts, None);
                 }
             }
             // Every other kind has its own handler in `on_message`.

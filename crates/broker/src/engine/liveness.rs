@@ -1,7 +1,9 @@
 //! Liveness: the transport coming and going, heartbeats (with each node's
 //! connections per app), the leader (the oldest node) that reports
-//! cluster-wide flips for nodes that are gone, burying nodes silent for a
-//! whole TTL, and the full state a node sends after a reconnect.
+//! cluster-wide flips for nodes that are gone and its successor (which
+//! alone with it keeps the other nodes' keys, see [`crate::tally`]),
+//! burying nodes silent for a whole TTL, and the full state a node sends
+//! after a reconnect or when a new keeper asks.
 
 #[allow(unused_imports)]
 use super::*;
@@ -130,22 +132,121 @@ impl Shared {
         self.born.load(Ordering::Acquire)
     }
 
-    /// The node that reports cluster-wide flips as this node sees it: the
-    /// oldest alive (earliest start, then lowest id).
-    pub(super) fn leader(&self, s: &State) -> NodeId {
-        let mut best = (self.born(), self.me());
+    /// The leader (the node that reports cluster-wide flips) and its
+    /// successor, as this node sees them: the two oldest alive (earliest
+    /// start, then lowest id).
+    pub(super) fn keepers(&self, s: &State) -> (NodeId, Option<NodeId>) {
+        let mut first = (self.born(), self.me());
+        let mut second: Option<(u64, NodeId)> = None;
         for (n, p) in &s.peers {
-            best = best.min((p.born, *n));
+            let c = (p.born, *n);
+            if c < first {
+                second = Some(first);
+                first = c;
+            } else if second.is_none_or(|x| c < x) {
+                second = Some(c);
+            }
         }
-        best.1
+        (first.1, second.map(|x| x.1))
+    }
+
+    pub(super) fn leader(&self, s: &State) -> NodeId {
+        self.keepers(s).0
+    }
+
+    /// Whether this node keeps the other nodes' keys ([`crate::tally`]):
+    /// on becoming a keeper it asks every node for its set; on ceasing to
+    /// be one (only once settled and every peer's age is known, so that a
+    /// peer not yet heard of cannot make it drop what it needs) it forgets
+    /// them.
+    fn role_check(&self, s: &mut State) {
+        let me = self.me();
+        let (leader, next) = self.keepers(s);
+        let keeps = leader == me || next == Some(me);
+        if keeps && !s.tally.keeper {
+            s.tally.keeper = true;
+            s.tally.rebuilding = s.peers.keys().copied().collect();
+            if !s.tally.rebuilding.is_empty() {
+                tracing::info!(
+                    nodes = s.tally.rebuilding.len(),
+                    "this node now keeps the cluster's occupancy tally; asking every node for its set"
+                );
+                self.ask_sets(s);
+            }
+        } else if !keeps
+            && s.tally.keeper
+            && self.is_settled()
+            && s.peers.values().all(|p| p.born != 0)
+        {
+            tracing::info!(
+                "this node is neither leader nor successor: it keeps only its own occupancy keys"
+            );
+            s.tally.forget_others(me);
+            s.incoming_held = HashMap::new();
+        }
+        self.tally_gauge(s);
+    }
+
+    /// Ask every node whose set this keeper lacks for its whole state
+    /// (the path a node back from the dead is asked through).
+    pub(super) fn ask_sets(&self, s: &State) {
+        let g: Vec<NodeId> = if s.tally.leading {
+            s.gone.keys().copied().collect()
+        } else {
+            Vec::new()
+        };
+        for n in &s.tally.rebuilding {
+            let ask = Msg::Beat {
+                n: self.me(),
+                l: Vec::new(),
+                h: true,
+                r: true,
+                t: self.born(),
+                g: g.clone(),
+            };
+            self.send_msg(subject::node(&self.prefix, *n), &ask);
+        }
+    }
+
+    /// Publish how many of the other nodes' keys this node keeps.
+    pub(super) fn tally_gauge(&self, s: &State) {
+        metrics::CLUSTER_TALLY_KEYS.set(s.tally.others(self.me()) as u64);
+    }
+
+    /// Node `n`'s whole set arrived: the tally takes it. The flips it makes
+    /// are decided unless this keeper was waiting for it to rebuild (then
+    /// they are what the cluster already had, reported long ago).
+    pub(super) fn take_set(
+        &self,
+        s: &mut State,
+        n: NodeId,
+        held: HashSet<Key>,
+        acts: &mut Vec<Act>,
+    ) {
+        self.lead_check(s, acts);
+        let awaited = s.tally.rebuilding.remove(&n);
+        let flips = s.tally.replace(n, held);
+        if awaited {
+            if s.tally.rebuilding.is_empty() {
+                tracing::info!("occupancy tally rebuilt from every node's set");
+            }
+        } else {
+            Self::flipped(s, flips, acts, None);
+        }
+        self.tally_gauge(s);
     }
 
     /// Whether this node leads now; on becoming the leader, report what
-    /// the journal says the old one may not have.
+    /// the journal says the old one may not have (unless its tally is still
+    /// being rebuilt: then it has no journal to trust).
     pub(super) fn lead_check(&self, s: &mut State, acts: &mut Vec<Act>) {
+        self.role_check(s);
         let leads = self.is_settled() && self.leader(s) == self.me();
         if leads && !s.tally.leading {
-            acts.extend(s.tally.replay().into_iter().map(Act::Observed));
+            let flips = s.tally.replay();
+            if s.tally.whole() {
+                acts.extend(flips.into_iter().map(Act::Observed));
+            }
         }
         s.tally.leading = leads;
     }
@@ -169,7 +270,8 @@ impl Shared {
         acts: &mut Vec<Act>,
         buried: Option<NodeId>,
     ) {
-        if flips.is_empty() {
+        // Decided only from a whole tally (see `Tally::rebuilding`).
+        if flips.is_empty() || !s.tally.whole() {
             return;
         }
         if s.tally.leading {
@@ -208,14 +310,17 @@ impl Shared {
                 };
                 self.send_msg(self.all(), &msg);
             }
+            self.tally_gauge(&s);
+            // A node that does not keep the others' keys, or is rebuilding
+            // them, has no flip to decide (the keepers do).
             match flip {
-                Some(_) if s.tally.leading => true,
-                Some(f) => {
+                Some(_) if s.tally.leading && s.tally.whole() => true,
+                Some(f) if s.tally.whole() => {
                     s.tally.journal(std::slice::from_ref(&f), None);
                     acts.push(Act::Seen(f));
                     false
                 }
-                None => false,
+                _ => false,
             }
         };
         if let Some(inbox) = self.inbox.get() {
@@ -233,8 +338,14 @@ impl Shared {
         // Whoever leads now (perhaps this node, in place of `n`) reports
         // what `n` held alone.
         self.lead_check(s, acts);
+        // A node whose set a rebuilding keeper still waited for: what it
+        // heard of its keys is partial, so their loss decides nothing.
+        let awaited = s.tally.rebuilding.remove(&n);
         let flips = s.tally.replace(n, HashSet::new());
-        Self::flipped(s, flips, acts, Some(n));
+        if !awaited {
+            Self::flipped(s, flips, acts, Some(n));
+        }
+        self.tally_gauge(s);
         if let Some(scopes) = s.remote.remove(&n) {
             for ((app, scope), members) in scopes {
                 for user in members.into_keys() {
@@ -288,6 +399,16 @@ impl Shared {
             }
             // A node alone since it started leads once settled.
             self.lead_check(&mut s, &mut acts);
+            // A keeper still missing some node's set asks again (a message
+            // lost, or the node was busy).
+            if !s.tally.rebuilding.is_empty() {
+                let st = &mut *s;
+                st.tally.rebuilding.retain(|n| st.peers.contains_key(n));
+                self.ask_sets(st);
+                if s.tally.rebuilding.is_empty() {
+                    tracing::info!("occupancy tally rebuilt from every node's set");
+                }
+            }
             if s.grace_until.is_some_and(|g| now < g) {
                 drop(s);
                 run(&inbox, acts);

@@ -29,7 +29,7 @@
 
 //!
 //! The logic is split by concern: [`pubsub`] (subjects, publications,
-//! interest, counts), [`liveness`] (heartbeats, leader election, burying
+//! interest, counts), [`liveness`] (heartbeats, leader and successor, burying
 //! silent nodes, the reconnect state exchange), [`presence`] (members per
 //! node and their reconciliation), [`queries`] (request/reply: figures,
 //! members, a cache channel's last event), [`inbound`] (what arrives
