@@ -18,9 +18,9 @@
 //! publishes went out, and the achieved publish rate is reported beside the
 //! asked one, with a note when it fell short.
 //!
-//! With several nodes, publisher j starts at node j mod n and moves to the
-//! next node on each publish, so every channel is published through every
-//! node and a loss between nodes shows whichever node a subscriber is on.
+//! With several nodes, each channel's publishes go round the nodes
+//! ([`publish_node`]), so every channel is published through every node
+//! and a loss between nodes shows whichever node a subscriber is on.
 //!
 //! With `--fault-cmd` the bench runs an operator's command in the middle
 //! of publishing (kill a broker server, a node) and reports what it cost
@@ -160,11 +160,13 @@ struct Shared {
     reconnected: AtomicU64,
 }
 
-/// Publisher j's node for publish k over n nodes: it starts at j mod n
-/// and moves to the next node on each publish, so every channel is
-/// published through every node.
-pub fn publish_node(k: u64, publishers: u64, n: usize) -> usize {
-    ((k % publishers + k / publishers) % n.max(1) as u64) as usize
+/// The node publish k goes through, over n nodes: k is channel k mod C's
+/// (k div C)-th publish, and a channel's publishes go round the nodes from
+/// its own first one. Whatever C and n (a rotation by publisher would stay
+/// on one node per channel when n divides C / P, and with n dividing C a
+/// channel's subscribers may all be on that node: no broker in the way).
+pub fn publish_node(k: u64, channels: u64, n: usize) -> usize {
+    ((k % channels + k / channels) % n.max(1) as u64) as usize
 }
 
 /// A dropped subscriber's return, as pusher-js does it: 1 s after the
@@ -450,7 +452,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                 s.last_send_us
                     .fetch_max((offset + late).as_micros() as u64, Relaxed);
                 let data = bench_data(stamp, MsgId { sender: j, seq: k });
-                let node = publish_node(k, step, nodes.len());
+                let node = publish_node(k, channels, nodes.len());
                 let (publisher, target) = (&node_publishers[node], &nodes[node]);
                 let t0 = Instant::now();
                 match publisher.publish(&channel_name(c), EVENT, &data).await {
@@ -529,7 +531,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let mut outcomes = p.fault.as_ref().map(|_| {
         let mut o = fault::Outcomes::new(p.rate, total as usize, subscriber_targets.len());
         for k in 0..total {
-            o.publish_node[k as usize] = publish_node(k, p.publishers as u64, nodes.len());
+            o.publish_node[k as usize] = publish_node(k, channels, nodes.len());
             let c = (k % channels) as usize;
             o.accepted[k as usize] = s.accepted_ids[c].lock().unwrap().contains(k / channels);
         }
@@ -646,17 +648,18 @@ mod tests {
 
     #[test]
     fn each_channel_is_published_through_every_node() {
-        // 10 publishers, 10 channels, 3 nodes: channel c's publishes are
-        // k = c, c + 10, c + 20, ...; each goes through all three nodes.
-        for c in 0..10u64 {
-            let mut seen = [false; 3];
-            for round in 0..3 {
-                seen[publish_node(c + 10 * round, 10, 3)] = true;
+        // Channel c's publishes are k = c, c + C, c + 2C, ...; each goes
+        // through all n nodes in turn, whether n divides C or not.
+        for (channels, n) in [(10u64, 3usize), (30, 3), (100, 3), (4, 2), (7, 7)] {
+            for c in 0..channels {
+                let nodes: Vec<usize> = (0..n as u64)
+                    .map(|r| publish_node(c + channels * r, channels, n))
+                    .collect();
+                let mut sorted = nodes.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "C {channels} c {c}");
             }
-            assert_eq!(seen, [true; 3], "channel {c}");
         }
-        // Publisher j starts at node j mod n; one node: always 0.
-        assert_eq!(publish_node(4, 10, 3), 1);
         assert_eq!(publish_node(7, 3, 1), 0);
     }
 }
