@@ -11,8 +11,9 @@
 #                  SIGKILLed, its replica promoted
 #   sentinel       a master, a replica and three sentinels (down after 1 s,
 #                  failover timeout 3 s); the master is SIGKILLed
-#   nats-cluster   three routed nats-server, node i on server i first and
-#                  the others after; server 0 is SIGKILLed
+#   nats-cluster   three routed nats-server, node i given server i first
+#                  and the others after; the server with the most client
+#                  connections is SIGKILLed
 #   node           one redis-server; herald node 0 is SIGKILLed (its
 #                  subscribers return to the others 1 s later)
 #
@@ -139,7 +140,21 @@ EOF
       for k in 0 1 2; do [ "$k" = "$i" ] || list+=",nats://127.0.0.1:$((bp + k))"; done
       node_broker+=("$list")
     done
-    fault="kill -9 ${nats_pids[0]}"
+    # The fault: the server with the most client connections now (the
+    # nodes' NATS clients pick a server of their list at random, so the
+    # first of node 0's list may serve nobody).
+    for i in 0 1 2; do echo "${nats_pids[$i]}" > "$dir/pid-$((bp + 20 + i))"; done
+    cat > "$dir/fault.sh" <<EOF
+best= most=-1
+for m in $((bp + 20)) $((bp + 21)) $((bp + 22)); do
+  n=\$(curl -s "http://127.0.0.1:\$m/varz" | grep -o '"connections": *[0-9]*' | grep -o '[0-9]*\$')
+  [ -n "\$n" ] && [ "\$n" -gt "\$most" ] && { best=\$m; most=\$n; }
+done
+[ -n "\$best" ] || exit 1
+echo "killed the nats-server monitored on \$best, holding \$most client connections" > "$dir/fault.log"
+kill -9 "\$(cat "$dir/pid-\$best")"
+EOF
+    fault="sh $dir/fault.sh"
     ;;
   node)
     redis-server --port "$bp" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >/dev/null &
