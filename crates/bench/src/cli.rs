@@ -462,6 +462,20 @@ struct FanoutArgs {
     /// The protocol subscribers and publishers speak.
     #[arg(long, default_value = "pusher", value_parser = protocol(FANOUT))]
     protocol: Proto,
+    /// A fault to run in the middle of publishing: this shell command
+    /// (e.g. `kill -9 PID` of a broker server or a node) at --fault-at;
+    /// the report adds the window until deliveries were whole again and
+    /// what was missed in it. Dropped subscribers then come back 1 s later
+    /// on another node, as pusher-js does. One generator process only.
+    #[arg(long)]
+    fault_cmd: Option<String>,
+    /// When --fault-cmd runs, after the first scheduled publish; within
+    /// --duration.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration)]
+    fault_at: std::time::Duration,
+    /// Longest --fault-cmd may run (it runs beside the publishers).
+    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    fault_timeout: std::time::Duration,
 }
 
 #[derive(Args)]
@@ -504,6 +518,19 @@ pub fn run(args: BenchArgs) -> ExitCode {
     };
     let sweep = matches!(&args.scenario, BenchScenario::Connect(a) if a.sweep.is_some());
     let spread = common.processes > 1 || common.server_pid.len() > 1;
+    if let BenchScenario::Fanout(a) = &args.scenario {
+        if a.fault_cmd.is_some() && common.processes > 1 {
+            // The window needs every subscriber's ledger in one place, and
+            // one process to run the command once.
+            eprintln!("herald bench: --fault-cmd runs in one generator process (--processes 1)");
+            return ExitCode::from(2);
+        }
+        if a.fault_cmd.is_some() && a.fault_at >= common.duration.unwrap_or(Duration::from_secs(30))
+        {
+            eprintln!("herald bench: --fault-at must be within --duration (the publishing time)");
+            return ExitCode::from(2);
+        }
+    }
     if (spread && (sweep || !super::multi::SCENARIOS.contains(&name))) || common.processes == 0 {
         eprintln!("herald bench: {}", super::multi::refusal(name));
         return ExitCode::from(2);
@@ -668,6 +695,11 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.server_pid = server_pid;
                 p.nodes = nodes;
                 p.shard = shard;
+                p.fault = a.fault_cmd.map(|command| super::fault::Fault {
+                    command,
+                    at: a.fault_at,
+                    timeout: a.fault_timeout,
+                });
                 for url in &a.subscriber_url {
                     match Target::new(
                         url,

@@ -51,8 +51,10 @@ pub fn run_cli(args: CompareArgs) -> std::process::ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Parameters that say where a run went, not what it did.
-const PLACES: &[&str] = &["url", "subscriber urls"];
+/// Parameters that say where a run went, not what it did. A fault's
+/// command names the pid or port it kills, which differs between repeats
+/// and engines; when the fault ran (`fault at`) is a setting.
+const PLACES: &[&str] = &["url", "subscriber urls", "publisher urls", "fault command"];
 
 /// One `--json` report.
 #[derive(Debug)]
@@ -692,6 +694,40 @@ mod tests {
                 "{server}"
             );
         }
+    }
+
+    #[test]
+    fn a_fault_s_figures_are_compared_and_its_command_may_differ() {
+        let fault = |label: &str, cmd: &str, window: Option<f64>, lost: u64| {
+            let v = json!({
+                "scenario": "fanout",
+                "label": label,
+                "params": {"fault command": cmd, "fault at": "10s"},
+                "units": {"fault_window": "s"},
+                "metrics": {"fault_window": window, "fault_window_deliveries_lost": lost,
+                            "deliveries_duplicated": 0},
+            });
+            Run::from_json(None, "f.json", &v).unwrap()
+        };
+        let runs = vec![
+            fault("nats", "kill -9 101", Some(1.5), 30),
+            fault("nats", "kill -9 202", Some(2.5), 50),
+            fault("nats", "kill -9 303", None, 900),
+            fault("redis", "kill -9 404", Some(3.0), 60),
+        ];
+        check(&runs, &[]).unwrap();
+        let text = markdown(&runs);
+        // nats: the median of 1.5 and 2.5 s (a run that never recovered
+        // has no window), and of 30, 50 and 900 lost.
+        assert!(text.contains("| fault_window (s) | 2 | 3 |"), "{text}");
+        assert!(
+            text.contains("| fault_window_deliveries_lost | 50 | 60 |"),
+            "{text}"
+        );
+        let mut later = fault("redis", "kill -9 505", Some(1.0), 1);
+        later.params.insert("fault at".into(), "20s".into());
+        let e = check(&[runs.into_iter().next().unwrap(), later], &[]).unwrap_err();
+        assert!(e.contains("fault at"), "{e}");
     }
 
     #[test]

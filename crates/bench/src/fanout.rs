@@ -18,12 +18,23 @@
 //! publishes went out, and the achieved publish rate is reported beside the
 //! asked one, with a note when it fell short.
 //!
+//! With several nodes, each channel's publishes go round the nodes
+//! ([`publish_node`]), so every channel is published through every node
+//! and a loss between nodes shows whichever node a subscriber is on.
+//!
+//! With `--fault-cmd` the bench runs an operator's command in the middle
+//! of publishing (kill a broker server, a node) and reports what it cost
+//! ([`super::fault`]); a subscriber whose connection drops then comes back
+//! as pusher-js would (1 s later, to another node), keeping its ledger, so
+//! what it missed meanwhile counts as lost and its return ends the window.
+//!
 //! Subscribers and publishers speak Pusher or, with `--protocol
 //! appsync-graphql` or `appsync-events`, one of the AppSync APIs
 //! ([`PROTOCOLS`]; see [`super::appsync`]).
 
 use super::appsync;
-use super::client::bench_data;
+use super::client::{bench_data, Conn};
+use super::fault::{self, Fault};
 use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
 use super::proto::{Broadcast, Proto, Publisher};
@@ -70,6 +81,8 @@ pub struct FanoutParams {
     /// after publishing the children exchange the publishes that failed,
     /// so each knows every publish its subscribers were owed.
     pub shard: Option<Shard>,
+    /// A fault to run in the middle of publishing, and report on.
+    pub fault: Option<Fault>,
 }
 
 impl FanoutParams {
@@ -90,6 +103,7 @@ impl FanoutParams {
             protocol: Proto::Pusher,
             nodes: Vec::new(),
             shard: None,
+            fault: None,
         }
     }
 }
@@ -142,6 +156,59 @@ struct Shared {
     failed: std::sync::Mutex<Vec<u64>>,
     first_publish_error: std::sync::Mutex<Option<String>>,
     dropped: AtomicU64,
+    /// Subscribers that came back after a drop (with a fault only).
+    reconnected: AtomicU64,
+}
+
+/// The node publish k goes through, over n nodes: k is channel k mod C's
+/// (k div C)-th publish, and a channel's publishes go round the nodes from
+/// its own first one. Whatever C and n (a rotation by publisher would stay
+/// on one node per channel when n divides C / P, and with n dividing C a
+/// channel's subscribers may all be on that node: no broker in the way).
+pub fn publish_node(k: u64, channels: u64, n: usize) -> usize {
+    ((k % channels + k / channels) % n.max(1) as u64) as usize
+}
+
+/// A dropped subscriber's return, as pusher-js does it: 1 s after the
+/// drop, to another node (spread by subscriber, the next on each failed
+/// attempt), subscribing to its channel again; None once `stop` says the
+/// run is over. Each failed attempt waits 1 s more.
+#[allow(clippy::too_many_arguments)]
+async fn rejoin(
+    protocol: Proto,
+    targets: &[Target],
+    i: usize,
+    lost: usize,
+    name: &str,
+    timeout: Duration,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    s: &Shared,
+) -> Option<(Conn, usize)> {
+    for attempt in 0.. {
+        let wait = super::worst::pusher_js_retry_delay(None).unwrap_or(Duration::from_secs(1));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return None,
+        }
+        let node = super::rolling::next_node(targets.len(), i, lost, attempt);
+        let target = &targets[node % targets.len()];
+        let tried = async {
+            let mut conn = protocol.open(target, target.source_for(i), timeout).await?;
+            protocol
+                .subscribe_one(&mut conn, target, name, timeout)
+                .await?;
+            Ok::<_, super::client::ClientError>(conn)
+        };
+        let tried = tokio::select! {
+            r = tried => r,
+            _ = stop.changed() => return None,
+        };
+        match tried {
+            Ok(conn) => return Some((conn, node)),
+            Err(e) => s.live.error(e.kind(), e.explain(target)),
+        }
+    }
+    None
 }
 
 pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
@@ -169,6 +236,16 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     report.param("rate", format!("{}/s", p.rate));
     report.param("duration", format!("{:?}", p.duration));
     report.param("protocol", p.protocol.name());
+    if let Some(f) = &p.fault {
+        if f.at >= p.duration {
+            return super::err(format!(
+                "--fault-at {:?} is not within the publishing time (--duration {:?})",
+                f.at, p.duration
+            ));
+        }
+        report.param("fault command", &f.command);
+        report.param("fault at", format!("{:?}", f.at));
+    }
     let owned_subscribers = shard::share(p.shard, p.subscribers);
     let owned_publishers = shard::share(p.shard, p.publishers);
     if let Some(w) = raise_nofile(owned_subscribers as u64 + owned_publishers as u64) {
@@ -210,6 +287,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         failed: Default::default(),
         first_publish_error: Default::default(),
         dropped: AtomicU64::new(0),
+        reconnected: AtomicU64::new(0),
     });
     let monitor = Monitor::start(
         "fanout",
@@ -224,12 +302,20 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(owned_subscribers.max(1));
     let mut subscribers = tokio::task::JoinSet::new();
     let (channels, publishers) = (p.channels as u64, p.publishers as u64);
+    // Where a dropped subscriber may return (with a fault only).
+    let rejoin_targets: Option<Arc<Vec<Target>>> = p.fault.as_ref().map(|_| {
+        Arc::new(match subscriber_targets.len() {
+            0 => vec![p.target.clone()],
+            _ => subscriber_targets.clone(),
+        })
+    });
     for i in (0..p.subscribers).filter(|&i| shard::owns(p.shard, i)) {
         let c = i % p.channels;
         let target = super::node(&p.target, subscriber_targets, i).clone();
         let node = i % subscriber_targets.len().max(1);
         let (s, timeout, protocol) = (s.clone(), p.timeout, p.protocol);
         let (gate, mut stop, ready) = (gate.clone(), stop_rx.clone(), ready_tx.clone());
+        let rejoin_targets = rejoin_targets.clone();
         subscribers.spawn(async move {
             let permit = gate.acquire().await;
             let t0 = Instant::now();
@@ -258,46 +344,61 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
             let _ = ready.send(()).await;
             // The channel's publish numbers (k / C) this subscriber saw.
             let mut got = Seen::default();
+            // The node this subscriber is on now (it started on `node`).
+            let mut on = node;
+            let mut target = target;
             loop {
-                tokio::select! {
-                    // Frames first: most wake-ups are a frame, and an unbiased select
-                    // would poll the timers before it on most of them (`Sleep::poll`
-                    // showed in the profile). Frames arrive far apart compared with
-                    // reading one, so the timers are not starved.
-                    biased;
-                    r = protocol.recv(&mut conn) => match r {
-                        Ok(text) => {
-                            let f = protocol.scan(&text, EVENT);
-                            if f.event != EVENT {
-                                continue;
-                            }
-                            let Some(t) = f.stamp else { continue };
-                            // Every stamped frame, duplicates included.
-                            s.live.received.fetch_add(1, Relaxed);
-                            // Ours only if it is on this subscriber's channel
-                            // and its id is one a publisher here would use.
-                            let index = f.id.filter(|m| {
-                                f.channel.and_then(channel_index) == Some(c)
-                                    && m.seq % channels == c as u64
-                                    && m.sender == m.seq % publishers
-                            });
-                            match index.map(|m| got.record(m.seq / channels)) {
-                                Some(Receipt::New) => {
-                                    s.latency.record(i, now_us().saturating_sub(t));
-                                    s.received[c].fetch_add(1, Relaxed);
+                let failed = loop {
+                    tokio::select! {
+                        // Frames first: most wake-ups are a frame, and an unbiased select
+                        // would poll the timers before it on most of them (`Sleep::poll`
+                        // showed in the profile). Frames arrive far apart compared with
+                        // reading one, so the timers are not starved.
+                        biased;
+                        r = protocol.recv(&mut conn) => match r {
+                            Ok(text) => {
+                                let f = protocol.scan(&text, EVENT);
+                                if f.event != EVENT {
+                                    continue;
                                 }
-                                Some(Receipt::Duplicate | Receipt::Unexpected) => {}
-                                None => got.garbled(),
+                                let Some(t) = f.stamp else { continue };
+                                // Every stamped frame, duplicates included.
+                                s.live.received.fetch_add(1, Relaxed);
+                                // Ours only if it is on this subscriber's channel
+                                // and its id is one a publisher here would use.
+                                let index = f.id.filter(|m| {
+                                    f.channel.and_then(channel_index) == Some(c)
+                                        && m.seq % channels == c as u64
+                                        && m.sender == m.seq % publishers
+                                });
+                                match index.map(|m| got.record(m.seq / channels)) {
+                                    Some(Receipt::New) => {
+                                        s.latency.record(i, now_us().saturating_sub(t));
+                                        s.received[c].fetch_add(1, Relaxed);
+                                    }
+                                    Some(Receipt::Duplicate | Receipt::Unexpected) => {}
+                                    None => got.garbled(),
+                                }
                             }
-                        }
-                        Err(e) => {
-                            s.dropped.fetch_add(1, Relaxed);
-                            s.live.error(e.kind(), e.explain(&target));
-                            s.live.connections.fetch_sub(1, Relaxed);
-                            return Some((c, node, got));
-                        }
-                    },
-                    _ = stop.changed() => break,
+                            Err(e) => break Some(e),
+                        },
+                        _ = stop.changed() => break None,
+                    }
+                };
+                let Some(e) = failed else { break };
+                s.dropped.fetch_add(1, Relaxed);
+                s.live.error(e.kind(), e.explain(&target));
+                s.live.connections.fetch_sub(1, Relaxed);
+                let Some(targets) = &rejoin_targets else {
+                    return Some((c, node, got));
+                };
+                match rejoin(protocol, targets, i, on, &name, timeout, &mut stop, &s).await {
+                    Some((back, now_on)) => {
+                        (conn, on, target) = (back, now_on, targets[now_on].clone());
+                        s.reconnected.fetch_add(1, Relaxed);
+                        s.live.connections.fetch_add(1, Relaxed);
+                    }
+                    None => return Some((c, node, got)),
                 }
             }
             conn.close().await;
@@ -331,8 +432,8 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     let total = (p.rate * p.duration.as_secs_f64()).round() as u64;
     let mut publishers = tokio::task::JoinSet::new();
     for j in (0..p.publishers as u64).filter(|&j| shard::owns(p.shard, j as usize)) {
-        let node = j as usize % nodes.len();
-        let (publisher, target) = (node_publishers[node].clone(), nodes[node].clone());
+        let node_publishers = node_publishers.clone();
+        let nodes = nodes.to_vec();
         let s = s.clone();
         let (step, rate, channels) = (p.publishers as u64, p.rate, p.channels as u64);
         publishers.spawn(async move {
@@ -351,6 +452,8 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                 s.last_send_us
                     .fetch_max((offset + late).as_micros() as u64, Relaxed);
                 let data = bench_data(stamp, MsgId { sender: j, seq: k });
+                let node = publish_node(k, channels, nodes.len());
+                let (publisher, target) = (&node_publishers[node], &nodes[node]);
                 let t0 = Instant::now();
                 match publisher.publish(&channel_name(c), EVENT, &data).await {
                     Ok(()) => {
@@ -362,7 +465,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                     Err(e) => {
                         s.failed.lock().unwrap().push(k);
                         if s.publish_errors.fetch_add(1, Relaxed) == 0 {
-                            *s.first_publish_error.lock().unwrap() = Some(e.explain(&target));
+                            *s.first_publish_error.lock().unwrap() = Some(e.explain(target));
                         }
                     }
                 }
@@ -370,6 +473,13 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
             }
         });
     }
+    // The fault, at its time after the first scheduled publish.
+    let fault_run = p.fault.clone().map(|f| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until((publish_start + f.at).into()).await;
+            fault::shell(&f.command, f.timeout).await
+        })
+    });
     while publishers.join_next().await.is_some() {}
     let publish_seconds = publish_start.elapsed().as_secs_f64();
     // This process's accepted publishes, for `http_publishes`.
@@ -417,11 +527,31 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     // Deliveries received through each node (several nodes only), for
     // each node's CPU per delivery.
     let mut per_node = vec![0u64; subscriber_targets.len()];
+    // With a fault: who missed which publish, for its window.
+    let mut outcomes = p.fault.as_ref().map(|_| {
+        let mut o = fault::Outcomes::new(p.rate, total as usize, subscriber_targets.len());
+        for k in 0..total {
+            o.publish_node[k as usize] = publish_node(k, channels, nodes.len());
+            let c = (k % channels) as usize;
+            o.accepted[k as usize] = s.accepted_ids[c].lock().unwrap().contains(k / channels);
+        }
+        o
+    });
     while let Some(r) = subscribers.join_next().await {
         let Ok(Some((c, node, got))) = r else {
             continue;
         };
         let accepted = s.accepted_ids[c].lock().unwrap();
+        if let Some(o) = &mut outcomes {
+            let on = node % o.missed.len();
+            let missed = &mut o.missed[on];
+            for k in (c as u64..total).step_by(p.channels) {
+                let m = k / channels;
+                if accepted.contains(m) && !got.set.contains(m) {
+                    missed[k as usize] += 1;
+                }
+            }
+        }
         let expected_here = got.set.intersection_len(&accepted);
         if let Some(n) = per_node.get_mut(node) {
             *n += expected_here;
@@ -440,6 +570,13 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     }
     report.timeline = monitor.finish().await;
     report.seconds = publish_seconds;
+    let fault_ran = match fault_run {
+        Some(run) => Some(
+            run.await
+                .unwrap_or_else(|e| Err(format!("the fault command's task failed: {e}"))),
+        ),
+        None => None,
+    };
 
     let confirmed: u64 = s.subscribed.iter().map(|a| a.load(Relaxed)).sum();
     report.counter("ws_sessions", owned_subscribers as u64);
@@ -484,6 +621,10 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     }
     report.trend("message_latency", s.latency.total());
     report.counter("connections_dropped_by_server", s.dropped.load(Relaxed));
+    if let (Some(f), Some(ran), Some(o)) = (&p.fault, &fault_ran, &outcomes) {
+        let w = fault::analyse(o, f.at, nodes.len());
+        fault::write(&mut report, f, ran, &w, s.reconnected.load(Relaxed));
+    }
     report.errors(&s.live);
     if let Some(e) = s.first_publish_error.lock().unwrap().take() {
         report.notes.push(format!("first publish error: {e}"));
@@ -499,4 +640,26 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     cpu.finish(&mut report);
     super::server_memory(&mut report, p.server_pid);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::publish_node;
+
+    #[test]
+    fn each_channel_is_published_through_every_node() {
+        // Channel c's publishes are k = c, c + C, c + 2C, ...; each goes
+        // through all n nodes in turn, whether n divides C or not.
+        for (channels, n) in [(10u64, 3usize), (30, 3), (100, 3), (4, 2), (7, 7)] {
+            for c in 0..channels {
+                let nodes: Vec<usize> = (0..n as u64)
+                    .map(|r| publish_node(c + channels * r, channels, n))
+                    .collect();
+                let mut sorted = nodes.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "C {channels} c {c}");
+            }
+        }
+        assert_eq!(publish_node(7, 3, 1), 0);
+    }
 }

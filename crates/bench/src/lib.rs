@@ -59,6 +59,7 @@ pub mod client;
 pub mod compare;
 pub mod connect;
 pub mod fanout;
+pub mod fault;
 pub mod gap;
 pub mod idle;
 pub mod ledger;

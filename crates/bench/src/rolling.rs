@@ -63,11 +63,7 @@ impl Nodes {
     /// node's clients share the others, the next one on each failure. With
     /// one node, that node.
     pub fn next_for(&self, i: usize, lost: usize, attempt: usize) -> usize {
-        let n = self.len();
-        if n == 1 {
-            return 0;
-        }
-        (lost + 1 + (i + attempt) % (n - 1)) % n
+        next_node(self.len(), i, lost, attempt)
     }
 
     /// A client connected to `node`, or left it.
@@ -90,6 +86,15 @@ impl Nodes {
     fn is_down(&self, node: usize) -> bool {
         self.down[node].load(Relaxed)
     }
+}
+
+/// [`Nodes::next_for`] over `n` nodes (`fanout` with a fault uses it
+/// without the rest of [`Nodes`]).
+pub fn next_node(n: usize, i: usize, lost: usize, attempt: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    (lost + 1 + (i + attempt) % (n - 1)) % n
 }
 
 /// One publisher per node (its own pooled HTTP connections, dropped with
@@ -167,31 +172,7 @@ impl Restart {
 
     /// Run the command for `node`; how long it took, or why it failed.
     pub async fn run(&self, node: usize) -> Result<Duration, String> {
-        let command = self.command_for(node);
-        let started = Instant::now();
-        let child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(&command)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("`{command}`: cannot start sh: {e}"))?;
-        let out = tokio::time::timeout(self.timeout, child.wait_with_output())
-            .await
-            .map_err(|_| format!("`{command}` still running after {:?}", self.timeout))?
-            .map_err(|e| format!("`{command}`: {e}"))?;
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            let tail: String = err.trim().chars().rev().take(400).collect();
-            return Err(format!(
-                "`{command}` failed ({}): {}",
-                out.status,
-                tail.chars().rev().collect::<String>()
-            ));
-        }
-        Ok(started.elapsed())
+        super::fault::shell(&self.command_for(node), self.timeout).await
     }
 }
 
