@@ -88,11 +88,13 @@ start_node() {
         *) echo "SERVER=sockudo: redis, redis-cluster or local" >&2; exit 2 ;;
       esac
       # Its own empty directory: sockudo reads config/config.{toml,json}
-      # from the working directory when present.
+      # from the working directory when present. A clustered sockudo
+      # refuses to start with a node-local cache (its idempotency keys),
+      # so the cache goes to the same Redis.
       mkdir -p "$work/sockudo-$i"
       (cd "$work/sockudo-$i" && exec env HOST=127.0.0.1 PORT="$port" METRICS_ENABLED=false \
         RATE_LIMITER_ENABLED=false SOCKUDO_MAX_CONNECTIONS=0 INSTANCE_PROCESS_ID="bench-node-$i" \
-        ADAPTER_DRIVER="$adapter" ADAPTER_FALLBACK_TO_LOCAL=false REDIS_URL="redis://127.0.0.1:$bport" \
+        ADAPTER_DRIVER="$adapter" CACHE_DRIVER="${adapter/local/memory}" ADAPTER_FALLBACK_TO_LOCAL=false REDIS_URL="redis://127.0.0.1:$bport" \
         ${nodes_env:+REDIS_CLUSTER_NODES="$nodes_env"} \
         SOCKUDO_DEFAULT_APP_ID=app-id SOCKUDO_DEFAULT_APP_KEY=app-key SOCKUDO_DEFAULT_APP_SECRET=app-secret \
         SOCKUDO_DEFAULT_APP_MAX_CONNECTIONS=1000000 SOCKUDO_DEFAULT_APP_MAX_BACKEND_EVENTS_PER_SECOND=1000000 \
