@@ -15,13 +15,14 @@
 //! lives in `session/ext.rs` (history, restore) and `session/presence.rs`
 //! (presence, whispers).
 
+mod env;
 mod ext;
 mod presence;
 
 use crate::metrics as m;
 use crate::proto::{
-    status_of, CommandMessage, CommandResponse, ConnectionRequest, DisconnectRequest, Env,
-    EnvResponse, Status,
+    status_of, CommandMessage, CommandResponse, ConnectionRequest, DisconnectRequest, EnvResponse,
+    Status,
 };
 use crate::rpc::RpcError;
 use crate::streams::{self, Request as StreamRequest};
@@ -52,13 +53,14 @@ pub const MAX_STREAMS: usize = 1000;
 /// Longest stream name, in bytes.
 pub const MAX_STREAM_NAME: usize = 1024;
 
-/// Most state keys kept per connection (connection and channel states).
-pub const MAX_STATE_KEYS: usize = 1000;
+use env::SessionEnv;
+pub use env::MAX_STATE_KEYS;
 
 /// What the client's upgrade request tells the app.
 struct Request0 {
     url: String,
-    headers: HashMap<String, String>,
+    /// Forwarded headers (name, value): a list, for the one or two there are.
+    headers: Vec<(Box<str>, Box<str>)>,
     /// A JWT from the `x-<param>` header or the `<param>` query parameter.
     token: Option<String>,
     /// Issue 19: the `sid` of a session to restore (`?sid=` or the
@@ -143,16 +145,17 @@ fn request_info(
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost");
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut forwarded = HashMap::new();
+    let mut forwarded: Vec<(Box<str>, Box<str>)> = Vec::new();
     for name in &cable.headers {
         if let Some(v) = headers.get(name.as_str()).and_then(|v| v.to_str().ok()) {
-            if !v.is_empty() {
-                forwarded.insert(name.clone(), v.to_owned());
+            if !v.is_empty() && !forwarded.iter().any(|(k, _)| **k == **name) {
+                forwarded.push((name.as_str().into(), v.into()));
             }
         }
     }
     if let Some(peer) = peer {
-        forwarded.insert("REMOTE_ADDR".into(), peer.ip().to_string());
+        forwarded.retain(|(k, _)| &**k != "REMOTE_ADDR");
+        forwarded.push(("REMOTE_ADDR".into(), peer.ip().to_string().into()));
     }
     let token = cable.jwt.as_ref().and_then(|j| {
         headers
@@ -226,12 +229,7 @@ async fn open(
     } else {
         sid
     };
-    let mut env = SessionEnv {
-        url: info.url,
-        headers: info.headers,
-        cstate: HashMap::new(),
-        istate: HashMap::new(),
-    };
+    let mut env = SessionEnv::new(info.url, info.headers);
     let mut identifiers = String::new();
     let mut welcome = Vec::new();
     let mut authenticated = false;
@@ -243,8 +241,7 @@ async fn open(
     };
     if let Some(snap) = &restored {
         identifiers = snap.identifiers.clone();
-        env.cstate = snap.cstate.clone();
-        env.istate = snap.istate.clone();
+        env.restore(&snap.cstate, &snap.istate);
         authenticated = snap.authenticated && cable.rpc.is_some();
         identified = true;
         metrics::count(&m::CABLE_SESSIONS_RESTORED);
@@ -284,7 +281,7 @@ async fn open(
         // Identified by its token: no Connect call.
     } else if let Some(rpc) = &cable.rpc {
         let req = ConnectionRequest {
-            env: Some(env.base()),
+            env: Some(env.for_connect()),
         };
         // Boxed: the call's future lives only while the call does, instead
         // of sizing this connection's task for its whole life.
@@ -293,7 +290,7 @@ async fn open(
                 Status::Success => {
                     identifiers = res.identifiers;
                     if let Some(e) = &res.env {
-                        merge(&mut env.cstate, &e.cstate);
+                        env.merge_cstate(&e.cstate);
                     }
                     welcome = text_frames(&res.transmissions);
                     authenticated = true;
@@ -350,7 +347,6 @@ async fn open(
     // remote-command index.
     let identifiers: Arc<str> = Arc::from(identifiers);
     let identity = cable.identities.add(&identifiers, &conn);
-    let cable_presence = cable.presence.clone();
     let mut s = CableSession {
         node,
         hub,
@@ -363,11 +359,9 @@ async fn open(
         authenticated,
         ext,
         hold: false,
-        history_tokens: (0.0, std::time::Instant::now()),
-        presence: crate::presence::ConnPresence::new(&cable_presence),
+        rare: None,
         _identity: identity,
     };
-    s.history_tokens.0 = f64::from(s.cable.reliable.history_rate);
     if let Some(snap) = restored {
         // Boxed: the restore's state would otherwise size the opening.
         Box::pin(s.restore(snap)).await;
@@ -417,60 +411,6 @@ fn healer(
     })
 }
 
-/// The client's request and the states the app keeps in it.
-struct SessionEnv {
-    url: String,
-    headers: HashMap<String, String>,
-    cstate: HashMap<String, String>,
-    /// Subscription identifier → its state.
-    istate: HashMap<String, HashMap<String, String>>,
-}
-
-impl SessionEnv {
-    fn base(&self) -> Env {
-        Env {
-            url: self.url.clone(),
-            headers: self.headers.clone(),
-            cstate: self.cstate.clone(),
-            istate: HashMap::new(),
-        }
-    }
-
-    fn for_channel(&self, identifier: &str) -> Env {
-        let mut env = self.base();
-        if let Some(s) = self.istate.get(identifier) {
-            env.istate = s.clone();
-        }
-        env
-    }
-
-    fn for_disconnect(&self) -> Env {
-        let mut env = self.base();
-        env.istate = self
-            .istate
-            .iter()
-            .map(|(id, s)| {
-                (
-                    id.clone(),
-                    serde_json::to_string(s).expect("a string map serializes"),
-                )
-            })
-            .collect();
-        env
-    }
-}
-
-/// Apply a state change: an empty value removes the key.
-fn merge(into: &mut HashMap<String, String>, changes: &HashMap<String, String>) {
-    for (k, v) in changes {
-        if v.is_empty() {
-            into.remove(k);
-        } else if into.len() < MAX_STATE_KEYS || into.contains_key(k) {
-            into.insert(k.clone(), v.clone());
-        }
-    }
-}
-
 /// A confirmed subscription and the streams it follows.
 struct Sub {
     identifier: Arc<str>,
@@ -486,6 +426,14 @@ fn push_tight<T>(v: &mut Vec<T>, x: T) {
         v.reserve_exact(1);
     }
     v.push(x);
+}
+
+/// What few connections use, made on first use: an idle connection would
+/// otherwise carry it (about 100 bytes) in its task for its whole life.
+struct Rare {
+    presence: crate::presence::ConnPresence,
+    /// History requests left (`history_rate` per second).
+    history: crate::presence::Bucket,
 }
 
 struct CableSession {
@@ -510,10 +458,9 @@ struct CableSession {
     /// Hold live publications of streams added now (a history answer
     /// follows): see `herald_core::history::Gate`.
     hold: bool,
-    /// History requests left (token bucket at `history_rate` per second).
-    history_tokens: (f64, std::time::Instant),
-    /// Presence memberships and the whisper and presence buckets.
-    presence: crate::presence::ConnPresence,
+    /// Presence memberships and the buckets of whispers, presence
+    /// commands and history requests, once the client uses one of them.
+    rare: Option<Box<Rare>>,
     /// Its place in the index remote disconnects look in (until dropped).
     _identity: Option<crate::remote::Registered>,
 }
@@ -648,6 +595,28 @@ impl Handler for CableSession {
 }
 
 impl CableSession {
+    fn rare(&mut self) -> &mut Rare {
+        let cable = &self.cable;
+        self.rare.get_or_insert_with(|| {
+            Box::new(Rare {
+                presence: crate::presence::ConnPresence::new(&cable.presence),
+                history: crate::presence::Bucket::full(cable.reliable.history_rate),
+            })
+        })
+    }
+
+    /// Presence memberships: (subscription identifier, stream, member id).
+    fn joined(&self) -> &[(Arc<str>, String, String)] {
+        self.rare.as_ref().map_or(&[], |r| &r.presence.joined)
+    }
+
+    fn take_joined(&mut self) -> Vec<(Arc<str>, String, String)> {
+        self.rare
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.presence.joined))
+            .unwrap_or_default()
+    }
+
     fn find(&self, identifier: &str) -> Option<usize> {
         self.subs.iter().position(|s| &*s.identifier == identifier)
     }
@@ -774,7 +743,7 @@ impl CableSession {
             self.leave(&sub.identifier, stream);
         }
         self.leave_joined(identifier).await;
-        self.env.istate.remove(identifier);
+        self.env.forget(identifier);
         match answer {
             Some(res) => self.finish(res),
             None => Next::Continue,
@@ -851,8 +820,7 @@ impl CableSession {
             }
             if let Some(EnvResponse { istate, .. }) = &res.env {
                 if !istate.is_empty() && self.find(identifier).is_some() {
-                    let entry = self.env.istate.entry(identifier.to_owned()).or_default();
-                    merge(entry, istate);
+                    self.env.merge_istate(identifier, istate);
                 }
             }
         }
@@ -868,7 +836,7 @@ impl CableSession {
     /// Connection state, transmissions and `disconnect` of an answer.
     fn finish(&mut self, res: CommandResponse) -> Next {
         if let Some(e) = &res.env {
-            merge(&mut self.env.cstate, &e.cstate);
+            self.env.merge_cstate(&e.cstate);
         }
         for t in &res.transmissions {
             self.send(t);
@@ -956,8 +924,8 @@ impl CableSession {
     fn snapshot(&self, subs: &[Sub]) -> crate::reliable::Snapshot {
         crate::reliable::Snapshot {
             identifiers: self.identifiers.to_string(),
-            cstate: self.env.cstate.clone(),
-            istate: self.env.istate.clone(),
+            cstate: self.env.cstate(),
+            istate: self.env.istate(),
             subs: subs
                 .iter()
                 .map(|s| (s.identifier.to_string(), s.streams.clone()))
