@@ -40,7 +40,9 @@ use herald_core::node::Node;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
 use herald_core::ws::Socket;
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -89,11 +91,13 @@ pub async fn upgrade(
 }
 
 /// A connection's life: its opening (who it is: a restored session, a
-/// token or the app's `Connect`), then its session. The opening is boxed,
-/// and built out here rather than inside the block: its state is several
-/// times the session's (the request, the call, the refusals) and, in a
-/// reconnect storm, waits behind `rpc.concurrency`; boxed, it is freed
-/// once the connection is open, and the task keeps only the session.
+/// token or the app's `Connect`), then its session. The opening is boxed:
+/// its state is larger than the session's (the request, the call, the
+/// refusals); boxed, it is freed once the connection is open, and the task
+/// keeps only the session. A client the app must `Connect` first waits
+/// for its place behind `rpc.concurrency` here, before the opening is
+/// built: in a reconnect storm thousands wait, each holding only its
+/// request and this small future, not the opening (1.2 KB) and its call.
 fn start(
     node: Arc<Node>,
     cable: Arc<Cable>,
@@ -101,13 +105,34 @@ fn start(
     info: Request0,
     ext: bool,
 ) -> impl std::future::Future<Output = ()> + Send {
-    let opening = Box::pin(open(node, cable, socket, info, ext));
+    // Both stages boxed and built out here: what the block captures stays
+    // in the task beside the session for the session's whole life.
+    // It yields the opening unawaited on purpose: awaited inside, the
+    // opening's state would be part of this small box.
+    #[allow(clippy::async_yields_async)]
+    let waiting = Box::pin(async move {
+        let slot = match &cable.rpc {
+            Some(rpc) if needs_connect(&cable, &info, ext) => Some(rpc.slot().await),
+            _ => None,
+        };
+        Box::pin(open(node, cable, socket, info, ext, slot))
+    });
     async move {
+        let opening = waiting.await;
         // Not `if let`: its scrutinee would stay in the task beside the
         // session for the session's whole life.
         let Some(open) = opening.await else { return };
         open.run().await
     }
+}
+
+/// Whether the opening will call the app's `Connect`: not for a session
+/// restored or a client identified by its token (either may still fall
+/// back to `Connect`; the opening then waits for its slot itself).
+fn needs_connect(cable: &Cable, info: &Request0, ext: bool) -> bool {
+    let restoring = ext && info.restore.is_some();
+    let token = cable.jwt.is_some() && info.token.is_some();
+    !restoring && !token
 }
 
 /// An opened connection, ready for its session.
@@ -215,6 +240,7 @@ async fn open(
     socket: Socket,
     info: Request0,
     ext: bool,
+    slot: Option<Result<crate::rpc::Slot, RpcError>>,
 ) -> Option<Open> {
     let hub = cable.hub.clone();
     if hub.admit().is_err() {
@@ -283,9 +309,16 @@ async fn open(
         let req = ConnectionRequest {
             env: Some(env.for_connect()),
         };
-        // Boxed: the call's future lives only while the call does, instead
-        // of sizing this connection's task for its whole life.
-        match Box::pin(rpc.connect(&sid, req)).await {
+        let slot = match slot {
+            Some(slot) => slot,
+            None => Box::pin(rpc.slot()).await,
+        };
+        // Boxed: the call's future lives only while the call does.
+        let answer = match slot {
+            Ok(slot) => Box::pin(rpc.connect_in(slot, &sid, req)).await,
+            Err(e) => Err(e),
+        };
+        match answer {
             Ok(res) => match status_of(res.status) {
                 Status::Success => {
                     identifiers = res.identifiers;
@@ -492,23 +525,28 @@ impl Handler for CableSession {
         );
         let next = match command {
             Command::Subscribe { identifier } if self.ext => {
-                let next = self.subscribe_with_history(identifier.clone(), &text).await;
+                let next = Box::pin(self.subscribe_with_history(identifier.clone(), &text)).await;
                 // A client subscribing again after a reconnect names its
                 // member in the subscribe (AnyCable's client does).
                 if text.contains("\"presence\"") && self.find(&identifier).is_some() {
-                    self.join(&identifier, &text).await;
+                    Box::pin(self.join(&identifier, &text)).await;
                 }
                 next
             }
             Command::Subscribe { identifier } => self.subscribe(identifier).await,
             Command::History { identifier } => self.history(&identifier, &text).await,
             Command::Pong => Next::Continue,
-            Command::Unsubscribe { identifier } => self.unsubscribe(&identifier).await,
+            // Boxed, the rarer commands: their futures (presence changes
+            // publish to the stream) would size every command's future,
+            // and a command waits behind `rpc.concurrency` in a storm.
+            Command::Unsubscribe { identifier } => Box::pin(self.unsubscribe(&identifier)).await,
             Command::Message { identifier, data } => self.perform(&identifier, data).await,
-            Command::Join { identifier } => self.join(&identifier, &text).await,
-            Command::Leave { identifier } => self.leave_presence(&identifier).await,
+            Command::Join { identifier } => Box::pin(self.join(&identifier, &text)).await,
+            Command::Leave { identifier } => Box::pin(self.leave_presence(&identifier)).await,
             Command::PresenceInfo { identifier } => self.presence_info(&identifier, &text).await,
-            Command::Whisper { identifier, data } => self.whisper(&identifier, data).await,
+            Command::Whisper { identifier, data } => {
+                Box::pin(self.whisper(&identifier, data)).await
+            }
         };
         if mutates {
             self.save();
@@ -646,7 +684,9 @@ impl CableSession {
         match streams::request(&identifier) {
             StreamRequest::NotPubsub => {}
             other => {
-                self.subscribe_stream(identifier, other).await;
+                // Boxed: a `$pubsub` stream's path would size the future of
+                // every subscribe waiting for the app.
+                Box::pin(self.subscribe_stream(identifier, other)).await;
                 return Next::Continue;
             }
         }
@@ -780,26 +820,58 @@ impl CableSession {
 
     /// One RPC command; `None` when it failed (logged and counted), and
     /// for an answer with status ERROR, which AnyCable does not apply either.
-    async fn call(&self, rpc: &crate::rpc::Rpc, req: CommandMessage) -> Option<CommandResponse> {
-        let command = req.command.clone();
-        match rpc.command(&self.conn.socket_id, req).await {
-            Ok(res) if status_of(res.status) == Status::Error => {
-                metrics::count(&m::RPC_APP_ERRORS);
-                tracing::warn!(sid = %self.conn.socket_id, command, error = %res.error_msg.chars().take(200).collect::<String>(), "RPC Command: the app answered ERROR");
-                None
-            }
-            Ok(res) => Some(res),
-            Err(e) => {
-                tracing::warn!(sid = %self.conn.socket_id, command, error = %e, "RPC Command failed");
-                log_rpc_error(&e);
-                None
+    ///
+    /// It waits for its place behind `rpc.concurrency`
+    /// holding only its request and the wait; the call itself is boxed
+    /// once it has the place, as is [`Self::apply`]: inline, both would
+    /// size every command's future for the whole wait (3.5 KB per client
+    /// in a reconnect storm's queue; bench/RESULTS.md "Idle memory").
+    /// Not an `async fn`: that would keep the request twice.
+    #[allow(clippy::manual_async_fn)]
+    fn call<'a>(
+        &'a self,
+        rpc: &'a crate::rpc::Rpc,
+        req: CommandMessage,
+    ) -> impl Future<Output = Option<CommandResponse>> + Send + 'a {
+        async move {
+            let command = req.command.clone();
+            let result = match rpc.slot().await {
+                Ok(slot) => Box::pin(rpc.command_in(slot, &self.conn.socket_id, req)).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(res) if status_of(res.status) == Status::Error => {
+                    metrics::count(&m::RPC_APP_ERRORS);
+                    tracing::warn!(sid = %self.conn.socket_id, command, error = %res.error_msg.chars().take(200).collect::<String>(), "RPC Command: the app answered ERROR");
+                    None
+                }
+                Ok(res) => Some(res),
+                Err(e) => {
+                    tracing::warn!(sid = %self.conn.socket_id, command, error = %e, "RPC Command failed");
+                    log_rpc_error(&e);
+                    None
+                }
             }
         }
     }
 
     /// Apply a command's answer for `identifier`: streams (only for a
     /// confirmed subscription), state, transmissions, disconnect.
-    async fn apply(&mut self, identifier: &str, mut res: CommandResponse, streams: bool) -> Next {
+    fn apply<'a>(
+        &'a mut self,
+        identifier: &'a str,
+        res: CommandResponse,
+        streams: bool,
+    ) -> Pin<Box<impl Future<Output = Next> + Send + 'a>> {
+        Box::pin(self.apply_inner(identifier, res, streams))
+    }
+
+    async fn apply_inner(
+        &mut self,
+        identifier: &str,
+        mut res: CommandResponse,
+        streams: bool,
+    ) -> Next {
         let presence = res.presence.take().filter(|_| streams);
         if streams && self.find(identifier).is_some() {
             if res.stop_streams {
