@@ -18,9 +18,23 @@ use tokio_tungstenite::tungstenite::Message;
 
 #[derive(Default)]
 struct App {
+    /// Calls in the order the app got them (`connect:<user>`, `slow`,
+    /// `slow done`).
+    calls: std::sync::Mutex<Vec<String>>,
+    /// Room "slow"'s subscribe waits for a permit here.
+    gate: Gate,
     disconnects: AtomicUsize,
     /// When each Disconnect call arrived.
     disconnect_times: std::sync::Mutex<Vec<std::time::Instant>>,
+}
+
+/// A semaphore that starts closed (no permits).
+struct Gate(tokio::sync::Semaphore);
+
+impl Default for Gate {
+    fn default() -> Gate {
+        Gate(tokio::sync::Semaphore::new(0))
+    }
 }
 
 /// Connect: a `user` cookie is required. Subscribe: `{"channel":"Room",
@@ -35,6 +49,7 @@ async fn rpc(
     match method.as_str() {
         "connect" => {
             let cookie = body["env"]["headers"]["cookie"].as_str().unwrap_or("");
+            app.calls.lock().unwrap().push(format!("connect:{cookie}"));
             match cookie.strip_prefix("user=") {
                 Some(user) => Json(json!({
                     "status": 1,
@@ -53,6 +68,11 @@ async fn rpc(
             let identifier = body["identifier"].as_str().unwrap_or_default().to_owned();
             let params: Value = serde_json::from_str(&identifier).unwrap_or(Value::Null);
             let room = params["room"].as_str().unwrap_or_default();
+            if room == "slow" {
+                app.calls.lock().unwrap().push("slow".into());
+                app.gate.0.acquire().await.unwrap().forget();
+                app.calls.lock().unwrap().push("slow done".into());
+            }
             match (body["command"].as_str(), room) {
                 (_, "garbage") => "{not json".into_response(),
                 (_, "boom") => Json(json!({ "status": 0, "error_msg": "exception" })).into_response(),
@@ -636,4 +656,84 @@ async fn grpc_over_tls_verifies_the_apps_certificate() {
     let f = frame(&mut c).await;
     assert_eq!(f["type"], "disconnect", "{f}");
     assert_eq!(f["reason"], "rpc_error", "{f}");
+}
+
+/// Herald calling `app` one call at a time (`rpc.concurrency = 1`).
+async fn one_call_at_a_time(app: &Arc<App>, timeout_ms: u64) -> Server {
+    let url = start_app(app.clone()).await;
+    let rpc = format!("[rpc]\nhost = \"{url}\"\ntimeout_ms = {timeout_ms}\nconcurrency = 1");
+    Server::start_with(&rpc, "").await
+}
+
+/// Until the app has got `call`.
+async fn app_got(app: &App, call: &str) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !app.calls.lock().unwrap().iter().any(|c| c == call) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the app never got {call}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn calls_beyond_rpc_concurrency_wait_their_turn() {
+    // One call at a time: a newcomer's Connect waits for the subscribe in
+    // flight, and reaches the app only once that call is answered.
+    let app = Arc::new(App::default());
+    let server = one_call_at_a_time(&app, 10_000).await;
+    let mut first = cable(&server, Some("user=first")).await;
+    assert_eq!(frame(&mut first).await["type"], "welcome");
+    send(
+        &mut first,
+        json!({ "command": "subscribe", "identifier": room("slow") }),
+    )
+    .await;
+    app_got(&app, "slow").await;
+    let mut newcomer = cable(&server, Some("user=second")).await;
+    // Upgraded, it waits for its place: nothing within half a second (a
+    // window only a broken limit can fail), and the app has not heard of it.
+    let early = tokio::time::timeout(std::time::Duration::from_millis(500), frame(&mut newcomer));
+    assert!(
+        early.await.is_err(),
+        "the newcomer was answered while the only place was taken"
+    );
+    assert!(!app
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|c| c == "connect:user=second"));
+    app.gate.0.add_permits(1);
+    assert_eq!(frame(&mut first).await["type"], "confirm_subscription");
+    assert_eq!(frame(&mut newcomer).await["type"], "welcome");
+    let calls = app.calls.lock().unwrap().clone();
+    let at = |c: &str| calls.iter().position(|x| x == c).unwrap();
+    assert!(at("slow done") < at("connect:user=second"), "{calls:?}");
+}
+
+#[tokio::test]
+async fn a_call_the_app_never_answers_frees_its_place_at_rpc_timeout() {
+    // The only place is held by a call the app never answers: at
+    // `rpc.timeout_ms` that call fails (its subscription is rejected) and
+    // the newcomer waiting behind it is served.
+    let app = Arc::new(App::default());
+    let server = one_call_at_a_time(&app, 600).await;
+    let mut first = cable(&server, Some("user=first")).await;
+    assert_eq!(frame(&mut first).await["type"], "welcome");
+    send(
+        &mut first,
+        json!({ "command": "subscribe", "identifier": room("slow") }),
+    )
+    .await;
+    app_got(&app, "slow").await;
+    let timeouts = server.metric("herald_rpc_timeouts_total").await;
+    let mut newcomer = cable(&server, Some("user=second")).await;
+    assert_eq!(frame(&mut first).await["type"], "reject_subscription");
+    assert_eq!(frame(&mut newcomer).await["type"], "welcome");
+    assert!(server.metric("herald_rpc_timeouts_total").await > timeouts);
+    let calls = app.calls.lock().unwrap().clone();
+    assert!(!calls.iter().any(|c| c == "slow done"), "{calls:?}");
+    app.gate.0.add_permits(1);
 }

@@ -19,6 +19,7 @@ use crate::proto::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tonic::codegen::http::uri::PathAndQuery;
@@ -88,7 +89,7 @@ enum Transport {
 /// The client; cheap to share (`Arc`).
 pub struct Rpc {
     transport: Transport,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     timeout: Duration,
     retries: u32,
     /// For logs: the host without credentials or query.
@@ -178,7 +179,7 @@ impl Rpc {
         };
         Ok(Rpc {
             transport,
-            slots: Semaphore::new(config.concurrency),
+            slots: Arc::new(Semaphore::new(config.concurrency)),
             timeout,
             retries: config.retries,
             target,
@@ -190,20 +191,24 @@ impl Rpc {
     }
 
     // Not `async fn`s: those would keep the request twice in the future.
-    pub fn connect<'a>(
+    /// A `Connect` call in a slot already waited for ([`Rpc::slot`]).
+    pub fn connect_in<'a>(
         &'a self,
+        slot: Slot,
         sid: &'a str,
         req: ConnectionRequest,
     ) -> impl Future<Output = Result<ConnectionResponse, RpcError>> + Send + 'a {
-        self.call(Method::Connect, sid, req)
+        self.call_in(slot, Method::Connect, sid, req)
     }
 
-    pub fn command<'a>(
+    /// A `Command` call in a slot already waited for ([`Rpc::slot`]).
+    pub fn command_in<'a>(
         &'a self,
+        slot: Slot,
         sid: &'a str,
         req: CommandMessage,
     ) -> impl Future<Output = Result<CommandResponse, RpcError>> + Send + 'a {
-        self.call(Method::Command, sid, req)
+        self.call_in(slot, Method::Command, sid, req)
     }
 
     pub fn disconnect<'a>(
@@ -214,20 +219,57 @@ impl Rpc {
         self.call(Method::Disconnect, sid, req)
     }
 
+    /// Wait for a place among the `concurrency` calls in flight, within
+    /// the call's `timeout`. A future of its own, so that a caller can wait
+    /// holding only this (a few hundred bytes) and build the call's much
+    /// larger future once it has the slot: thousands of clients wait here
+    /// in a reconnect storm.
+    pub async fn slot(&self) -> Result<Slot, RpcError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match tokio::time::timeout_at(deadline, self.slots.clone().acquire_owned()).await {
+            Ok(permit) => Ok(Slot {
+                _permit: permit.expect("never closed"),
+                deadline,
+            }),
+            Err(_) => {
+                // A call that never got to start.
+                herald_core::metrics::count(&metrics::RPC_CALLS);
+                herald_core::metrics::count(&metrics::RPC_TIMEOUTS);
+                Err(RpcError::Timeout)
+            }
+        }
+    }
+
     async fn call<Req, Res>(&self, method: Method, sid: &str, req: Req) -> Result<Res, RpcError>
+    where
+        Req: prost::Message + Serialize + Clone + Send + 'static,
+        Res: prost::Message + DeserializeOwned + Default + Send + 'static,
+    {
+        let slot = self.slot().await?;
+        // Boxed once the slot is here: a call waiting for one holds only
+        // its request and the wait.
+        Box::pin(self.call_in(slot, method, sid, req)).await
+    }
+
+    /// Attempts and back-off, until the slot's deadline.
+    async fn call_in<Req, Res>(
+        &self,
+        slot: Slot,
+        method: Method,
+        sid: &str,
+        req: Req,
+    ) -> Result<Res, RpcError>
     where
         Req: prost::Message + Serialize + Clone + Send + 'static,
         Res: prost::Message + DeserializeOwned + Default + Send + 'static,
     {
         herald_core::metrics::count(&metrics::RPC_CALLS);
         let attempts = async {
-            let _slot = self.slots.acquire().await.expect("never closed");
             let mut backoff = BACKOFF;
             let mut attempt = 0;
             loop {
-                // Boxed: a call waiting for its slot (thousands of them in
-                // a reconnect storm) then holds only its request, not the
-                // transport's much larger state.
+                // Boxed: the transport's state is large; a call holds it
+                // only while an attempt is under way.
                 let result = match &self.transport {
                     Transport::Grpc(channel) => {
                         Box::pin(grpc(channel, method, sid, req.clone())).await
@@ -249,10 +291,11 @@ impl Rpc {
                 }
             }
         };
-        let result = match tokio::time::timeout(self.timeout, attempts).await {
+        let result = match tokio::time::timeout_at(slot.deadline, attempts).await {
             Ok(r) => r,
             Err(_) => Err(RpcError::Timeout),
         };
+        drop(slot);
         if let Err(e) = &result {
             herald_core::metrics::count(match e {
                 RpcError::Timeout => &metrics::RPC_TIMEOUTS,
@@ -261,6 +304,14 @@ impl Rpc {
         }
         result
     }
+}
+
+/// A place among the calls in flight, given back when dropped; the call
+/// made in it must end by `deadline` (the `timeout` counts from the start
+/// of the wait).
+pub struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    deadline: tokio::time::Instant,
 }
 
 async fn grpc<Req, Res>(

@@ -15,13 +15,14 @@
 //! lives in `session/ext.rs` (history, restore) and `session/presence.rs`
 //! (presence, whispers).
 
+mod env;
 mod ext;
 mod presence;
 
 use crate::metrics as m;
 use crate::proto::{
-    status_of, CommandMessage, CommandResponse, ConnectionRequest, DisconnectRequest, Env,
-    EnvResponse, Status,
+    status_of, CommandMessage, CommandResponse, ConnectionRequest, DisconnectRequest, EnvResponse,
+    Status,
 };
 use crate::rpc::RpcError;
 use crate::streams::{self, Request as StreamRequest};
@@ -39,7 +40,9 @@ use herald_core::node::Node;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
 use herald_core::ws::Socket;
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -52,13 +55,14 @@ pub const MAX_STREAMS: usize = 1000;
 /// Longest stream name, in bytes.
 pub const MAX_STREAM_NAME: usize = 1024;
 
-/// Most state keys kept per connection (connection and channel states).
-pub const MAX_STATE_KEYS: usize = 1000;
+use env::SessionEnv;
+pub use env::MAX_STATE_KEYS;
 
 /// What the client's upgrade request tells the app.
 struct Request0 {
     url: String,
-    headers: HashMap<String, String>,
+    /// Forwarded headers (name, value): a list, for the one or two there are.
+    headers: Vec<(Box<str>, Box<str>)>,
     /// A JWT from the `x-<param>` header or the `<param>` query parameter.
     token: Option<String>,
     /// Issue 19: the `sid` of a session to restore (`?sid=` or the
@@ -87,11 +91,13 @@ pub async fn upgrade(
 }
 
 /// A connection's life: its opening (who it is: a restored session, a
-/// token or the app's `Connect`), then its session. The opening is boxed,
-/// and built out here rather than inside the block: its state is several
-/// times the session's (the request, the call, the refusals) and, in a
-/// reconnect storm, waits behind `rpc.concurrency`; boxed, it is freed
-/// once the connection is open, and the task keeps only the session.
+/// token or the app's `Connect`), then its session. The opening is boxed:
+/// its state is larger than the session's (the request, the call, the
+/// refusals); boxed, it is freed once the connection is open, and the task
+/// keeps only the session. A client the app must `Connect` first waits
+/// for its place behind `rpc.concurrency` here, before the opening is
+/// built: in a reconnect storm thousands wait, each holding only its
+/// request and this small future, not the opening (1.2 KB) and its call.
 fn start(
     node: Arc<Node>,
     cable: Arc<Cable>,
@@ -99,13 +105,34 @@ fn start(
     info: Request0,
     ext: bool,
 ) -> impl std::future::Future<Output = ()> + Send {
-    let opening = Box::pin(open(node, cable, socket, info, ext));
+    // Both stages boxed and built out here: what the block captures stays
+    // in the task beside the session for the session's whole life.
+    // It yields the opening unawaited on purpose: awaited inside, the
+    // opening's state would be part of this small box.
+    #[allow(clippy::async_yields_async)]
+    let waiting = Box::pin(async move {
+        let slot = match &cable.rpc {
+            Some(rpc) if needs_connect(&cable, &info, ext) => Some(rpc.slot().await),
+            _ => None,
+        };
+        Box::pin(open(node, cable, socket, info, ext, slot))
+    });
     async move {
+        let opening = waiting.await;
         // Not `if let`: its scrutinee would stay in the task beside the
         // session for the session's whole life.
         let Some(open) = opening.await else { return };
         open.run().await
     }
+}
+
+/// Whether the opening will call the app's `Connect`: not for a session
+/// restored or a client identified by its token (either may still fall
+/// back to `Connect`; the opening then waits for its slot itself).
+fn needs_connect(cable: &Cable, info: &Request0, ext: bool) -> bool {
+    let restoring = ext && info.restore.is_some();
+    let token = cable.jwt.is_some() && info.token.is_some();
+    !restoring && !token
 }
 
 /// An opened connection, ready for its session.
@@ -143,16 +170,17 @@ fn request_info(
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost");
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut forwarded = HashMap::new();
+    let mut forwarded: Vec<(Box<str>, Box<str>)> = Vec::new();
     for name in &cable.headers {
         if let Some(v) = headers.get(name.as_str()).and_then(|v| v.to_str().ok()) {
-            if !v.is_empty() {
-                forwarded.insert(name.clone(), v.to_owned());
+            if !v.is_empty() && !forwarded.iter().any(|(k, _)| **k == **name) {
+                forwarded.push((name.as_str().into(), v.into()));
             }
         }
     }
     if let Some(peer) = peer {
-        forwarded.insert("REMOTE_ADDR".into(), peer.ip().to_string());
+        forwarded.retain(|(k, _)| &**k != "REMOTE_ADDR");
+        forwarded.push(("REMOTE_ADDR".into(), peer.ip().to_string().into()));
     }
     let token = cable.jwt.as_ref().and_then(|j| {
         headers
@@ -212,6 +240,7 @@ async fn open(
     socket: Socket,
     info: Request0,
     ext: bool,
+    slot: Option<Result<crate::rpc::Slot, RpcError>>,
 ) -> Option<Open> {
     let hub = cable.hub.clone();
     if hub.admit().is_err() {
@@ -226,12 +255,7 @@ async fn open(
     } else {
         sid
     };
-    let mut env = SessionEnv {
-        url: info.url,
-        headers: info.headers,
-        cstate: HashMap::new(),
-        istate: HashMap::new(),
-    };
+    let mut env = SessionEnv::new(info.url, info.headers);
     let mut identifiers = String::new();
     let mut welcome = Vec::new();
     let mut authenticated = false;
@@ -243,8 +267,7 @@ async fn open(
     };
     if let Some(snap) = &restored {
         identifiers = snap.identifiers.clone();
-        env.cstate = snap.cstate.clone();
-        env.istate = snap.istate.clone();
+        env.restore(&snap.cstate, &snap.istate);
         authenticated = snap.authenticated && cable.rpc.is_some();
         identified = true;
         metrics::count(&m::CABLE_SESSIONS_RESTORED);
@@ -284,16 +307,23 @@ async fn open(
         // Identified by its token: no Connect call.
     } else if let Some(rpc) = &cable.rpc {
         let req = ConnectionRequest {
-            env: Some(env.base()),
+            env: Some(env.for_connect()),
         };
-        // Boxed: the call's future lives only while the call does, instead
-        // of sizing this connection's task for its whole life.
-        match Box::pin(rpc.connect(&sid, req)).await {
+        let slot = match slot {
+            Some(slot) => slot,
+            None => Box::pin(rpc.slot()).await,
+        };
+        // Boxed: the call's future lives only while the call does.
+        let answer = match slot {
+            Ok(slot) => Box::pin(rpc.connect_in(slot, &sid, req)).await,
+            Err(e) => Err(e),
+        };
+        match answer {
             Ok(res) => match status_of(res.status) {
                 Status::Success => {
                     identifiers = res.identifiers;
                     if let Some(e) = &res.env {
-                        merge(&mut env.cstate, &e.cstate);
+                        env.merge_cstate(&e.cstate);
                     }
                     welcome = text_frames(&res.transmissions);
                     authenticated = true;
@@ -350,7 +380,6 @@ async fn open(
     // remote-command index.
     let identifiers: Arc<str> = Arc::from(identifiers);
     let identity = cable.identities.add(&identifiers, &conn);
-    let cable_presence = cable.presence.clone();
     let mut s = CableSession {
         node,
         hub,
@@ -363,11 +392,9 @@ async fn open(
         authenticated,
         ext,
         hold: false,
-        history_tokens: (0.0, std::time::Instant::now()),
-        presence: crate::presence::ConnPresence::new(&cable_presence),
+        rare: None,
         _identity: identity,
     };
-    s.history_tokens.0 = f64::from(s.cable.reliable.history_rate);
     if let Some(snap) = restored {
         // Boxed: the restore's state would otherwise size the opening.
         Box::pin(s.restore(snap)).await;
@@ -417,60 +444,6 @@ fn healer(
     })
 }
 
-/// The client's request and the states the app keeps in it.
-struct SessionEnv {
-    url: String,
-    headers: HashMap<String, String>,
-    cstate: HashMap<String, String>,
-    /// Subscription identifier → its state.
-    istate: HashMap<String, HashMap<String, String>>,
-}
-
-impl SessionEnv {
-    fn base(&self) -> Env {
-        Env {
-            url: self.url.clone(),
-            headers: self.headers.clone(),
-            cstate: self.cstate.clone(),
-            istate: HashMap::new(),
-        }
-    }
-
-    fn for_channel(&self, identifier: &str) -> Env {
-        let mut env = self.base();
-        if let Some(s) = self.istate.get(identifier) {
-            env.istate = s.clone();
-        }
-        env
-    }
-
-    fn for_disconnect(&self) -> Env {
-        let mut env = self.base();
-        env.istate = self
-            .istate
-            .iter()
-            .map(|(id, s)| {
-                (
-                    id.clone(),
-                    serde_json::to_string(s).expect("a string map serializes"),
-                )
-            })
-            .collect();
-        env
-    }
-}
-
-/// Apply a state change: an empty value removes the key.
-fn merge(into: &mut HashMap<String, String>, changes: &HashMap<String, String>) {
-    for (k, v) in changes {
-        if v.is_empty() {
-            into.remove(k);
-        } else if into.len() < MAX_STATE_KEYS || into.contains_key(k) {
-            into.insert(k.clone(), v.clone());
-        }
-    }
-}
-
 /// A confirmed subscription and the streams it follows.
 struct Sub {
     identifier: Arc<str>,
@@ -486,6 +459,14 @@ fn push_tight<T>(v: &mut Vec<T>, x: T) {
         v.reserve_exact(1);
     }
     v.push(x);
+}
+
+/// What few connections use, made on first use: an idle connection would
+/// otherwise carry it (about 100 bytes) in its task for its whole life.
+struct Rare {
+    presence: crate::presence::ConnPresence,
+    /// History requests left (`history_rate` per second).
+    history: crate::presence::Bucket,
 }
 
 struct CableSession {
@@ -510,10 +491,9 @@ struct CableSession {
     /// Hold live publications of streams added now (a history answer
     /// follows): see `herald_core::history::Gate`.
     hold: bool,
-    /// History requests left (token bucket at `history_rate` per second).
-    history_tokens: (f64, std::time::Instant),
-    /// Presence memberships and the whisper and presence buckets.
-    presence: crate::presence::ConnPresence,
+    /// Presence memberships and the buckets of whispers, presence
+    /// commands and history requests, once the client uses one of them.
+    rare: Option<Box<Rare>>,
     /// Its place in the index remote disconnects look in (until dropped).
     _identity: Option<crate::remote::Registered>,
 }
@@ -545,23 +525,28 @@ impl Handler for CableSession {
         );
         let next = match command {
             Command::Subscribe { identifier } if self.ext => {
-                let next = self.subscribe_with_history(identifier.clone(), &text).await;
+                let next = Box::pin(self.subscribe_with_history(identifier.clone(), &text)).await;
                 // A client subscribing again after a reconnect names its
                 // member in the subscribe (AnyCable's client does).
                 if text.contains("\"presence\"") && self.find(&identifier).is_some() {
-                    self.join(&identifier, &text).await;
+                    Box::pin(self.join(&identifier, &text)).await;
                 }
                 next
             }
             Command::Subscribe { identifier } => self.subscribe(identifier).await,
             Command::History { identifier } => self.history(&identifier, &text).await,
             Command::Pong => Next::Continue,
-            Command::Unsubscribe { identifier } => self.unsubscribe(&identifier).await,
+            // Boxed, the rarer commands: their futures (presence changes
+            // publish to the stream) would size every command's future,
+            // and a command waits behind `rpc.concurrency` in a storm.
+            Command::Unsubscribe { identifier } => Box::pin(self.unsubscribe(&identifier)).await,
             Command::Message { identifier, data } => self.perform(&identifier, data).await,
-            Command::Join { identifier } => self.join(&identifier, &text).await,
-            Command::Leave { identifier } => self.leave_presence(&identifier).await,
+            Command::Join { identifier } => Box::pin(self.join(&identifier, &text)).await,
+            Command::Leave { identifier } => Box::pin(self.leave_presence(&identifier)).await,
             Command::PresenceInfo { identifier } => self.presence_info(&identifier, &text).await,
-            Command::Whisper { identifier, data } => self.whisper(&identifier, data).await,
+            Command::Whisper { identifier, data } => {
+                Box::pin(self.whisper(&identifier, data)).await
+            }
         };
         if mutates {
             self.save();
@@ -648,6 +633,28 @@ impl Handler for CableSession {
 }
 
 impl CableSession {
+    fn rare(&mut self) -> &mut Rare {
+        let cable = &self.cable;
+        self.rare.get_or_insert_with(|| {
+            Box::new(Rare {
+                presence: crate::presence::ConnPresence::new(&cable.presence),
+                history: crate::presence::Bucket::full(cable.reliable.history_rate),
+            })
+        })
+    }
+
+    /// Presence memberships: (subscription identifier, stream, member id).
+    fn joined(&self) -> &[(Arc<str>, String, String)] {
+        self.rare.as_ref().map_or(&[], |r| &r.presence.joined)
+    }
+
+    fn take_joined(&mut self) -> Vec<(Arc<str>, String, String)> {
+        self.rare
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.presence.joined))
+            .unwrap_or_default()
+    }
+
     fn find(&self, identifier: &str) -> Option<usize> {
         self.subs.iter().position(|s| &*s.identifier == identifier)
     }
@@ -677,7 +684,9 @@ impl CableSession {
         match streams::request(&identifier) {
             StreamRequest::NotPubsub => {}
             other => {
-                self.subscribe_stream(identifier, other).await;
+                // Boxed: a `$pubsub` stream's path would size the future of
+                // every subscribe waiting for the app.
+                Box::pin(self.subscribe_stream(identifier, other)).await;
                 return Next::Continue;
             }
         }
@@ -774,7 +783,7 @@ impl CableSession {
             self.leave(&sub.identifier, stream);
         }
         self.leave_joined(identifier).await;
-        self.env.istate.remove(identifier);
+        self.env.forget(identifier);
         match answer {
             Some(res) => self.finish(res),
             None => Next::Continue,
@@ -811,26 +820,58 @@ impl CableSession {
 
     /// One RPC command; `None` when it failed (logged and counted), and
     /// for an answer with status ERROR, which AnyCable does not apply either.
-    async fn call(&self, rpc: &crate::rpc::Rpc, req: CommandMessage) -> Option<CommandResponse> {
-        let command = req.command.clone();
-        match rpc.command(&self.conn.socket_id, req).await {
-            Ok(res) if status_of(res.status) == Status::Error => {
-                metrics::count(&m::RPC_APP_ERRORS);
-                tracing::warn!(sid = %self.conn.socket_id, command, error = %res.error_msg.chars().take(200).collect::<String>(), "RPC Command: the app answered ERROR");
-                None
-            }
-            Ok(res) => Some(res),
-            Err(e) => {
-                tracing::warn!(sid = %self.conn.socket_id, command, error = %e, "RPC Command failed");
-                log_rpc_error(&e);
-                None
+    ///
+    /// It waits for its place behind `rpc.concurrency`
+    /// holding only its request and the wait; the call itself is boxed
+    /// once it has the place, as is [`Self::apply`]: inline, both would
+    /// size every command's future for the whole wait (3.5 KB per client
+    /// in a reconnect storm's queue; bench/RESULTS.md "Idle memory").
+    /// Not an `async fn`: that would keep the request twice.
+    #[allow(clippy::manual_async_fn)]
+    fn call<'a>(
+        &'a self,
+        rpc: &'a crate::rpc::Rpc,
+        req: CommandMessage,
+    ) -> impl Future<Output = Option<CommandResponse>> + Send + 'a {
+        async move {
+            let command = req.command.clone();
+            let result = match rpc.slot().await {
+                Ok(slot) => Box::pin(rpc.command_in(slot, &self.conn.socket_id, req)).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(res) if status_of(res.status) == Status::Error => {
+                    metrics::count(&m::RPC_APP_ERRORS);
+                    tracing::warn!(sid = %self.conn.socket_id, command, error = %res.error_msg.chars().take(200).collect::<String>(), "RPC Command: the app answered ERROR");
+                    None
+                }
+                Ok(res) => Some(res),
+                Err(e) => {
+                    tracing::warn!(sid = %self.conn.socket_id, command, error = %e, "RPC Command failed");
+                    log_rpc_error(&e);
+                    None
+                }
             }
         }
     }
 
     /// Apply a command's answer for `identifier`: streams (only for a
     /// confirmed subscription), state, transmissions, disconnect.
-    async fn apply(&mut self, identifier: &str, mut res: CommandResponse, streams: bool) -> Next {
+    fn apply<'a>(
+        &'a mut self,
+        identifier: &'a str,
+        res: CommandResponse,
+        streams: bool,
+    ) -> Pin<Box<impl Future<Output = Next> + Send + 'a>> {
+        Box::pin(self.apply_inner(identifier, res, streams))
+    }
+
+    async fn apply_inner(
+        &mut self,
+        identifier: &str,
+        mut res: CommandResponse,
+        streams: bool,
+    ) -> Next {
         let presence = res.presence.take().filter(|_| streams);
         if streams && self.find(identifier).is_some() {
             if res.stop_streams {
@@ -851,8 +892,7 @@ impl CableSession {
             }
             if let Some(EnvResponse { istate, .. }) = &res.env {
                 if !istate.is_empty() && self.find(identifier).is_some() {
-                    let entry = self.env.istate.entry(identifier.to_owned()).or_default();
-                    merge(entry, istate);
+                    self.env.merge_istate(identifier, istate);
                 }
             }
         }
@@ -868,7 +908,7 @@ impl CableSession {
     /// Connection state, transmissions and `disconnect` of an answer.
     fn finish(&mut self, res: CommandResponse) -> Next {
         if let Some(e) = &res.env {
-            merge(&mut self.env.cstate, &e.cstate);
+            self.env.merge_cstate(&e.cstate);
         }
         for t in &res.transmissions {
             self.send(t);
@@ -956,8 +996,8 @@ impl CableSession {
     fn snapshot(&self, subs: &[Sub]) -> crate::reliable::Snapshot {
         crate::reliable::Snapshot {
             identifiers: self.identifiers.to_string(),
-            cstate: self.env.cstate.clone(),
-            istate: self.env.istate.clone(),
+            cstate: self.env.cstate(),
+            istate: self.env.istate(),
             subs: subs
                 .iter()
                 .map(|s| (s.identifier.to_string(), s.streams.clone()))

@@ -94,17 +94,8 @@ impl CableSession {
 
     /// Take one history request from the bucket.
     fn history_allowed(&mut self) -> bool {
-        let rate = f64::from(self.cable.reliable.history_rate);
-        let (tokens, at) = &mut self.history_tokens;
-        let now = std::time::Instant::now();
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        let rate = self.cable.reliable.history_rate;
+        self.rare().history.take(rate)
     }
 
     fn release_all(&self, at: usize) {

@@ -13,11 +13,9 @@ impl CableSession {
     /// The stream a subscription's state enables for `key` (`$p`, `$w`).
     fn enabled_stream(&self, identifier: &str, key: &str) -> Option<String> {
         self.env
-            .istate
-            .get(identifier)?
-            .get(key)
+            .state_of(identifier, key)
             .filter(|s| !s.is_empty())
-            .cloned()
+            .map(str::to_owned)
     }
 
     /// A `$pubsub` subscription's state: presence and whispers on its
@@ -32,10 +30,7 @@ impl CableSession {
         if public || s.streams_whisper {
             state.insert(p::WHISPER_STATE.to_owned(), stream.to_owned());
         }
-        if !state.is_empty() {
-            let entry = self.env.istate.entry(identifier.to_owned()).or_default();
-            merge(entry, &state);
-        }
+        self.env.merge_istate(identifier, &state);
     }
 
     fn refuse_presence(&self, identifier: &str, why: &str) {
@@ -53,11 +48,8 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, "presence for an unknown identifier");
             return None;
         }
-        if !self
-            .presence
-            .commands
-            .take(self.cable.presence.presence_rate)
-        {
+        let rate = self.cable.presence.presence_rate;
+        if !self.rare().presence.commands.take(rate) {
             self.refuse_presence(
                 identifier,
                 "too many presence commands: over rpc.presence_rate",
@@ -144,7 +136,7 @@ impl CableSession {
         stream: String,
         member: p::Member,
     ) -> Result<(), String> {
-        let joined = &self.presence.joined;
+        let joined = self.joined();
         if let Some((_, _, id)) = joined
             .iter()
             .find(|(i, s, _)| &**i == identifier && *s == stream)
@@ -177,7 +169,8 @@ impl CableSession {
             .await
         {
             Ok(j) => {
-                self.presence
+                self.rare()
+                    .presence
                     .joined
                     .push((tag, stream.clone(), member.id.clone()));
                 if j.member_added {
@@ -204,10 +197,13 @@ impl CableSession {
     /// Leave the presence a subscription joined (on `leave`, and when the
     /// subscription ends), announcing a member no connection is left for.
     pub(super) async fn leave_joined(&mut self, identifier: &str) {
-        let (mine, rest) = std::mem::take(&mut self.presence.joined)
+        let (mine, rest): (Vec<_>, Vec<_>) = self
+            .take_joined()
             .into_iter()
             .partition(|(i, _, _)| &**i == identifier);
-        self.presence.joined = rest;
+        if !rest.is_empty() {
+            self.rare().presence.joined = rest;
+        }
         p::remove_all(&self.node, &self.hub, &self.conn, mine).await;
     }
 
@@ -257,11 +253,8 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, "whisper on a subscription that may not whisper");
             return Next::Continue;
         };
-        if !self
-            .presence
-            .whispers
-            .take(self.cable.presence.whisper_rate)
-        {
+        let rate = self.cable.presence.whisper_rate;
+        if !self.rare().presence.whispers.take(rate) {
             metrics::count(&m::CABLE_WHISPERS_DROPPED);
             tracing::debug!(sid = %self.conn.socket_id, "whisper over rpc.whisper_rate");
             return Next::Continue;
@@ -280,7 +273,7 @@ impl CableSession {
     /// The connection ended: its memberships stay for `rpc.presence_ttl`
     /// (a restored or reconnected client joins again within it).
     pub(super) fn linger_presence(&mut self) {
-        let joined = std::mem::take(&mut self.presence.joined);
+        let joined = self.take_joined();
         p::linger(
             self.node.clone(),
             self.hub.clone(),
