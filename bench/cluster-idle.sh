@@ -18,8 +18,8 @@ for i in 0 1 2; do "$bin" bench idle --clients "$N" --duration 10s --url ws://12
 # While held: each node's own count, and the cluster's view from node 0.
 sleep 1
 for t in $(seq 120); do
-  c=0; for i in 0 1 2; do v=$(curl -s http://127.0.0.1:$((18700+i))/metrics | awk '/^herald_connections /{print $2}'); c=$((c + ${v:-0})); done
-  [ "$c" -ge $((3 * N)) ] && { echo "held together: $c connections at $(date +%H:%M:%S)"; for i in 0 1 2; do echo "node $i: $(curl -s http://127.0.0.1:$((18700+i))/metrics | awk '/^herald_connections /{print $2}') connections, rss $(awk '/VmRSS/{print $2" "$3}' /proc/${P[$i]}/status)"; done; echo "redis rss $(awk '/VmRSS/{print $2" "$3}' /proc/$R/status)"; break; }
+  c=0; for i in 0 1 2; do v=$(curl -s http://127.0.0.1:$((18700+i))/metrics | awk '/^herald_connections[ {]/{s+=$NF} END{print s+0}'); c=$((c + ${v:-0})); done
+  [ "$c" -ge $((3 * N)) ] && { echo "held together: $c connections at $(date +%H:%M:%S)"; for i in 0 1 2; do echo "node $i: $(curl -s http://127.0.0.1:$((18700+i))/metrics | awk '/^herald_connections[ {]/{s+=$NF} END{print s+0}') connections, rss $(awk '/VmRSS/{print $2" "$3}' /proc/${P[$i]}/status)"; done; echo "redis rss $(awk '/VmRSS/{print $2" "$3}' /proc/$R/status)"; break; }
   sleep 0.5
 done
 wait "${G[@]}"
