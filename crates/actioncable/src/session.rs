@@ -179,7 +179,6 @@ fn request_info(
         }
     }
     if let Some(peer) = peer {
-        forwarded.retain(|(k, _)| &**k != "REMOTE_ADDR");
         forwarded.push(("REMOTE_ADDR".into(), peer.ip().to_string().into()));
     }
     let token = cable.jwt.as_ref().and_then(|j| {
