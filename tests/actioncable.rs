@@ -665,6 +665,21 @@ async fn one_call_at_a_time(app: &Arc<App>, timeout_ms: u64) -> Server {
     Server::start_with(&rpc, "").await
 }
 
+/// Herald calling `app` one call at a time, and a client whose subscribe
+/// to room "slow" holds that one place (the app waits on its gate).
+async fn holding_the_only_place(app: &Arc<App>, timeout_ms: u64) -> (Server, Ws) {
+    let server = one_call_at_a_time(app, timeout_ms).await;
+    let mut first = cable(&server, Some("user=first")).await;
+    assert_eq!(frame(&mut first).await["type"], "welcome");
+    send(
+        &mut first,
+        json!({ "command": "subscribe", "identifier": room("slow") }),
+    )
+    .await;
+    app_got(app, "slow").await;
+    (server, first)
+}
+
 /// Until the app has got `call`.
 async fn app_got(app: &App, call: &str) {
     let deadline = std::time::Instant::now() + TIMEOUT;
@@ -682,15 +697,7 @@ async fn calls_beyond_rpc_concurrency_wait_their_turn() {
     // One call at a time: a newcomer's Connect waits for the subscribe in
     // flight, and reaches the app only once that call is answered.
     let app = Arc::new(App::default());
-    let server = one_call_at_a_time(&app, 10_000).await;
-    let mut first = cable(&server, Some("user=first")).await;
-    assert_eq!(frame(&mut first).await["type"], "welcome");
-    send(
-        &mut first,
-        json!({ "command": "subscribe", "identifier": room("slow") }),
-    )
-    .await;
-    app_got(&app, "slow").await;
+    let (server, mut first) = holding_the_only_place(&app, 10_000).await;
     let mut newcomer = cable(&server, Some("user=second")).await;
     // Upgraded, it waits for its place: nothing within half a second (a
     // window only a broken limit can fail), and the app has not heard of it.
@@ -719,15 +726,7 @@ async fn a_call_the_app_never_answers_frees_its_place_at_rpc_timeout() {
     // `rpc.timeout_ms` that call fails (its subscription is rejected) and
     // the newcomer waiting behind it is served.
     let app = Arc::new(App::default());
-    let server = one_call_at_a_time(&app, 600).await;
-    let mut first = cable(&server, Some("user=first")).await;
-    assert_eq!(frame(&mut first).await["type"], "welcome");
-    send(
-        &mut first,
-        json!({ "command": "subscribe", "identifier": room("slow") }),
-    )
-    .await;
-    app_got(&app, "slow").await;
+    let (server, mut first) = holding_the_only_place(&app, 600).await;
     let timeouts = server.metric("herald_rpc_timeouts_total").await;
     let mut newcomer = cable(&server, Some("user=second")).await;
     assert_eq!(frame(&mut first).await["type"], "reject_subscription");
