@@ -26,6 +26,8 @@ struct App {
     disconnects: AtomicUsize,
     /// When each Disconnect call arrived.
     disconnect_times: std::sync::Mutex<Vec<std::time::Instant>>,
+    /// Each call's method and `env`, in the order the app got them.
+    envs: std::sync::Mutex<Vec<(String, Value)>>,
 }
 
 /// A semaphore that starts closed (no permits).
@@ -46,6 +48,10 @@ async fn rpc(
     Json(body): Json<Value>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    app.envs
+        .lock()
+        .unwrap()
+        .push((method.clone(), body["env"].clone()));
     match method.as_str() {
         "connect" => {
             let cookie = body["env"]["headers"]["cookie"].as_str().unwrap_or("");
@@ -334,6 +340,33 @@ async fn refused_connections_get_the_apps_message_and_no_disconnect_call() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!(app.disconnects.load(Ordering::SeqCst), 1);
+}
+
+/// Every call tells the app the request as AnyCable does: the URL, the
+/// forwarded headers and the client's address as `REMOTE_ADDR`.
+#[tokio::test]
+async fn every_call_carries_the_url_the_cookie_and_the_remote_address() {
+    let app = Arc::new(App::default());
+    let server = server(&app, "").await;
+    let ws = member(&server, "env").await;
+    drop(ws);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while app.disconnects.load(Ordering::SeqCst) < 1 {
+        assert!(std::time::Instant::now() < deadline, "no Disconnect call");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let envs = app.envs.lock().unwrap().clone();
+    let methods: Vec<&str> = envs.iter().map(|(m, _)| m.as_str()).collect();
+    assert_eq!(methods, ["connect", "command", "disconnect"]);
+    for (method, env) in &envs {
+        assert_eq!(
+            env["url"],
+            format!("http://127.0.0.1:{}/cable", server.port),
+            "{method}"
+        );
+        assert_eq!(env["headers"]["cookie"], "user=bystander", "{method}");
+        assert_eq!(env["headers"]["REMOTE_ADDR"], "127.0.0.1", "{method}");
+    }
 }
 
 #[tokio::test]

@@ -93,50 +93,36 @@ impl Default for Identities {
     }
 }
 
-/// A connection's place in the index, removed when dropped (the session
-/// holds it).
-pub struct Registered {
-    set: Arc<Identities>,
-    key: Arc<str>,
-    id: ConnId,
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        let mut shard = self.set.shard(&self.key).lock();
-        if shard.get_mut(&self.key).is_some_and(|h| h.remove(self.id)) {
-            shard.remove(&self.key);
-        }
-    }
-}
-
 impl Identities {
     fn shard(&self, key: &str) -> &Mutex<Shard> {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
-    /// Index `conn` under `identifiers` (none for a client without any).
-    pub fn add(
-        self: &Arc<Self>,
-        identifiers: &Arc<str>,
-        conn: &Arc<Connection>,
-    ) -> Option<Registered> {
+    /// Index `conn` under `identifiers` (none for a client without any):
+    /// whether it was, so the session knows to [`Identities::remove`] it.
+    pub fn add(&self, identifiers: &Arc<str>, conn: &Arc<Connection>) -> bool {
         if identifiers.is_empty() || identifiers.len() > MAX_IDENTIFIERS {
-            return None;
+            return false;
         }
-        let key = identifiers.clone();
         let weak = Arc::downgrade(conn);
-        match self.shard(&key).lock().entry(key.clone()) {
+        match self.shard(identifiers).lock().entry(identifiers.clone()) {
             std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().push(conn.id, weak),
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(Holders::One(conn.id, weak));
             }
         }
-        Some(Registered {
-            set: self.clone(),
-            key,
-            id: conn.id,
-        })
+        true
+    }
+
+    /// Take connection `id` out of the index (its session is ending). The
+    /// session keeps a flag, not a guard holding the set, the key and the
+    /// id: those 32 bytes would be part of every connection's task, and
+    /// it holds the key and the connection already.
+    pub fn remove(&self, identifiers: &str, id: ConnId) {
+        let mut shard = self.shard(identifiers).lock();
+        if shard.get_mut(identifiers).is_some_and(|h| h.remove(id)) {
+            shard.remove(identifiers);
+        }
     }
 
     /// Close this node's connections with exactly `identifiers`; how many.
@@ -240,6 +226,36 @@ mod tests {
         assert!(!one.remove(8));
         assert!(one.remove(7));
         assert!(h.live().is_empty(), "dropped connections are not returned");
+    }
+
+    #[test]
+    fn a_removed_connection_is_no_longer_disconnected_and_its_key_goes() {
+        use herald_core::connection::QueueLimit;
+        let limit = QueueLimit {
+            frames: 16,
+            bytes: 1 << 20,
+        };
+        let conn = |i| {
+            Arc::new(Connection::new(
+                i,
+                format!("s.{i}"),
+                &crate::wire::WIRE,
+                limit,
+            ))
+        };
+        let (a, b) = (conn(1), conn(2));
+        let set = Identities::default();
+        let key: Arc<str> = Arc::from(r#"{"u":1}"#);
+        assert!(set.add(&key, &a) && set.add(&key, &b));
+        assert!(!set.add(&Arc::from(""), &a), "no identifiers: not indexed");
+        set.remove(&key, a.id);
+        assert_eq!(set.disconnect(&key, false), 1, "only b is left");
+        set.remove(&key, b.id);
+        assert_eq!(set.disconnect(&key, false), 0);
+        assert!(
+            set.shard(&key).lock().get(&*key).is_none(),
+            "the key is gone"
+        );
     }
 
     #[test]

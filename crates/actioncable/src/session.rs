@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use herald_core::connection::{Connection, Reason};
 use herald_core::frame::Frame;
-use herald_core::hub::{Hub, SubscribeOptions};
+use herald_core::hub::SubscribeOptions;
 use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
@@ -63,6 +63,8 @@ struct Request0 {
     url: String,
     /// Forwarded headers (name, value): a list, for the one or two there are.
     headers: Vec<(Box<str>, Box<str>)>,
+    /// The client's address (`REMOTE_ADDR` in the calls' headers).
+    peer: Option<std::net::IpAddr>,
     /// A JWT from the `x-<param>` header or the `<param>` query parameter.
     token: Option<String>,
     /// Issue 19: the `sid` of a session to restore (`?sid=` or the
@@ -178,9 +180,6 @@ fn request_info(
             }
         }
     }
-    if let Some(peer) = peer {
-        forwarded.push(("REMOTE_ADDR".into(), peer.ip().to_string().into()));
-    }
     let token = cable.jwt.as_ref().and_then(|j| {
         headers
             .get(j.header.as_str())
@@ -206,6 +205,7 @@ fn request_info(
     Request0 {
         url: format!("{scheme}://{host}{path}"),
         headers: forwarded,
+        peer: peer.map(|p| p.ip()),
         token,
         restore,
     }
@@ -254,7 +254,7 @@ async fn open(
     } else {
         sid
     };
-    let mut env = SessionEnv::new(info.url, info.headers);
+    let mut env = SessionEnv::new(info.url, info.headers, info.peer);
     let mut identifiers = String::new();
     let mut welcome = Vec::new();
     let mut authenticated = false;
@@ -378,10 +378,9 @@ async fn open(
     // One copy of the identifiers, shared by the session and the
     // remote-command index.
     let identifiers: Arc<str> = Arc::from(identifiers);
-    let identity = cable.identities.add(&identifiers, &conn);
+    let indexed = cable.identities.add(&identifiers, &conn);
     let mut s = CableSession {
         node,
-        hub,
         cable,
         conn: conn.clone(),
         env: Box::new(env),
@@ -392,7 +391,7 @@ async fn open(
         ext,
         hold: false,
         rare: None,
-        _identity: identity,
+        indexed,
     };
     if let Some(snap) = restored {
         // Boxed: the restore's state would otherwise size the opening.
@@ -468,9 +467,13 @@ struct Rare {
     history: crate::presence::Bucket,
 }
 
+/// Every connection's task holds one for the connection's life, so it is
+/// kept small: a task is allocated in steps of 128 bytes, and 48 bytes
+/// less here (no second `Hub` handle, the index place a flag, the stream
+/// count a `u32`) made an idle connection's task one step smaller
+/// (bench/RESULTS.md "Idle memory").
 struct CableSession {
     node: Arc<Node>,
-    hub: Arc<Hub>,
     cable: Arc<Cable>,
     conn: Arc<Connection>,
     /// Boxed: it is large and read only when calling the app; this struct
@@ -480,8 +483,8 @@ struct CableSession {
     /// the remote-command index holds the same text.
     identifiers: Arc<str>,
     subs: Vec<Sub>,
-    /// Streams followed, over all subscriptions.
-    streams: usize,
+    /// Streams followed, over all subscriptions (at most [`MAX_STREAMS`]).
+    streams: u32,
     /// Connected through the app: it hears of the disconnect.
     authenticated: bool,
     // --- Issue 19 (`actioncable-v1-ext-json`).
@@ -493,13 +496,14 @@ struct CableSession {
     /// Presence memberships and the buckets of whispers, presence
     /// commands and history requests, once the client uses one of them.
     rare: Option<Box<Rare>>,
-    /// Its place in the index remote disconnects look in (until dropped).
-    _identity: Option<crate::remote::Registered>,
+    /// In the index remote disconnects look in, by `identifiers` and
+    /// `conn.id`: taken out when dropped.
+    indexed: bool,
 }
 
 impl Handler for CableSession {
     fn app_id(&self) -> &str {
-        &self.hub.app.id
+        &self.cable.hub.app.id
     }
 
     async fn on_text(&mut self, text: String) -> Next {
@@ -584,7 +588,7 @@ impl Handler for CableSession {
                 1008,
                 format!(
                     "Too many messages: the limit is {} per second",
-                    self.hub.app.max_messages_per_second
+                    self.cable.hub.app.max_messages_per_second
                 ),
             ),
             // Not idle-closed today (see `Handler::idle`); mapped anyway.
@@ -674,7 +678,7 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, "already subscribed");
             return Next::Continue;
         }
-        let max = self.hub.app.max_subscriptions_per_connection as usize;
+        let max = self.cable.hub.app.max_subscriptions_per_connection as usize;
         if self.subs.len() >= max {
             tracing::debug!(sid = %self.conn.socket_id, max, "subscription limit reached");
             self.reject(&identifier);
@@ -739,7 +743,7 @@ impl CableSession {
         let Some(stream) = stream else {
             return self.reject(&identifier);
         };
-        if stream.len() > MAX_STREAM_NAME || self.streams >= MAX_STREAMS {
+        if stream.len() > MAX_STREAM_NAME || self.streams as usize >= MAX_STREAMS {
             return self.reject(&identifier);
         }
         push_tight(
@@ -925,7 +929,7 @@ impl CableSession {
         if self.subs[at].streams.contains(&stream) {
             return;
         }
-        if stream.len() > MAX_STREAM_NAME || self.streams >= MAX_STREAMS {
+        if stream.len() > MAX_STREAM_NAME || self.streams as usize >= MAX_STREAMS {
             tracing::warn!(sid = %self.conn.socket_id, "stream refused: name too long or too many streams");
             return;
         }
@@ -945,7 +949,7 @@ impl CableSession {
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, NAMESPACE, &stream, opts)
+            .subscribe(&self.cable.hub, &self.conn, NAMESPACE, &stream, opts)
             .await
         {
             Ok(_) => {
@@ -976,7 +980,7 @@ impl CableSession {
     fn leave(&mut self, identifier: &Arc<str>, stream: &str) {
         let channel = stream.to_owned();
         self.node.unsubscribe(
-            &self.hub,
+            &self.cable.hub,
             &self.conn,
             NAMESPACE,
             stream,
@@ -1050,6 +1054,11 @@ fn log_rpc_error(e: &RpcError) {
 impl Drop for CableSession {
     fn drop(&mut self) {
         self.cleanup();
-        self.hub.release();
+        if self.indexed {
+            self.cable
+                .identities
+                .remove(&self.identifiers, self.conn.id);
+        }
+        self.cable.hub.release();
     }
 }

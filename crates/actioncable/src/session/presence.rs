@@ -165,7 +165,7 @@ impl CableSession {
         };
         match self
             .node
-            .subscribe(&self.hub, &self.conn, p::NAMESPACE, &stream, opts)
+            .subscribe(&self.cable.hub, &self.conn, p::NAMESPACE, &stream, opts)
             .await
         {
             Ok(j) => {
@@ -175,7 +175,7 @@ impl CableSession {
                     .push((tag, stream.clone(), member.id.clone()));
                 if j.member_added {
                     let event = p::join_event(&member.id, member.info.as_deref());
-                    p::announce(&self.node, &self.hub, &stream, event).await;
+                    p::announce(&self.node, &self.cable.hub, &stream, event).await;
                 }
                 Ok(())
             }
@@ -204,7 +204,7 @@ impl CableSession {
         if !rest.is_empty() {
             self.rare().presence.joined = rest;
         }
-        p::remove_all(&self.node, &self.hub, &self.conn, mine).await;
+        p::remove_all(&self.node, &self.cable.hub, &self.conn, mine).await;
     }
 
     /// `presence`: how many members the stream has, and who (up to
@@ -215,14 +215,14 @@ impl CableSession {
             return Next::Continue;
         };
         let max = self.cable.presence.max_records;
-        let (total, records) = match self.hub.members(p::NAMESPACE, &stream, max) {
+        let (total, records) = match self.cable.hub.members(p::NAMESPACE, &stream, max) {
             Some(known) => known,
             None => {
                 let scope = Scope::Channel(ChannelId(p::NAMESPACE, stream.clone()));
                 let remote = self
                     .node
                     .broker
-                    .members(&self.hub.app.id, &scope, self.node.id)
+                    .members(&self.cable.hub.app.id, &scope, self.node.id)
                     .await;
                 let mut seen = std::collections::HashSet::new();
                 let mut records = Vec::new();
@@ -266,7 +266,7 @@ impl CableSession {
         let publication =
             herald_core::fanout::Publication::new(crate::NAMESPACE, stream, String::new(), data)
                 .sent_by(self.conn.socket_id.to_string());
-        self.node.publish(&self.hub, publication).await;
+        self.node.publish(&self.cable.hub, publication).await;
         Next::Continue
     }
 
@@ -276,7 +276,7 @@ impl CableSession {
         let joined = self.take_joined();
         p::linger(
             self.node.clone(),
-            self.hub.clone(),
+            self.cable.hub.clone(),
             self.conn.clone(),
             joined,
             self.cable.presence.ttl,
