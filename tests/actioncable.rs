@@ -198,6 +198,19 @@ async fn broadcast(server: &Server, stream: &str, data: Value) {
     assert_eq!(resp.status(), 201);
 }
 
+/// Wait until the app has had `n` Disconnect calls.
+async fn disconnects_reach(app: &App, n: usize) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while app.disconnects.load(Ordering::SeqCst) < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} Disconnect calls",
+            app.disconnects.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// `ws` (subscribed to room `r`) still gets broadcasts.
 async fn still_served(server: &Server, ws: &mut Ws, r: &str) {
     broadcast(server, &format!("room:{r}"), json!({ "ok": true })).await;
@@ -334,11 +347,7 @@ async fn refused_connections_get_the_apps_message_and_no_disconnect_call() {
     // A connected client that leaves is reported; the refused one was not.
     let ws = member(&server, "x").await;
     drop(ws);
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while app.disconnects.load(Ordering::SeqCst) < 1 {
-        assert!(std::time::Instant::now() < deadline, "no Disconnect call");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    disconnects_reach(&app, 1).await;
     assert_eq!(app.disconnects.load(Ordering::SeqCst), 1);
 }
 
@@ -350,11 +359,7 @@ async fn every_call_carries_the_url_the_cookie_and_the_remote_address() {
     let server = server(&app, "").await;
     let ws = member(&server, "env").await;
     drop(ws);
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while app.disconnects.load(Ordering::SeqCst) < 1 {
-        assert!(std::time::Instant::now() < deadline, "no Disconnect call");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    disconnects_reach(&app, 1).await;
     let envs = app.envs.lock().unwrap().clone();
     let methods: Vec<&str> = envs.iter().map(|(m, _)| m.as_str()).collect();
     assert_eq!(methods, ["connect", "command", "disconnect"]);
@@ -380,14 +385,7 @@ async fn disconnect_calls_are_rate_limited() {
         clients.push(member(&server, &format!("r{i}")).await);
     }
     drop(clients);
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while app.disconnects.load(Ordering::SeqCst) < 4 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "Disconnect calls missing"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    disconnects_reach(&app, 4).await;
     let times = app.disconnect_times.lock().unwrap().clone();
     let spread = *times.iter().max().unwrap() - *times.iter().min().unwrap();
     assert!(
