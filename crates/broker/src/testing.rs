@@ -30,6 +30,8 @@ pub struct BrokerServer {
     child: Option<Child>,
     /// `nats-server -js`: its store directory (kept across restarts).
     store: Option<std::path::PathBuf>,
+    /// TLS only ([`BrokerServer::start_tls`]).
+    tls: Option<Tls>,
 }
 
 fn free_port() -> u16 {
@@ -44,15 +46,22 @@ impl BrokerServer {
     /// Start one on a free port; panics with a clear message if the server
     /// binary is missing.
     pub fn start(kind: Kind) -> BrokerServer {
-        Self::start_with(kind, false)
+        Self::start_with(kind, false, None)
     }
 
     /// `nats-server -js` (JetStream, its store in a fresh directory).
     pub fn start_jetstream() -> BrokerServer {
-        Self::start_with(Kind::Nats, true)
+        Self::start_with(Kind::Nats, true, None)
     }
 
-    fn start_with(kind: Kind, jetstream: bool) -> BrokerServer {
+    /// TLS only: `redis-server --port 0 --tls-port …` or `nats-server
+    /// --tls …` (with `--tlsverify` when [`Tls::client`] is set); the URL
+    /// is `rediss://` or `tls://`.
+    pub fn start_tls(kind: Kind, tls: Tls) -> BrokerServer {
+        Self::start_with(kind, false, Some(tls))
+    }
+
+    fn start_with(kind: Kind, jetstream: bool, tls: Option<Tls>) -> BrokerServer {
         for _ in 0..5 {
             let port = free_port();
             let store = jetstream.then(|| {
@@ -66,6 +75,7 @@ impl BrokerServer {
                 port,
                 child: None,
                 store,
+                tls: tls.clone(),
             };
             if s.spawn() {
                 return s;
@@ -79,21 +89,28 @@ impl BrokerServer {
         let mut cmd = match self.kind {
             Kind::Redis => {
                 let mut c = Command::new("redis-server");
-                c.args([
-                    "--port",
-                    &port,
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ]);
+                match &self.tls {
+                    Some(t) => c.args(t.server_args(self.port)),
+                    None => c.args(["--port", &port]),
+                };
+                c.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
                 c
             }
             Kind::Nats => {
                 let mut c = Command::new("nats-server");
                 c.args(["-a", "127.0.0.1", "-p", &port]);
+                if let Some(t) = &self.tls {
+                    c.arg("--tls")
+                        .arg("--tlscert")
+                        .arg(&t.cert)
+                        .arg("--tlskey")
+                        .arg(&t.key)
+                        .arg("--tlscacert")
+                        .arg(t.ca());
+                    if t.client.is_some() {
+                        c.arg("--tlsverify");
+                    }
+                }
                 if let Some(dir) = &self.store {
                     c.arg("-js").arg("-sd").arg(dir);
                 }
@@ -127,9 +144,11 @@ impl BrokerServer {
 
     /// The URL nodes connect to.
     pub fn url(&self) -> String {
-        match self.kind {
-            Kind::Redis => format!("redis://127.0.0.1:{}", self.port),
-            Kind::Nats => format!("nats://127.0.0.1:{}", self.port),
+        match (self.kind, self.tls.is_some()) {
+            (Kind::Redis, false) => format!("redis://127.0.0.1:{}", self.port),
+            (Kind::Redis, true) => format!("rediss://127.0.0.1:{}", self.port),
+            (Kind::Nats, false) => format!("nats://127.0.0.1:{}", self.port),
+            (Kind::Nats, true) => format!("tls://127.0.0.1:{}", self.port),
         }
     }
 
@@ -435,18 +454,30 @@ pub struct RedisCluster {
     tls: Option<Tls>,
 }
 
-/// A server certificate and its key (PEM files) for TLS-only Redis
-/// servers; the certificate is also the authority clients and the other
-/// servers trust (a self-signed test certificate naming 127.0.0.1).
+/// A server certificate and its key (PEM files) for TLS-only servers.
 #[derive(Debug, Clone)]
 pub struct Tls {
     pub cert: std::path::PathBuf,
     pub key: std::path::PathBuf,
+    /// The authority clients and the other servers trust; `None`: `cert`
+    /// itself (a self-signed test certificate naming 127.0.0.1).
+    pub ca: Option<std::path::PathBuf>,
+    /// A client certificate and its key: the servers then require one
+    /// signed by `ca` of every client (`tls-auth-clients yes`,
+    /// `nats-server --tlsverify`), and the helpers' own connections
+    /// present this one. `None`: client certificates optional.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl Tls {
+    /// The authority's file.
+    pub fn ca(&self) -> &std::path::Path {
+        self.ca.as_deref().unwrap_or(&self.cert)
+    }
+
     /// `redis-server` arguments: TLS on `port`, no plain port, the bus and
-    /// replication over TLS; client certificates optional.
+    /// replication over TLS; client certificates optional unless
+    /// [`Tls::client`] is set (the servers present `cert` to each other).
     pub fn server_args(&self, port: u16) -> Vec<String> {
         let mut a: Vec<String> = ["--port", "0", "--tls-port"]
             .iter()
@@ -454,16 +485,16 @@ impl Tls {
             .collect();
         a.push(port.to_string());
         for (k, v) in [
-            ("--tls-cert-file", &self.cert),
-            ("--tls-key-file", &self.key),
-            ("--tls-ca-cert-file", &self.cert),
+            ("--tls-cert-file", self.cert.as_path()),
+            ("--tls-key-file", self.key.as_path()),
+            ("--tls-ca-cert-file", self.ca()),
         ] {
             a.push(k.into());
             a.push(v.display().to_string());
         }
         for s in [
             "--tls-auth-clients",
-            "optional",
+            self.auth_clients(),
             "--tls-cluster",
             "yes",
             "--tls-replication",
@@ -474,13 +505,43 @@ impl Tls {
         a
     }
 
+    /// `tls-auth-clients`' value.
+    pub fn auth_clients(&self) -> &'static str {
+        if self.client.is_some() {
+            "yes"
+        } else {
+            "optional"
+        }
+    }
+
     /// `redis-cli` arguments to reach such a server.
     pub fn cli_args(&self) -> Vec<String> {
-        vec![
+        let mut a = vec![
             "--tls".into(),
             "--cacert".into(),
-            self.cert.display().to_string(),
-        ]
+            self.ca().display().to_string(),
+        ];
+        if let Some((cert, key)) = &self.client {
+            a.push("--cert".into());
+            a.push(cert.display().to_string());
+            a.push("--key".into());
+            a.push(key.display().to_string());
+        }
+        a
+    }
+
+    /// The redis crate's certificates for the helpers' own connections.
+    pub fn redis_certs(&self) -> std::io::Result<redis::TlsCertificates> {
+        Ok(redis::TlsCertificates {
+            client_tls: match &self.client {
+                Some((cert, key)) => Some(redis::ClientTlsConfig {
+                    client_cert: std::fs::read(cert)?,
+                    client_key: std::fs::read(key)?,
+                }),
+                None => None,
+            },
+            root_cert: Some(std::fs::read(self.ca())?),
+        })
     }
 }
 

@@ -152,6 +152,15 @@ pub struct BrokerConfig {
     /// bucket (NATS only): 1 keeps them on one server of a NATS cluster,
     /// 3 lets them survive a server's loss.
     pub jetstream_replicas: usize,
+    /// PEM file of the authorities to trust for the broker's certificate,
+    /// instead of the system's (a TLS `url` only; see herald-broker's
+    /// `tls` module for why instead).
+    pub tls_ca: Option<String>,
+    /// PEM client certificate (chain) the node presents to the broker,
+    /// for servers that require one; with `tls_key`.
+    pub tls_cert: Option<String>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<String>,
 }
 
 impl Default for BrokerConfig {
@@ -164,6 +173,9 @@ impl Default for BrokerConfig {
             canary_interval: 5,
             canary_timeout: 2,
             jetstream_replicas: 1,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -359,6 +371,10 @@ pub struct Overrides {
     pub dashboard_token: Option<String>,
     /// `broker.url`.
     pub broker: Option<String>,
+    /// `broker.tls_ca`, `broker.tls_cert`, `broker.tls_key`.
+    pub broker_tls_ca: Option<String>,
+    pub broker_tls_cert: Option<String>,
+    pub broker_tls_key: Option<String>,
     pub keepalive_interval: Option<u64>,
     /// Adapters' settings from their environment variables and flags:
     /// (key, the variable or flag's name for errors, value); see
@@ -472,6 +488,15 @@ impl Config {
         }
         if let Some(v) = &o.broker {
             self.broker.url = v.clone();
+        }
+        if let Some(v) = &o.broker_tls_ca {
+            self.broker.tls_ca = Some(v.clone());
+        }
+        if let Some(v) = &o.broker_tls_cert {
+            self.broker.tls_cert = Some(v.clone());
+        }
+        if let Some(v) = &o.broker_tls_key {
+            self.broker.tls_key = Some(v.clone());
         }
         if let Some(v) = o.keepalive_interval {
             self.keepalive_interval = v;
@@ -639,6 +664,32 @@ impl Config {
                 "broker.canary_timeout",
                 "must be 1 to 60 (seconds)",
             ));
+        }
+        // The files themselves are read and checked by the engine's
+        // loader at start (herald-broker's `tls`), before anything listens.
+        match (&b.tls_cert, &b.tls_key) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "broker.tls_key",
+                    "is required with broker.tls_cert",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "broker.tls_cert",
+                    "is required with broker.tls_key",
+                ))
+            }
+            _ => {}
+        }
+        for (key, v) in [
+            ("broker.tls_ca", &b.tls_ca),
+            ("broker.tls_cert", &b.tls_cert),
+            ("broker.tls_key", &b.tls_key),
+        ] {
+            if v.as_deref().is_some_and(str::is_empty) {
+                return Err(invalid(key, "must be a file path (not empty)"));
+            }
         }
         if b.jetstream_replicas == 0 || b.jetstream_replicas > 5 {
             return Err(invalid(
