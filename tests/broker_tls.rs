@@ -197,6 +197,15 @@ async fn a_redis_server_requiring_a_client_certificate_from_a_private_ca() {
     crosses_once(&n).await;
     // TLS 1.3: the server's alert, read after the handshake.
     without_client_certificate_is_refused(&broker.url(), &["alert: CertificateRequired"]).await;
+    // Another authority in broker.tls_ca: the server's certificate refused.
+    let wrong_ca = tls_keys().replace(&shown("broker-ca.pem"), &shown("tls-test-cert.pem"));
+    refused(
+        &broker.url(),
+        &wrong_ca,
+        &[],
+        &["invalid peer certificate: UnknownIssuer"],
+    )
+    .await;
 }
 
 #[tokio::test]
