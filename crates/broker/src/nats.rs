@@ -84,10 +84,12 @@ async fn run(
                         return;
                     }
                     match probe {
-                        Some((tls, server)) => {
+                        // In a task of its own: the client waits for this
+                        // callback before it hands on the next event.
+                        Some((tls, server)) => drop(tokio::spawn(async move {
                             let why = crate::nats_tls_probe::probe(&tls, &server).await;
                             tracing::warn!(engine = "nats", error = %e, tls = %why, "cannot reach the broker; retrying");
-                        }
+                        })),
                         None => {
                             tracing::warn!(engine = "nats", error = %e, "cannot reach the broker; retrying")
                         }
