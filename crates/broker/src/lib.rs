@@ -31,6 +31,7 @@
 //! tls         `broker.tls_ca` / `tls_cert` / `tls_key`, checked at start
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //!   testing_sentinel  a master, a replica and three sentinels
+//!   testing_tls       their TLS: certificates, authority, client certificates
 //! ```
 
 pub mod engine;
@@ -55,6 +56,9 @@ pub mod testing;
 /// A Sentinel-watched Redis for tests (same feature as [`testing`]).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing_sentinel;
+/// TLS for the test servers (same feature as [`testing`]).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing_tls;
 pub mod tls;
 pub mod urls;
 
