@@ -129,6 +129,17 @@ struct ServeArgs {
     /// (see docs/cluster.md).
     #[arg(long, env = "HERALD_BROKER", hide_env_values = true)]
     broker: Option<String>,
+    /// PEM file of the authorities to trust for the broker's TLS
+    /// certificate, instead of the system's (rediss://… or tls:// only).
+    #[arg(long, env = "HERALD_BROKER_TLS_CA", value_name = "PATH")]
+    broker_tls_ca: Option<String>,
+    /// PEM client certificate to present to the broker (needs
+    /// --broker-tls-key).
+    #[arg(long, env = "HERALD_BROKER_TLS_CERT", value_name = "PATH")]
+    broker_tls_cert: Option<String>,
+    /// PEM private key of --broker-tls-cert.
+    #[arg(long, env = "HERALD_BROKER_TLS_KEY", value_name = "PATH")]
+    broker_tls_key: Option<String>,
     /// Seconds between keep-alive messages on protocols that send them on
     /// a clock (AppSync's `ka`; default 60).
     #[arg(long, env = "HERALD_KEEPALIVE_INTERVAL", value_parser = seconds("HERALD_KEEPALIVE_INTERVAL"))]
@@ -229,6 +240,9 @@ fn key_of(id: &str) -> Option<&str> {
     Some(match id {
         "config" | "env_file" | "check" | "refuse_root" => return None,
         "broker" => "broker.url",
+        "broker_tls_ca" => "broker.tls_ca",
+        "broker_tls_cert" => "broker.tls_cert",
+        "broker_tls_key" => "broker.tls_key",
         "app_id" => "apps[0].id",
         "app_key" => "apps[0].key",
         "app_secret" => "apps[0].secret",
@@ -296,6 +310,9 @@ fn effective_config(
     // `serve` (refused before anything listens) and `config` alike: the
     // engine's own parser, naming the setting, never the password.
     herald_broker::urls::check(&eff.config.broker)?;
+    // The broker's TLS files too: read and checked here, so that a
+    // missing or garbage file is refused before anything listens.
+    herald_broker::tls::BrokerTls::load(&eff.config.broker)?;
     Ok(eff)
 }
 
@@ -484,6 +501,9 @@ fn overrides(args: ServeArgs) -> Overrides {
         metrics_port: args.metrics_port,
         dashboard_token: args.dashboard_token,
         broker: args.broker,
+        broker_tls_ca: args.broker_tls_ca,
+        broker_tls_cert: args.broker_tls_cert,
+        broker_tls_key: args.broker_tls_key,
         keepalive_interval: args.keepalive_interval,
         adapter: Vec::new(),
     }

@@ -327,3 +327,143 @@ fn bad_jetstream_replicas_are_named() {
         "broker.jetstream_replicas",
     );
 }
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The broker's TLS settings: each bad one, from the file, the environment
+/// and the flags, is refused at start (status 2, before listening) naming
+/// the setting, and nothing of a key file is printed. Good ones get past
+/// the configuration (to the occupied port).
+#[test]
+fn bad_broker_tls_settings_are_named() {
+    let dir = std::env::temp_dir().join(format!("herald-cfg-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.pem");
+    std::fs::write(
+        &garbage,
+        "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let garbage = garbage.display().to_string();
+    let (ca, cert, key) = (
+        fixture("broker-ca.pem"),
+        fixture("broker-client-cert.pem"),
+        fixture("broker-client-key.pem"),
+    );
+    let other_key = fixture("broker-server-key.pem");
+    let missing = dir.join("missing.pem").display().to_string();
+    let tls_url = "rediss://127.0.0.1:6380";
+    // (broker.url, tls_ca, tls_cert, tls_key, the setting named)
+    type Case<'a> = (
+        &'a str,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (tls_url, Some(&garbage), None, None, "broker.tls_ca"),
+        (tls_url, Some(&missing), None, None, "broker.tls_ca"),
+        (tls_url, Some(&key), None, None, "broker.tls_ca"),
+        (tls_url, None, Some(&cert), None, "broker.tls_key"),
+        (tls_url, None, None, Some(&key), "broker.tls_cert"),
+        (tls_url, None, Some(&garbage), Some(&key), "broker.tls_cert"),
+        (tls_url, None, Some(&cert), Some(&cert), "broker.tls_key"),
+        (tls_url, None, Some(&cert), Some(&garbage), "broker.tls_key"),
+        (
+            tls_url,
+            None,
+            Some(&cert),
+            Some(&other_key),
+            "broker.tls_key",
+        ),
+        (
+            "redis://127.0.0.1:6379",
+            Some(&ca),
+            None,
+            None,
+            "broker.tls_ca",
+        ),
+        (
+            "redis-cluster://127.0.0.1:7000",
+            Some(&ca),
+            None,
+            None,
+            "broker.tls_ca",
+        ),
+        (
+            "redis-sentinel://127.0.0.1:26379/m",
+            Some(&ca),
+            None,
+            None,
+            "broker.tls_ca",
+        ),
+        (
+            "nats://127.0.0.1:4222",
+            None,
+            Some(&cert),
+            Some(&key),
+            "broker.tls_cert",
+        ),
+        ("local", Some(&ca), None, None, "broker.tls_ca"),
+    ];
+    for (i, (url, ca, cert, key, named)) in cases.into_iter().enumerate() {
+        let case = format!("case {i}: {url} {ca:?} {cert:?} {key:?}");
+        let mut toml = format!("[broker]\nurl = \"{url}\"\n");
+        let mut env = vec![("HERALD_BROKER", url)];
+        let mut flags = vec!["--broker", url];
+        for (k, v, var, flag) in [
+            ("tls_ca", ca, "HERALD_BROKER_TLS_CA", "--broker-tls-ca"),
+            (
+                "tls_cert",
+                cert,
+                "HERALD_BROKER_TLS_CERT",
+                "--broker-tls-cert",
+            ),
+            ("tls_key", key, "HERALD_BROKER_TLS_KEY", "--broker-tls-key"),
+        ] {
+            if let Some(v) = v {
+                toml.push_str(&format!("{k} = \"{v}\"\n"));
+                env.push((var, v));
+                flags.extend([flag, v]);
+            }
+        }
+        let outs = [
+            ("file", serve_with(&toml)),
+            ("env", serve(&[], &env)),
+            ("flag", serve(&flags, &[])),
+        ];
+        for (how, out) in &outs {
+            assert_config_error(out, &format!("{case} ({how})"), named);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!stderr.contains("PRIVATE KEY"), "{case} ({how}): {stderr}");
+            assert!(!stderr.contains("MIG"), "{case} ({how}): {stderr}");
+        }
+    }
+    // Good settings: past the configuration.
+    for (url, with_ca) in [
+        ("rediss://127.0.0.1:6380", true),
+        ("rediss-cluster://127.0.0.1:7000,127.0.0.1:7001", true),
+        ("rediss-sentinel://127.0.0.1:26379/m", false),
+        ("tls://127.0.0.1:4222", true),
+    ] {
+        let mut flags = vec![
+            "--broker",
+            url,
+            "--broker-tls-cert",
+            &cert,
+            "--broker-tls-key",
+            &key,
+        ];
+        if with_ca {
+            flags.extend(["--broker-tls-ca", &ca]);
+        }
+        let out = serve(&flags, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{url}: {stderr}");
+        assert!(stderr.contains("cannot listen"), "{url}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

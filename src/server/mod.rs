@@ -146,15 +146,26 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
 }
 
 /// The broker's server lent to adapters ([`Ingress`]): the Redis or NATS
-/// server of `broker.url`.
-struct BrokerIngress(String);
+/// server of `broker.url`, with the broker's TLS settings (read again
+/// here: they were checked at start; a file gone since is the adapter's
+/// error when it asks).
+struct BrokerIngress(
+    String,
+    Result<Option<herald_broker::tls::BrokerTls>, String>,
+);
+
+impl BrokerIngress {
+    fn tls(&self) -> Result<Option<&herald_broker::tls::BrokerTls>, String> {
+        self.1.as_ref().map(Option::as_ref).map_err(Clone::clone)
+    }
+}
 
 impl Ingress for BrokerIngress {
     fn subscribe(
         &self,
         channel: &str,
     ) -> Result<tokio::sync::mpsc::Receiver<axum::body::Bytes>, String> {
-        herald_broker::ingress::subscribe(&self.0, channel)
+        herald_broker::ingress::subscribe(&self.0, self.tls()?, channel)
     }
 
     fn consume_stream(
@@ -162,7 +173,7 @@ impl Ingress for BrokerIngress {
         stream: &str,
         group: &str,
     ) -> Result<tokio::sync::mpsc::Receiver<axum::body::Bytes>, String> {
-        herald_broker::ingress::consume_stream(&self.0, stream, group)
+        herald_broker::ingress::consume_stream(&self.0, self.tls()?, stream, group)
     }
 }
 
@@ -183,7 +194,10 @@ pub async fn serve_with(
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     node.join_cluster().await;
-    let ingress = BrokerIngress(node.config.broker.url.clone());
+    let ingress = BrokerIngress(
+        node.config.broker.url.clone(),
+        herald_broker::tls::BrokerTls::load(&node.config.broker),
+    );
     for a in &adapters {
         a.start(&node, &Context { ingress: &ingress })
             .map_err(|e| {

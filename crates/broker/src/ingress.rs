@@ -20,9 +20,13 @@
 //! publishes through any other; the ingress subscribes on the URL's seeds,
 //! the next one after each broken connection. The stream is one key: its
 //! commands go through a cluster connection to the master of its slot.
+//!
+//! Every connection carries the broker's TLS settings (`broker.tls_*`,
+//! [`crate::tls`]), as the engine's do.
 
 use crate::redis_conn::Connector;
 use crate::redis_master::Master;
+use crate::tls::BrokerTls;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::str::FromStr;
@@ -38,16 +42,21 @@ pub const MAX_MESSAGE: usize = 4 << 20;
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Subscribe to `channel` on the server at `url` (`redis://`, `rediss://`,
-/// `nats://` or `tls://`, as `broker.url`). Call inside a Tokio runtime;
-/// the subscription lives until the receiver is dropped.
-pub fn subscribe(url: &str, channel: &str) -> Result<mpsc::Receiver<Bytes>, String> {
+/// `nats://` or `tls://`, as `broker.url`), with the broker's TLS settings
+/// `tls`. Call inside a Tokio runtime; the subscription lives until the
+/// receiver is dropped.
+pub fn subscribe(
+    url: &str,
+    tls: Option<&BrokerTls>,
+    channel: &str,
+) -> Result<mpsc::Receiver<Bytes>, String> {
     let (tx, rx) = mpsc::channel(QUEUE);
     let channel = channel.to_owned();
-    if let Some(source) = Source::parse(url)? {
+    if let Some(source) = Source::parse(url, tls)? {
         tokio::spawn(redis_loop(source, channel, tx));
     } else if url.starts_with("nats://") || url.starts_with("tls://") {
         let addr = async_nats::ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
-        tokio::spawn(nats_loop(addr, channel, tx));
+        tokio::spawn(nats_loop(addr, tls.cloned(), channel, tx));
     } else {
         return Err("broker.url: an ingress needs a redis:// or nats:// broker".into());
     }
@@ -58,20 +67,30 @@ pub fn subscribe(url: &str, channel: &str) -> Result<mpsc::Receiver<Bytes>, Stri
 enum Source {
     /// One server, or the master the Sentinels name at each connection.
     Master(Master),
-    /// A Redis Cluster's seed nodes, and the next one to try.
-    Cluster(Vec<redis::ConnectionInfo>, std::sync::atomic::AtomicUsize),
+    /// A Redis Cluster's seed nodes, the next one to try, the TLS settings.
+    Cluster(
+        Vec<redis::ConnectionInfo>,
+        std::sync::atomic::AtomicUsize,
+        Option<BrokerTls>,
+    ),
 }
 
 impl Source {
     /// The Redis source `url` names; `None` for another kind of URL.
-    fn parse(url: &str) -> Result<Option<Source>, String> {
+    fn parse(url: &str, tls: Option<&BrokerTls>) -> Result<Option<Source>, String> {
         let bad = |e: String| format!("broker.url: {e}");
         if url.starts_with("redis-cluster://") || url.starts_with("rediss-cluster://") {
             let seeds = crate::urls::redis_cluster_seeds(url).map_err(bad)?;
-            return Ok(Some(Source::Cluster(seeds, Default::default())));
+            return Ok(Some(Source::Cluster(
+                seeds,
+                Default::default(),
+                tls.cloned(),
+            )));
         }
         if is_redis(url) {
-            return Ok(Some(Source::Master(Master::parse(url).map_err(bad)?)));
+            return Ok(Some(Source::Master(
+                Master::parse_with(url, tls).map_err(bad)?,
+            )));
         }
         Ok(None)
     }
@@ -81,9 +100,9 @@ impl Source {
     async fn client(&self) -> Result<redis::Client, String> {
         match self {
             Source::Master(m) => m.client().await,
-            Source::Cluster(seeds, next) => {
+            Source::Cluster(seeds, next, tls) => {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % seeds.len();
-                redis::Client::open(seeds[i].clone()).map_err(|e| e.to_string())
+                BrokerTls::redis_client(tls.as_ref(), seeds[i].clone())
             }
         }
     }
@@ -93,7 +112,9 @@ impl Source {
     fn connector(&self, call: Duration) -> Result<Connector, String> {
         match self {
             Source::Master(m) => Ok(Connector::Single(m.clone())),
-            Source::Cluster(seeds, _) => Connector::cluster(seeds.clone(), TIMEOUT, call),
+            Source::Cluster(seeds, _, tls) => {
+                Connector::cluster(seeds.clone(), TIMEOUT, call, tls.as_ref())
+            }
         }
     }
 
@@ -180,13 +201,19 @@ async fn redis_loop(source: Source, channel: String, tx: mpsc::Sender<Bytes>) {
     }
 }
 
-async fn nats_loop(addr: async_nats::ServerAddr, channel: String, tx: mpsc::Sender<Bytes>) {
-    let mut options = async_nats::ConnectOptions::new()
+async fn nats_loop(
+    addr: async_nats::ServerAddr,
+    tls: Option<BrokerTls>,
+    channel: String,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let options = async_nats::ConnectOptions::new()
         .name("herald-ingress")
         .retry_on_initial_connect()
         .max_reconnects(None::<usize>)
         .connection_timeout(TIMEOUT)
         .reconnect_delay_callback(|n| crate::backoff(n as u32));
+    let mut options = BrokerTls::nats(tls.as_ref(), options);
     match (addr.username(), addr.password()) {
         (Some(u), Some(p)) => options = options.user_and_password(u.into(), p.into()),
         (Some(token), None) => options = options.token(token.into()),
@@ -233,10 +260,11 @@ async fn nats_loop(addr: async_nats::ServerAddr, channel: String, tx: mpsc::Send
 /// what arrives to the whole cluster.
 pub fn consume_stream(
     url: &str,
+    tls: Option<&BrokerTls>,
     stream: &str,
     group: &str,
 ) -> Result<mpsc::Receiver<Bytes>, String> {
-    let Some(source) = Source::parse(url)? else {
+    let Some(source) = Source::parse(url, tls)? else {
         return Err("broker.url: a Redis stream needs a redis:// broker".into());
     };
     // One call may block for the read's block time.
@@ -433,7 +461,7 @@ mod tests {
 
     async fn roundtrip(kind: Kind) {
         let server = BrokerServer::start(kind);
-        let mut rx = subscribe(&server.url(), "__ingress_test__").unwrap();
+        let mut rx = subscribe(&server.url(), None, "__ingress_test__").unwrap();
         let url = server.url();
         // Publish with the server's own tools' protocol until one arrives
         // (the subscription is made in the background).
@@ -522,7 +550,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(read_entries(&taken).len(), 1);
-        let mut rx = consume_stream(&server.url(), "s", "bx").unwrap();
+        let mut rx = consume_stream(&server.url(), None, "s", "bx").unwrap();
         let _: String = redis::cmd("XADD")
             .arg("s")
             .arg("*")
@@ -548,13 +576,13 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "{len} entries left");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(consume_stream("nats://127.0.0.1:1", "s", "bx").is_err());
+        assert!(consume_stream("nats://127.0.0.1:1", None, "s", "bx").is_err());
     }
 
     #[test]
     fn other_urls_are_refused() {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let _g = rt.enter();
-        assert!(subscribe("local", "x").is_err());
+        assert!(subscribe("local", None, "x").is_err());
     }
 }

@@ -18,6 +18,7 @@
 //! msg         the messages on the wire
 //! tally       cluster-wide first/last holders (occupied, member added)
 //! redis, nats the transports
+//!   └ nats_tls_probe  why a NATS server refuses the node's TLS, in words
 //! redis_cluster  the Redis Cluster transport (sharded pub/sub)
 //!   ├ redis_shards  the canary through every master
 //!   └ redis_conn  one command connection type for a server or a cluster
@@ -27,8 +28,10 @@
 //! redis_streams  history and sessions on the Redis server (issue 19)
 //!   └ redis_sessions  resumable session snapshots (compare-and-set writes)
 //! urls        `broker.url` checked at start; NATS server lists
+//! tls         `broker.tls_ca` / `tls_cert` / `tls_key`, checked at start
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //!   testing_sentinel  a master, a replica and three sentinels
+//!   testing_tls       their TLS: certificates, authority, client certificates
 //! ```
 
 pub mod engine;
@@ -36,6 +39,7 @@ pub mod ingress;
 pub mod jetstream;
 pub mod msg;
 pub mod nats;
+pub mod nats_tls_probe;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redis_conn;
@@ -52,6 +56,10 @@ pub mod testing;
 /// A Sentinel-watched Redis for tests (same feature as [`testing`]).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing_sentinel;
+/// TLS for the test servers (same feature as [`testing`]).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing_tls;
+pub mod tls;
 pub mod urls;
 
 use herald_core::broker::local::LocalBroker;
@@ -67,15 +75,18 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
     let url = config.url.as_str();
     let bad = |e: String| format!("broker.url {:?}: {e}", config.shown_url());
     let (every, deadline) = config.canary();
-    Ok(match urls::check(config)? {
+    let kind = urls::check(config)?;
+    let tls = tls::BrokerTls::load(config)?;
+    let tls = tls.as_ref();
+    Ok(match kind {
         urls::Kind::Local => Arc::new(LocalBroker::with_ttl(config.ttl())),
         urls::Kind::Redis => Arc::new(
-            redis::engine(url, &config.prefix, config.ttl())
+            redis::engine_with_tls(url, &config.prefix, config.ttl(), tls)
                 .map_err(bad)?
                 .with_canary(every, deadline),
         ),
         urls::Kind::RedisCluster => Arc::new(
-            redis_cluster::engine(url, &config.prefix, config.ttl())
+            redis_cluster::engine_with_tls(url, &config.prefix, config.ttl(), tls)
                 .map_err(bad)?
                 .with_canary(every, deadline),
         ),
@@ -85,6 +96,7 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
                 &config.prefix,
                 config.ttl(),
                 config.jetstream_replicas,
+                tls,
             )
             .map_err(bad)?
             .with_canary(every, deadline),

@@ -25,38 +25,78 @@ const INBOUND: usize = 8192;
 type Inbound = (Arc<str>, Bytes);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    engine_with_replicas(url, prefix, ttl, 1)
+    engine_with_replicas(url, prefix, ttl, 1, None)
 }
 
 /// [`engine`] keeping `replicas` copies of the JetStream history stream
-/// and sessions bucket (`broker.jetstream_replicas`).
+/// and sessions bucket (`broker.jetstream_replicas`), every connection
+/// with the broker's TLS settings `tls` (`broker.tls_*`).
 pub fn engine_with_replicas(
     url: &str,
     prefix: &str,
     ttl: Duration,
     replicas: usize,
+    tls: Option<&crate::tls::BrokerTls>,
 ) -> Result<Engine, String> {
     let servers = crate::urls::nats_servers(url)?;
-    let streams =
-        Arc::new(crate::jetstream::JetStream::new(servers.clone(), prefix).with_replicas(replicas));
+    let streams = Arc::new(
+        crate::jetstream::JetStream::new(servers.clone(), prefix)
+            .with_replicas(replicas)
+            .with_tls(tls.cloned()),
+    );
+    let tls = tls.cloned();
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, servers));
+        tokio::spawn(run(shared, rx, servers, tls));
     });
     Ok(Engine::new("nats", prefix, ttl, ">", start).with_streams(streams))
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, servers: Vec<ServerAddr>) {
-    let mut options = crate::jetstream::options(&servers, "herald");
+async fn run(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Out>,
+    servers: Vec<ServerAddr>,
+    tls: Option<crate::tls::BrokerTls>,
+) {
+    let mut options = crate::jetstream::options(&servers, "herald", tls.as_ref());
     let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
+    // Why the client cannot connect (a refused certificate, a wrong
+    // password, no server): logged once per outage, as the Redis engine
+    // does, not at every attempt.
+    // With the broker's TLS settings, async-nats's bare "IO error" is
+    // completed by a probe of the first server (crate::nats_tls_probe).
+    let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = tls.clone().zip(servers.first().cloned());
     options = options.event_callback(move |ev| {
         let tx = events_tx.clone();
+        let told = told.clone();
+        let probe = probe.clone();
         async move {
             match ev {
                 Event::Connected => {
+                    told.store(false, std::sync::atomic::Ordering::Relaxed);
                     let _ = tx.send(true);
                 }
                 Event::Disconnected | Event::Closed => {
                     let _ = tx.send(false);
+                }
+                Event::ClientError(e) => {
+                    if told.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
+                    match probe {
+                        // In a task of its own: the client waits for this
+                        // callback before it hands on the next event.
+                        Some((tls, server)) => drop(tokio::spawn(async move {
+                            let why = crate::nats_tls_probe::probe(&tls, &server).await;
+                            tracing::warn!(engine = "nats", error = %e, tls = %why, "cannot reach the broker; retrying");
+                        })),
+                        None => {
+                            tracing::warn!(engine = "nats", error = %e, "cannot reach the broker; retrying")
+                        }
+                    }
+                }
+                Event::ServerError(e) if !told.swap(true, std::sync::atomic::Ordering::Relaxed) => {
+                    tracing::warn!(engine = "nats", error = %e, "the broker refused the node; retrying");
                 }
                 _ => {}
             }

@@ -35,7 +35,18 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 const ROLE_EVERY: Duration = Duration::from_secs(5);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    let master = Master::parse(url)?;
+    engine_with_tls(url, prefix, ttl, None)
+}
+
+/// [`engine`] with the broker's TLS settings (`broker.tls_*`) on every
+/// connection: the master's, and the sentinels' for a Sentinel URL.
+pub fn engine_with_tls(
+    url: &str,
+    prefix: &str,
+    ttl: Duration,
+    tls: Option<&crate::tls::BrokerTls>,
+) -> Result<Engine, String> {
+    let master = Master::parse_with(url, tls)?;
     let streams = crate::redis_streams::RedisStreams::new(
         crate::redis_conn::Connector::Single(master.clone()),
         prefix,

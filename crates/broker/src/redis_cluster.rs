@@ -58,6 +58,7 @@
 use crate::engine::{Engine, Out, Shared};
 use crate::redis_conn::slot;
 use crate::redis_shards::ShardCanary;
+use crate::tls::BrokerTls;
 use futures_util::stream::{self, StreamExt};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -93,12 +94,24 @@ const RETRY_CAP: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
+    engine_with_tls(url, prefix, ttl, None)
+}
+
+/// [`engine`] with the broker's TLS settings (`broker.tls_*`) on every
+/// node's connections (pub/sub and commands).
+pub fn engine_with_tls(
+    url: &str,
+    prefix: &str,
+    ttl: Duration,
+    tls: Option<&BrokerTls>,
+) -> Result<Engine, String> {
     let seeds = crate::urls::redis_cluster_seeds(url)?;
     let commands =
-        crate::redis_conn::Connector::cluster(seeds.clone(), NODE_TIMEOUT, NODE_TIMEOUT)?;
+        crate::redis_conn::Connector::cluster(seeds.clone(), NODE_TIMEOUT, NODE_TIMEOUT, tls)?;
     let streams = crate::redis_streams::RedisStreams::new(commands, prefix);
+    let tls = tls.cloned();
     let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, seeds));
+        tokio::spawn(run(shared, rx, seeds, tls));
     });
     Ok(Engine::new("redis-cluster", prefix, ttl, "*", start).with_streams(Arc::new(streams)))
 }
@@ -153,11 +166,16 @@ fn ancestors(prefix: &str, subject: &str, wildcard: &str) -> Vec<String> {
     out
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, seeds: Vec<ConnectionInfo>) {
+async fn run(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Out>,
+    seeds: Vec<ConnectionInfo>,
+    tls: Option<BrokerTls>,
+) {
     let mut attempt = 0u32;
     loop {
         let mut connected = false;
-        let err = session(&shared, &mut rx, &seeds, &mut connected).await;
+        let err = session(&shared, &mut rx, &seeds, tls.as_ref(), &mut connected).await;
         if connected {
             attempt = 0;
         }
@@ -183,17 +201,20 @@ async fn session(
     shared: &Arc<Shared>,
     rx: &mut mpsc::Receiver<Out>,
     seeds: &[ConnectionInfo],
+    tls: Option<&BrokerTls>,
     connected: &mut bool,
 ) -> String {
     let (push_tx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();
-    let client = match ClusterClient::builder(seeds.to_vec())
+    let mut builder = ClusterClient::builder(seeds.to_vec())
         .use_protocol(ProtocolVersion::RESP3)
         .push_sender(push_tx)
         .retries(0)
         .connection_timeout(NODE_TIMEOUT)
-        .response_timeout(NODE_TIMEOUT)
-        .build()
-    {
+        .response_timeout(NODE_TIMEOUT);
+    if let Some(t) = tls {
+        builder = builder.certs(t.redis());
+    }
+    let client = match builder.build() {
         Ok(c) => c,
         Err(e) => return e.to_string(),
     };

@@ -31,16 +31,22 @@ impl Connector {
     /// its own (a failed call fails at once; the caller's outage handling
     /// applies, as on one server), RESP3 not needed for commands. Its
     /// connections are made within `connect`, its calls bounded by `call`
-    /// (for a cluster, [`Connector::connect`]'s are not used).
+    /// (for a cluster, [`Connector::connect`]'s are not used); `tls`: the
+    /// broker's TLS settings, for every node.
     pub fn cluster(
         seeds: Vec<redis::ConnectionInfo>,
         connect: Duration,
         call: Duration,
+        tls: Option<&crate::tls::BrokerTls>,
     ) -> Result<Self, String> {
-        ClusterClient::builder(seeds)
+        let mut builder = ClusterClient::builder(seeds)
             .retries(0)
             .connection_timeout(connect)
-            .response_timeout(call)
+            .response_timeout(call);
+        if let Some(t) = tls {
+            builder = builder.certs(t.redis());
+        }
+        builder
             .build()
             .map(Connector::Cluster)
             .map_err(|e| e.to_string())

@@ -17,9 +17,12 @@
 //! master even when they are idle.)
 //!
 //! The credentials in the URL are the master's (and its replicas');
-//! the sentinels are reached without a password.
+//! the sentinels are reached without a password. The broker's TLS
+//! settings (`broker.tls_*`, [`crate::tls`]) apply to the sentinels and to
+//! the master alike (one deployment, one authority).
 
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use crate::tls::BrokerTls;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{IntoConnectionInfo, TlsMode};
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,9 +55,8 @@ pub enum Master {
 
 /// The Sentinels of one master group and the last master they named.
 pub struct Sentinels {
-    sentinel: tokio::sync::Mutex<Sentinel>,
+    sentinel: tokio::sync::Mutex<SentinelClient>,
     name: String,
-    node: SentinelNodeConnectionInfo,
     /// The master last returned (`host:port`), to log a change once.
     last: parking_lot::Mutex<Option<String>>,
 }
@@ -62,14 +64,25 @@ pub struct Sentinels {
 impl Master {
     /// Parse `url` (nothing connects). Errors never contain the password.
     pub fn parse(url: &str) -> Result<Master, String> {
+        Self::parse_with(url, None)
+    }
+
+    /// [`Master::parse`], every connection with the broker's TLS settings
+    /// (a `rediss` URL; [`BrokerTls::load`] refused the others).
+    pub fn parse_with(url: &str, tls: Option<&BrokerTls>) -> Result<Master, String> {
         if let Some(rest) = url
             .strip_prefix("redis-sentinel://")
             .map(|r| (r, false))
             .or_else(|| url.strip_prefix("rediss-sentinel://").map(|r| (r, true)))
         {
-            return parse_sentinel(rest.0, rest.1).map(|s| Master::Sentinel(Arc::new(s)));
+            return parse_sentinel(rest.0, rest.1, tls).map(|s| Master::Sentinel(Arc::new(s)));
         }
-        crate::urls::redis_client(url).map(|c| Master::Fixed(Box::new(c)))
+        let client = crate::urls::redis_client(url)?;
+        match tls {
+            None => Ok(Master::Fixed(Box::new(client))),
+            Some(_) => BrokerTls::redis_client(tls, client.get_connection_info().clone())
+                .map(|c| Master::Fixed(Box::new(c))),
+        }
     }
 
     /// Whether `url` is a Sentinel URL.
@@ -101,7 +114,7 @@ impl Sentinels {
         let lookup = async {
             let mut sentinel = self.sentinel.lock().await;
             sentinel
-                .async_master_for(&self.name, Some(&self.node))
+                .async_get_client()
                 .await
                 .map_err(|e| format!("no master {:?} from the sentinels: {e}", self.name))
         };
@@ -138,7 +151,7 @@ impl Sentinels {
 }
 
 /// `[user:pass@]H:P[,H:P...]/NAME` after the scheme.
-fn parse_sentinel(rest: &str, tls: bool) -> Result<Sentinels, String> {
+fn parse_sentinel(rest: &str, tls: bool, certs: Option<&BrokerTls>) -> Result<Sentinels, String> {
     let (authority, name) = rest
         .split_once('/')
         .ok_or("expected redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME (no master name)")?;
@@ -185,23 +198,38 @@ fn parse_sentinel(rest: &str, tls: bool) -> Result<Sentinels, String> {
     }
     // The master's credentials: read by the redis crate's own URL parser
     // (percent-decoding included) from a URL that is never shown.
-    let redis = match creds {
-        Some(c) => format!("redis://{c}@{}", hosts[0])
+    let mut builder = SentinelClientBuilder::new(
+        sentinels.iter().map(|i| i.addr().clone()),
+        name,
+        SentinelServerType::Master,
+    )
+    .map_err(|e| e.to_string())?;
+    if let Some(c) = creds {
+        let redis = format!("redis://{c}@{}", hosts[0])
             .into_connection_info()
-            .map_err(|_| "the credentials cannot be read".to_string())?
-            .redis_settings()
-            .clone(),
-        None => Default::default(),
-    };
-    let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
-    if tls {
-        node = node.set_tls_mode(TlsMode::Secure);
+            .map_err(|_| "the credentials cannot be read".to_string())?;
+        let redis = redis.redis_settings();
+        if let Some(u) = redis.username() {
+            builder = builder.set_client_to_redis_username(u);
+        }
+        if let Some(p) = redis.password() {
+            builder = builder.set_client_to_redis_password(p);
+        }
     }
-    let sentinel = Sentinel::build(sentinels).map_err(|e| e.to_string())?;
+    if tls {
+        builder = builder
+            .set_client_to_redis_tls_mode(TlsMode::Secure)
+            .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+        if let Some(c) = certs {
+            builder = builder
+                .set_client_to_redis_certificates(c.redis())
+                .set_client_to_sentinel_certificates(c.redis());
+        }
+    }
+    let sentinel = builder.build().map_err(|e| e.to_string())?;
     Ok(Sentinels {
         sentinel: tokio::sync::Mutex::new(sentinel),
         name: name.to_owned(),
-        node,
         last: parking_lot::Mutex::new(None),
     })
 }

@@ -5,6 +5,7 @@
 //! of six `redis-server`s, three masters and three replicas
 //! ([`RedisCluster`]).
 
+pub use crate::testing_tls::Tls;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,8 @@ pub struct BrokerServer {
     child: Option<Child>,
     /// `nats-server -js`: its store directory (kept across restarts).
     store: Option<std::path::PathBuf>,
+    /// TLS only ([`BrokerServer::start_tls`]).
+    tls: Option<Tls>,
 }
 
 fn free_port() -> u16 {
@@ -44,15 +47,22 @@ impl BrokerServer {
     /// Start one on a free port; panics with a clear message if the server
     /// binary is missing.
     pub fn start(kind: Kind) -> BrokerServer {
-        Self::start_with(kind, false)
+        Self::start_with(kind, false, None)
     }
 
     /// `nats-server -js` (JetStream, its store in a fresh directory).
     pub fn start_jetstream() -> BrokerServer {
-        Self::start_with(Kind::Nats, true)
+        Self::start_with(Kind::Nats, true, None)
     }
 
-    fn start_with(kind: Kind, jetstream: bool) -> BrokerServer {
+    /// TLS only: `redis-server --port 0 --tls-port …` or `nats-server
+    /// --tls …` (with `--tlsverify` when [`Tls::client`] is set); the URL
+    /// is `rediss://` or `tls://`.
+    pub fn start_tls(kind: Kind, tls: Tls) -> BrokerServer {
+        Self::start_with(kind, false, Some(tls))
+    }
+
+    fn start_with(kind: Kind, jetstream: bool, tls: Option<Tls>) -> BrokerServer {
         for _ in 0..5 {
             let port = free_port();
             let store = jetstream.then(|| {
@@ -66,6 +76,7 @@ impl BrokerServer {
                 port,
                 child: None,
                 store,
+                tls: tls.clone(),
             };
             if s.spawn() {
                 return s;
@@ -79,21 +90,28 @@ impl BrokerServer {
         let mut cmd = match self.kind {
             Kind::Redis => {
                 let mut c = Command::new("redis-server");
-                c.args([
-                    "--port",
-                    &port,
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ]);
+                match &self.tls {
+                    Some(t) => c.args(t.server_args(self.port)),
+                    None => c.args(["--port", &port]),
+                };
+                c.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
                 c
             }
             Kind::Nats => {
                 let mut c = Command::new("nats-server");
                 c.args(["-a", "127.0.0.1", "-p", &port]);
+                if let Some(t) = &self.tls {
+                    c.arg("--tls")
+                        .arg("--tlscert")
+                        .arg(&t.cert)
+                        .arg("--tlskey")
+                        .arg(&t.key)
+                        .arg("--tlscacert")
+                        .arg(t.ca());
+                    if t.client.is_some() {
+                        c.arg("--tlsverify");
+                    }
+                }
                 if let Some(dir) = &self.store {
                     c.arg("-js").arg("-sd").arg(dir);
                 }
@@ -127,9 +145,11 @@ impl BrokerServer {
 
     /// The URL nodes connect to.
     pub fn url(&self) -> String {
-        match self.kind {
-            Kind::Redis => format!("redis://127.0.0.1:{}", self.port),
-            Kind::Nats => format!("nats://127.0.0.1:{}", self.port),
+        match (self.kind, self.tls.is_some()) {
+            (Kind::Redis, false) => format!("redis://127.0.0.1:{}", self.port),
+            (Kind::Redis, true) => format!("rediss://127.0.0.1:{}", self.port),
+            (Kind::Nats, false) => format!("nats://127.0.0.1:{}", self.port),
+            (Kind::Nats, true) => format!("tls://127.0.0.1:{}", self.port),
         }
     }
 
@@ -433,55 +453,6 @@ pub struct RedisCluster {
     /// SIGSTOPped servers (never asked anything: they would not answer).
     frozen: Vec<u16>,
     tls: Option<Tls>,
-}
-
-/// A server certificate and its key (PEM files) for TLS-only Redis
-/// servers; the certificate is also the authority clients and the other
-/// servers trust (a self-signed test certificate naming 127.0.0.1).
-#[derive(Debug, Clone)]
-pub struct Tls {
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
-}
-
-impl Tls {
-    /// `redis-server` arguments: TLS on `port`, no plain port, the bus and
-    /// replication over TLS; client certificates optional.
-    pub fn server_args(&self, port: u16) -> Vec<String> {
-        let mut a: Vec<String> = ["--port", "0", "--tls-port"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        a.push(port.to_string());
-        for (k, v) in [
-            ("--tls-cert-file", &self.cert),
-            ("--tls-key-file", &self.key),
-            ("--tls-ca-cert-file", &self.cert),
-        ] {
-            a.push(k.into());
-            a.push(v.display().to_string());
-        }
-        for s in [
-            "--tls-auth-clients",
-            "optional",
-            "--tls-cluster",
-            "yes",
-            "--tls-replication",
-            "yes",
-        ] {
-            a.push(s.into());
-        }
-        a
-    }
-
-    /// `redis-cli` arguments to reach such a server.
-    pub fn cli_args(&self) -> Vec<String> {
-        vec![
-            "--tls".into(),
-            "--cacert".into(),
-            self.cert.display().to_string(),
-        ]
-    }
 }
 
 /// One line of `CLUSTER NODES`: port, flags, the slot ranges it owns.

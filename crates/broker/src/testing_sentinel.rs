@@ -66,13 +66,9 @@ fn query<T: redis::FromRedisValue>(
 ) -> redis::RedisResult<T> {
     let client = match tls {
         None => redis::Client::open(format!("redis://127.0.0.1:{port}"))?,
-        Some(t) => redis::Client::build_with_tls(
-            format!("rediss://127.0.0.1:{port}"),
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(std::fs::read(&t.cert)?),
-            },
-        )?,
+        Some(t) => {
+            redis::Client::build_with_tls(format!("rediss://127.0.0.1:{port}"), t.redis_certs()?)?
+        }
     };
     let mut c = client.get_connection_with_timeout(Duration::from_secs(1))?;
     c.set_read_timeout(Some(Duration::from_secs(1)))?;
@@ -134,9 +130,11 @@ impl RedisSentinel {
                 None => format!("port {port}\n"),
                 Some(t) => format!(
                     "port 0\ntls-port {port}\ntls-cert-file {c}\ntls-key-file {k}\n\
-                     tls-ca-cert-file {c}\ntls-auth-clients optional\ntls-replication yes\n",
+                     tls-ca-cert-file {ca}\ntls-auth-clients {auth}\ntls-replication yes\n",
                     c = t.cert.display(),
-                    k = t.key.display()
+                    k = t.key.display(),
+                    ca = t.ca().display(),
+                    auth = t.auth_clients()
                 ),
             };
             std::fs::write(
@@ -446,8 +444,9 @@ mod tests {
         let s = tokio::task::spawn_blocking(RedisSentinel::start)
             .await
             .unwrap();
-        let mut sub = crate::ingress::subscribe(&s.url(), "app-broadcasts").unwrap();
-        let mut group = crate::ingress::consume_stream(&s.url(), "app-stream", "herald").unwrap();
+        let mut sub = crate::ingress::subscribe(&s.url(), None, "app-broadcasts").unwrap();
+        let mut group =
+            crate::ingress::consume_stream(&s.url(), None, "app-stream", "herald").unwrap();
         let url = s.master_url();
         feed_until_received(
             &url,

@@ -117,6 +117,8 @@ pub struct JetStream {
     servers: Vec<ServerAddr>,
     prefix: String,
     replicas: usize,
+    /// The broker's TLS settings (`broker.tls_*`).
+    tls: Option<crate::tls::BrokerTls>,
     conn: OnceLock<Option<Arc<Conn>>>,
 }
 
@@ -126,8 +128,15 @@ impl JetStream {
             servers,
             prefix: prefix.to_owned(),
             replicas: 1,
+            tls: None,
             conn: OnceLock::new(),
         }
+    }
+
+    /// Connect with the broker's TLS settings.
+    pub fn with_tls(mut self, tls: Option<crate::tls::BrokerTls>) -> JetStream {
+        self.tls = tls;
+        self
     }
 
     /// Keep `n` copies of the history stream and the sessions bucket (a
@@ -150,7 +159,12 @@ impl JetStream {
                     client: Mutex::new(None),
                     replicas: self.replicas,
                 });
-                runtime.spawn(probe(conn.clone(), tx, self.servers.clone()));
+                runtime.spawn(probe(
+                    conn.clone(),
+                    tx,
+                    self.servers.clone(),
+                    self.tls.clone(),
+                ));
                 Some(conn)
             })
             .clone()
@@ -170,17 +184,22 @@ impl Streams for JetStream {
 }
 
 /// Connection options shared with the pub/sub transport (credentials from
-/// the URLs, which [`crate::urls`] made sure agree; reconnects forever with
-/// the crate's backoff, to any server of the list or that the servers
-/// told of).
-pub fn options(servers: &[ServerAddr], name: &str) -> ConnectOptions {
-    let mut options = ConnectOptions::new()
+/// the URLs, which [`crate::urls`] made sure agree; the broker's TLS
+/// settings; reconnects forever with the crate's backoff, to any server of
+/// the list or that the servers told of).
+pub fn options(
+    servers: &[ServerAddr],
+    name: &str,
+    tls: Option<&crate::tls::BrokerTls>,
+) -> ConnectOptions {
+    let options = ConnectOptions::new()
         .name(name)
         .retry_on_initial_connect()
         .max_reconnects(None::<usize>)
         .connection_timeout(Duration::from_secs(5))
         .ping_interval(Duration::from_secs(5))
         .reconnect_delay_callback(|n| crate::backoff(n as u32));
+    let mut options = crate::tls::BrokerTls::nats(tls, options);
     let Some(addr) = servers.first() else {
         return options;
     };
@@ -194,8 +213,16 @@ pub fn options(servers: &[ServerAddr], name: &str) -> ConnectOptions {
 
 /// Connect, then ask the server about JetStream until it answers: ready,
 /// or none (one warning, per-node fallback for the life of the process).
-async fn probe(conn: Arc<Conn>, tx: watch::Sender<Mode>, servers: Vec<ServerAddr>) {
-    let client = match options(&servers, "herald-jetstream").connect(servers).await {
+async fn probe(
+    conn: Arc<Conn>,
+    tx: watch::Sender<Mode>,
+    servers: Vec<ServerAddr>,
+    tls: Option<crate::tls::BrokerTls>,
+) {
+    let client = match options(&servers, "herald-jetstream", tls.as_ref())
+        .connect(servers)
+        .await
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(engine = "nats", error = %e, "cannot start the JetStream client; history and sessions are per node");
