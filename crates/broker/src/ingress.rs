@@ -29,7 +29,6 @@ use crate::redis_master::Master;
 use crate::tls::BrokerTls;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use std::str::FromStr;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -55,8 +54,9 @@ pub fn subscribe(
     if let Some(source) = Source::parse(url, tls)? {
         tokio::spawn(redis_loop(source, channel, tx));
     } else if url.starts_with("nats://") || url.starts_with("tls://") {
-        let addr = async_nats::ServerAddr::from_str(url).map_err(|e| format!("broker.url: {e}"))?;
-        tokio::spawn(nats_loop(addr, tls.cloned(), channel, tx));
+        // A list of servers, as the engine takes it (a NATS cluster).
+        let servers = crate::urls::nats_servers(url).map_err(|e| format!("broker.url: {e}"))?;
+        tokio::spawn(nats_loop(servers, tls.cloned(), channel, tx));
     } else {
         return Err("broker.url: an ingress needs a redis:// or nats:// broker".into());
     }
@@ -202,24 +202,14 @@ async fn redis_loop(source: Source, channel: String, tx: mpsc::Sender<Bytes>) {
 }
 
 async fn nats_loop(
-    addr: async_nats::ServerAddr,
+    servers: Vec<async_nats::ServerAddr>,
     tls: Option<BrokerTls>,
     channel: String,
     tx: mpsc::Sender<Bytes>,
 ) {
-    let options = async_nats::ConnectOptions::new()
-        .name("herald-ingress")
-        .retry_on_initial_connect()
-        .max_reconnects(None::<usize>)
-        .connection_timeout(TIMEOUT)
-        .reconnect_delay_callback(|n| crate::backoff(n as u32));
-    let mut options = BrokerTls::nats(tls.as_ref(), options);
-    match (addr.username(), addr.password()) {
-        (Some(u), Some(p)) => options = options.user_and_password(u.into(), p.into()),
-        (Some(token), None) => options = options.token(token.into()),
-        _ => {}
-    }
-    let client = match options.connect(addr).await {
+    // The engine's options: credentials, TLS, retries for ever.
+    let options = crate::jetstream::options(&servers, "herald-ingress", tls.as_ref());
+    let client = match options.connect(servers).await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(engine = "nats", channel, error = %e, "cannot start the ingress client");
@@ -459,10 +449,17 @@ mod tests {
     use super::*;
     use crate::testing::{BrokerServer, Kind};
 
-    async fn roundtrip(kind: Kind) {
+    /// `listed`: the ingress is given the server in a list after one
+    /// that is down, as a NATS cluster's URLs are written.
+    async fn roundtrip(kind: Kind, listed: bool) {
         let server = BrokerServer::start(kind);
-        let mut rx = subscribe(&server.url(), None, "__ingress_test__").unwrap();
         let url = server.url();
+        let given = if listed {
+            format!("nats://127.0.0.1:1,{url}")
+        } else {
+            url.clone()
+        };
+        let mut rx = subscribe(&given, None, "__ingress_test__").unwrap();
         // Publish with the server's own tools' protocol until one arrives
         // (the subscription is made in the background).
         let publisher = async {
@@ -505,12 +502,17 @@ mod tests {
 
     #[tokio::test]
     async fn redis_messages_arrive() {
-        roundtrip(Kind::Redis).await;
+        roundtrip(Kind::Redis, false).await;
     }
 
     #[tokio::test]
     async fn nats_messages_arrive() {
-        roundtrip(Kind::Nats).await;
+        roundtrip(Kind::Nats, false).await;
+    }
+
+    #[tokio::test]
+    async fn nats_messages_arrive_through_a_list_of_servers() {
+        roundtrip(Kind::Nats, true).await;
     }
 
     /// An entry a consumer read and never acknowledged (its node died) is
