@@ -170,3 +170,39 @@ async fn a_killed_server_is_left_for_another_and_the_gap_is_measured() {
         c.expect("marker", Some("feed")).await;
     }
 }
+
+/// Over a route that passes everything along 300 ms late, a subscription
+/// confirmed on one server still hears an event triggered through a node
+/// on the other server right after the confirmation: the confirmation
+/// waits until the far node has heard a probe sent after the `SUB`
+/// (crates/broker/src/engine/reach.rs), so the far server knows of the
+/// interest first. Without the probe round every such event was lost.
+#[tokio::test]
+async fn a_slow_route_does_not_cost_the_first_events_after_a_confirmation() {
+    let delay = Duration::from_millis(300);
+    let cluster = NatsCluster::start_slow_route(delay);
+    let n = nodes(&[cluster.url(0), cluster.url(1)], "slow", 30).await;
+    // Each node knows the other (heartbeats cross the slow route too).
+    for s in &n {
+        let deadline = Instant::now() + TIMEOUT;
+        while s.metric("herald_cluster_nodes").await < 2 {
+            assert!(Instant::now() < deadline, "the nodes never met");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let mut c = n[0].client().await;
+    for r in 0..5 {
+        let ch = format!("slow-{r}");
+        let t0 = Instant::now();
+        c.subscribe(&ch).await;
+        let confirmed = t0.elapsed();
+        n[1].trigger(&ch, "e", &r.to_string()).await;
+        assert_eq!(
+            c.expect("e", Some(&ch)).await["data"],
+            r.to_string(),
+            "round {r}"
+        );
+        // The confirmation waited for the route (there and back).
+        assert!(confirmed >= delay, "confirmed after {confirmed:?}");
+    }
+}

@@ -32,6 +32,7 @@
 //! testing     real redis-server / nats-server for tests (feature `testing`)
 //!   testing_sentinel  a master, a replica and three sentinels
 //!   testing_tls       their TLS: certificates, authority, client certificates
+//!   testing_delay     a relay that delays a link (a slow NATS route)
 //! ```
 
 pub mod engine;
@@ -53,6 +54,9 @@ pub mod tally;
 /// the crate's own unit tests.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+/// A slow link for the test servers (same feature as [`testing`]).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing_delay;
 /// A Sentinel-watched Redis for tests (same feature as [`testing`]).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing_sentinel;

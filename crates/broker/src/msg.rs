@@ -141,6 +141,8 @@ pub enum Query {
     Stats(Option<Namespace>, StatsFilter),
     Members(Scope),
     Cached(ChannelId),
+    /// Answer at once (engine/reach.rs: interest known across a cluster).
+    Probe,
 }
 
 // Answers are built once per query and serialized at once: the cached
@@ -152,6 +154,7 @@ pub enum Answer {
     Members(Vec<(String, Info)>),
     /// Milliseconds since the Unix epoch when it was published, and it.
     Cached(Option<(u64, Publication)>),
+    Probe,
 }
 
 #[cfg(test)]

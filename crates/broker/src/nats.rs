@@ -57,6 +57,7 @@ async fn run(
     servers: Vec<ServerAddr>,
     tls: Option<crate::tls::BrokerTls>,
 ) {
+    let several = servers.len() > 1;
     let mut options = crate::jetstream::options(&servers, "herald", tls.as_ref());
     let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
     // Why the client cannot connect (a refused certificate, a wrong
@@ -158,10 +159,24 @@ async fn run(
                 None => return,
                 Some(Out::Flush(done)) => {
                     apply_dirty(&shared, &client, &in_tx, &mut subs).await;
-                    if shared.is_up() {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), round_trip(&client)).await;
+                    if !shared.is_up() {
+                        let _ = done.send(());
+                        continue;
                     }
-                    let _ = done.send(());
+                    let _ = tokio::time::timeout(Duration::from_secs(5), round_trip(&client)).await;
+                    if clustered(&client, several) {
+                        // The other servers learn of the SUBs over their
+                        // routes: confirm once every node has heard a probe
+                        // sent after them (engine/reach.rs). In a task: its
+                        // answers come in through this loop.
+                        let sh = shared.clone();
+                        tokio::spawn(async move {
+                            sh.reach_peers().await;
+                            let _ = done.send(());
+                        });
+                    } else {
+                        let _ = done.send(());
+                    }
                 }
                 Some(Out::Send(subject, payload)) => {
                     apply_dirty(&shared, &client, &in_tx, &mut subs).await;
@@ -176,6 +191,12 @@ async fn run(
             },
         }
     }
+}
+
+/// Whether the node's server is one of a cluster: several servers were
+/// given, or the server announces others (its `connect_urls`).
+fn clustered(client: &async_nats::Client, several: bool) -> bool {
+    several || !client.server_info().connect_urls.is_empty()
 }
 
 /// Returns once the server has handled everything this connection sent

@@ -226,6 +226,8 @@ struct Member {
 pub struct NatsCluster {
     members: Vec<Member>,
     name: String,
+    /// Route URLs per member instead of every other member's (a slow route).
+    routes: Option<Vec<Vec<String>>>,
 }
 
 impl NatsCluster {
@@ -254,10 +256,43 @@ impl NatsCluster {
                 }),
             })
             .collect();
-        let mut c = NatsCluster { members, name };
+        let mut c = NatsCluster {
+            members,
+            name,
+            routes: None,
+        };
         for i in 0..n {
             c.spawn(i);
         }
+        c
+    }
+
+    /// Two servers whose only route passes through a relay that delays
+    /// it by `delay` each way: member 1 routes to member 0 through it,
+    /// member 0 routes to nobody. What one server's clients subscribe
+    /// reaches the other `delay` late.
+    pub fn start_slow_route(delay: Duration) -> NatsCluster {
+        let mut c = NatsCluster {
+            members: (0..2)
+                .map(|_| Member {
+                    port: free_port(),
+                    route_port: free_port(),
+                    monitor_port: free_port(),
+                    child: None,
+                    store: None,
+                })
+                .collect(),
+            name: format!("herald-{}-{}", std::process::id(), free_port()),
+            routes: None,
+        };
+        let relay = crate::testing_delay::DelayRelay::start(c.members[0].route_port, delay);
+        c.routes = Some(vec![
+            Vec::new(),
+            vec![format!("nats://127.0.0.1:{}", relay.port)],
+        ]);
+        c.spawn(0);
+        c.spawn(1);
+        c.wait_routed();
         c
     }
 
@@ -287,21 +322,26 @@ impl NatsCluster {
     }
 
     fn spawn(&mut self, i: usize) {
-        let routes: Vec<String> = self
-            .members
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| *j != i)
-            .map(|(_, m)| format!("nats://127.0.0.1:{}", m.route_port))
-            .collect();
+        let routes: Vec<String> = match &self.routes {
+            Some(r) => r[i].clone(),
+            None => self
+                .members
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, m)| format!("nats://127.0.0.1:{}", m.route_port))
+                .collect(),
+        };
         let m = &self.members[i];
         let mut cmd = Command::new("nats-server");
         cmd.args(["-a", "127.0.0.1", "-p", &m.port.to_string()])
             .args(["-m", &m.monitor_port.to_string()])
             .args(["--cluster", &format!("nats://127.0.0.1:{}", m.route_port)])
             .args(["--cluster_name", &self.name])
-            .args(["--routes", &routes.join(",")])
             .args(["--server_name", &format!("n{i}")]);
+        if !routes.is_empty() {
+            cmd.args(["--routes", &routes.join(",")]);
+        }
         if let Some(dir) = &m.store {
             cmd.arg("-js").arg("-sd").arg(dir);
         }

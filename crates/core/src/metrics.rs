@@ -199,7 +199,12 @@ pub static CLUSTER_TALLY_KEYS: Gauge = Gauge::new(
      (non-zero only on the leader and its successor)",
 );
 
-static GAUGES: [&Gauge; 1] = [&CLUSTER_TALLY_KEYS];
+pub static CLUSTER_NODES: Gauge = Gauge::new(
+    "herald_cluster_nodes",
+    "Nodes this node knows to be alive in its cluster, itself included (0 without a broker)",
+);
+
+static GAUGES: [&Gauge; 2] = [&CLUSTER_TALLY_KEYS, &CLUSTER_NODES];
 
 static ALL: [&Counter; 16] = [
     &CONNECTIONS_REFUSED,

@@ -110,6 +110,7 @@ impl Shared {
                     load: Vec::new(),
                     born: 0,
                 });
+            metrics::CLUSTER_NODES.set(s.peers.len() as u64 + 1);
         }
         if let Msg::Beat { t, .. } = msg {
             if let Some(p) = s.peers.get_mut(&from) {
@@ -219,6 +220,7 @@ impl Shared {
                     .cached(&a, ns, &channel)
                     .map(|(p, age)| (now_ms().saturating_sub(age.as_millis() as u64), p)),
             ),
+            Query::Probe => Answer::Probe,
         };
         let reply = Msg::Reply {
             n: self.me(),

@@ -33,8 +33,9 @@
 //! silent nodes, the reconnect state exchange), [`presence`] (members per
 //! node and their reconciliation), [`queries`] (request/reply: figures,
 //! members, a cache channel's last event), [`inbound`] (what arrives
-//! from the transport, dispatched by kind) and [`canary`] (noticing a
-//! broker that silently stopped delivering). This file holds the shared
+//! from the transport, dispatched by kind), [`canary`] (noticing a
+//! broker that silently stopped delivering) and [`reach`] (a new
+//! subscription known across a NATS cluster before it is confirmed). This file holds the shared
 //! state and the engine handle.
 
 mod canary;
@@ -43,6 +44,7 @@ mod liveness;
 mod presence;
 mod pubsub;
 mod queries;
+mod reach;
 
 use liveness::connection_sums;
 use presence::{reconcile, wants_scope};
@@ -180,6 +182,8 @@ pub struct Shared {
     next_request: AtomicU64,
     /// The broker canary's settings and state.
     pub canary: canary::Canary,
+    /// Probe rounds across the cluster ([`reach`]).
+    rounds: reach::Rounds,
 }
 
 pub use canary::CANARY_FAILURES;
@@ -329,6 +333,7 @@ impl Engine {
                 scopes: Mutex::new(HashMap::new()),
                 next_request: AtomicU64::new(1),
                 canary: canary::Canary::default(),
+                rounds: reach::Rounds::default(),
             }),
             start: Mutex::new(Some((start, rx))),
             streams: None,

@@ -57,6 +57,17 @@ impl Shared {
         if Instant::now() < settled {
             tokio::time::sleep_until(settled.into()).await;
         }
+        self.ask_within(app, q, scope, QUERY_TIMEOUT).await
+    }
+
+    /// [`Shared::ask`] of the nodes known now, waiting at most `timeout`.
+    pub(super) async fn ask_within(
+        self: Arc<Self>,
+        app: String,
+        q: Query,
+        scope: Option<ScopeKey>,
+        timeout: Duration,
+    ) -> Vec<(NodeId, Answer)> {
         let waiting: HashSet<NodeId> = self.state.lock().peers.keys().copied().collect();
         if waiting.is_empty() {
             return Vec::new();
@@ -81,7 +92,7 @@ impl Shared {
             q,
         };
         if self.send_msg(self.all(), &msg) {
-            let _ = tokio::time::timeout(QUERY_TIMEOUT, rx).await;
+            let _ = tokio::time::timeout(timeout, rx).await;
         }
         self.scopes.lock().remove(&id);
         self.pending
