@@ -4,7 +4,9 @@
 //! `/ready` answers 503 `BROKER DOWN`, `herald_broker_canary_failures_total`
 //! and `herald_broker_up` say so, one warning names the canary, and the
 //! node reconnects by itself: ready again and delivering once the server
-//! answers, or, on a NATS cluster, at once on another server.
+//! answers, or, on a NATS cluster, at once on another server. A broker that
+//! is only slow (its canaries come back late) makes the node not ready for
+//! a while, and is not left: nothing sent meanwhile is lost.
 
 #[macro_use]
 mod common;
@@ -83,6 +85,54 @@ async fn a_frozen_broker_is_noticed_and_left(kind: Kind) {
         "{}: frozen broker noticed after {took:?}; ready {back:?} after it was resumed",
         kind.name()
     );
+}
+
+both!(a_slow_broker_is_waited_for_not_left);
+async fn a_slow_broker_is_waited_for_not_left(kind: Kind) {
+    let broker = BrokerServer::start(kind);
+    let a = node(&broker.url(), "slow").await;
+    let b = node(&broker.url(), "slow").await;
+    wait_ready(&a, 200, TIMEOUT).await;
+    wait_ready(&b, 200, TIMEOUT).await;
+    let (mut ca, mut cb) = (subscribed(&a).await, subscribed(&b).await);
+    delivers(&a, &mut [&mut ca, &mut cb], "before").await;
+    let outages = (
+        a.metric("herald_broker_outages_total").await,
+        b.metric("herald_broker_outages_total").await,
+    );
+
+    // Stopped until node a's canary has failed once, then going again: the
+    // canary comes back late, as from a starved broker.
+    broker.freeze(true);
+    wait_ready(&a, 503, Duration::from_secs(4)).await;
+    // Sent while the broker is stopped: they wait in its socket.
+    for k in 0..5 {
+        b.trigger("news", "e", &format!("during-{k}")).await;
+    }
+    broker.freeze(false);
+    wait_ready(&a, 200, TIMEOUT).await;
+    wait_ready(&b, 200, TIMEOUT).await;
+    // Nothing was lost to a reconnect: every event reaches both clients.
+    for c in [&mut ca, &mut cb] {
+        for k in 0..5 {
+            assert_eq!(
+                c.expect("e", Some("news")).await["data"],
+                format!("during-{k}")
+            );
+        }
+    }
+    delivers(&b, &mut [&mut ca, &mut cb], "after").await;
+    // Neither node left its connection.
+    assert_eq!(
+        (
+            a.metric("herald_broker_outages_total").await,
+            b.metric("herald_broker_outages_total").await,
+        ),
+        outages,
+        "{}",
+        a.log()
+    );
+    assert!(a.metric("herald_broker_canary_failures_total").await >= 1);
 }
 
 /// On a NATS cluster, the node whose server froze moves to another server

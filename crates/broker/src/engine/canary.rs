@@ -11,15 +11,30 @@
 //! back within `broker.canary_timeout`. When it does not:
 //! `herald_broker_canary_failures_total` counts it, one warning is logged
 //! (then at most one per [`crate::jetstream::LOG_EVERY`] while it lasts),
-//! the node reports itself not connected (`/ready` 503 `BROKER DOWN`,
-//! `herald_broker_up` 0), and the transport reconnects (and so subscribes
-//! to everything again; a NATS client may move to another server of the
-//! cluster). Once a canary is heard again the node is ready again; while
-//! failing it checks every `canary_timeout` rather than every interval.
+//! and the node reports itself not connected (`/ready` 503 `BROKER DOWN`,
+//! `herald_broker_up` 0). While failing it checks every `canary_timeout`
+//! rather than every interval, and once a canary is heard again the node
+//! is ready again.
+//!
+//! A reconnect (the transport drops its connection and subscribes to
+//! everything again; a NATS client may move to another server of the
+//! cluster) waits until the node has heard *no* canary at all, not even a
+//! late one, for [`DEAF_ROUNDS`] rounds in a row. A late canary means the
+//! path works and is slow: a broker or node starved of CPU, a backlog.
+//! Reconnecting then only makes it worse: what the other nodes publish
+//! while the connection is rebuilt is lost, and the resubscription adds
+//! load. Measured at 100,000 users on six nodes of a two-core machine
+//! (bench/RESULTS.md, `broadcast` across nodes), such reconnects were a
+//! large share of the deliveries lost; a frozen server, which delivers
+//! nothing, is still left after `interval + DEAF_ROUNDS × timeout`.
 
 #[allow(unused_imports)]
 use super::*;
 use herald_core::metrics::Counter;
+
+/// Rounds in a row with no canary heard (none, not even a late one)
+/// before the transport reconnects.
+pub const DEAF_ROUNDS: u32 = 3;
 
 pub static CANARY_FAILURES: Counter = Counter::new(
     "herald_broker_canary_failures_total",
@@ -134,6 +149,10 @@ pub(super) async fn run(sh: Arc<Shared>) {
         return;
     }
     let mut failing = false;
+    // Failed rounds in a row since which no canary came back at all, and
+    // the newest canary heard when the last round ended.
+    let mut deaf = 0;
+    let mut seen = c.heard.load(Ordering::Acquire);
     loop {
         tokio::time::sleep(if failing { deadline } else { every }).await;
         if sh.left.load(Ordering::Acquire) {
@@ -141,6 +160,7 @@ pub(super) async fn run(sh: Arc<Shared>) {
         }
         if !sh.is_up() {
             // The transport knows it is down and is reconnecting already.
+            deaf = 0;
             continue;
         }
         if sh.canary_round(deadline).await {
@@ -148,6 +168,8 @@ pub(super) async fn run(sh: Arc<Shared>) {
                 tracing::info!(engine = sh.name, "broker canary heard again; ready");
                 failing = false;
             }
+            deaf = 0;
+            seen = c.heard.load(Ordering::Acquire);
             c.ok.store(true, Ordering::Release);
             continue;
         }
@@ -159,10 +181,23 @@ pub(super) async fn run(sh: Arc<Shared>) {
                 timeout_ms = deadline.as_millis() as u64,
                 failures = CANARY_FAILURES.get(),
                 "broker canary not heard back: this node may not be hearing the broker; \
-                 not ready, reconnecting"
+                 not ready (reconnecting if it stays silent for {DEAF_ROUNDS} rounds)"
             );
         }
         failing = true;
-        c.reconnect.notify_one();
+        // An earlier canary that came back late (during this round or the
+        // wait before it): slow, not deaf.
+        let now = c.heard.load(Ordering::Acquire);
+        deaf = if now > seen { 0 } else { deaf + 1 };
+        seen = now;
+        if deaf >= DEAF_ROUNDS {
+            tracing::warn!(
+                engine = sh.name,
+                rounds = deaf,
+                "broker canary silent: no canary heard back in {deaf} rounds; reconnecting"
+            );
+            deaf = 0;
+            c.reconnect.notify_one();
+        }
     }
 }
