@@ -463,7 +463,25 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
             }
         }
     }
-    let d = s.ledger.tally();
+    // Where the losses fall: how long before its receiver left each lost
+    // message was sent (a receiver keeps reading `grace` after it leaves,
+    // so a message later than that is counted lost), and whether its
+    // sender was in this process or another (with as many processes as
+    // nodes, process K's users are node K's: a loss between processes
+    // crossed the broker).
+    let mut lost_before_leave = super::metrics::histogram();
+    let (mut lost_same, mut lost_other) = (0u64, 0u64);
+    let d = s.ledger.tally_with(|w, stamp, id| {
+        lost_before_leave.saturating_record(w.leave.saturating_sub(stamp).max(1));
+        if let Some(sh) = p.shard {
+            let n = sh.count as u64;
+            if id.sender % n == w.receiver % n {
+                lost_same += 1;
+            } else {
+                lost_other += 1;
+            }
+        }
+    });
     report.counter("ws_sessions", s.sessions.load(Relaxed));
     report.value(
         "peak_connections",
@@ -479,6 +497,11 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         report.trend("http_publish_duration", s.publish_duration.total());
     }
     report.deliveries(&d);
+    report.trend("lost_sent_before_leave", lost_before_leave);
+    if p.shard.is_some() {
+        report.counter("deliveries_lost{sender:same_process}", lost_same);
+        report.counter("deliveries_lost{sender:other_process}", lost_other);
+    }
     report.trend("message_latency", s.latency.total());
     report.counter("server_errors", s.server_errors.load(Relaxed));
     report.errors(&s.live);
