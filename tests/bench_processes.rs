@@ -297,6 +297,49 @@ async fn messages_one_process_misses_are_counted_lost() {
     assert_eq!(m(&r, "delivery_success"), 0.7, "{r}");
 }
 
+/// `broadcast` over two processes through the dropping proxy: the losses
+/// are counted, and split by where their sender was (users 0, 2, 4, 6
+/// send, all in process 0: odd receivers lose messages from the other
+/// process, even ones from their own) and by how long before their
+/// receiver left they were sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_losses_are_split_by_the_senders_process() {
+    let server = Server::start().await;
+    let (port, dropped) = dropping_proxy(server.port).await;
+    let url = ws(port);
+    let (code, err, r) = bench(&[
+        "broadcast",
+        "--url",
+        &url,
+        "--clients",
+        "8",
+        "--duration",
+        "3s",
+        "--lifetime",
+        "10m",
+        "--sender-every",
+        "2",
+        "--send-probability",
+        "1",
+        "--processes",
+        "2",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(dropped.load(Ordering::Relaxed) > 0);
+    let lost = m(&r, "deliveries_lost").as_u64().unwrap();
+    assert!(lost > 0, "{r}");
+    let same = m(&r, "deliveries_lost{sender:same_process}")
+        .as_u64()
+        .unwrap();
+    let other = m(&r, "deliveries_lost{sender:other_process}")
+        .as_u64()
+        .unwrap();
+    assert!(same > 0 && other > 0, "{r}");
+    assert_eq!(same + other, lost, "{r}");
+    assert_eq!(m(&r, "lost_sent_before_leave")["count"], lost, "{r}");
+}
+
 #[tokio::test]
 async fn a_child_that_dies_stops_the_run_instead_of_under_counting() {
     let server = Server::start().await;

@@ -241,6 +241,27 @@ async fn broadcast_delivers_everything_by_client_events_and_http() {
     }
 }
 
+/// Users that would live far longer than the run leave when the ramp no
+/// longer wants them (each sleeps until its own moment of the ramp-down,
+/// nothing polls): the run ends on time, one session per user, and every
+/// message sent while a user was in is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_users_leave_on_the_ramp_down_without_polling() {
+    let server = start_server().await;
+    let mut p = tiny_broadcast(server.port);
+    p.lifetime = Duration::from_secs(600);
+    let t0 = std::time::Instant::now();
+    let r = broadcast::run(&p).await.unwrap();
+    let took = t0.elapsed();
+    let text = r.summary();
+    // 3 s ramp + 0.5 s grace, and some slack for a busy machine.
+    assert!(took < Duration::from_secs(8), "{took:?}\n{text}");
+    assert_eq!(r.count("ws_sessions"), 8, "{text}");
+    assert!(r.count("deliveries_expected") > 0, "{text}");
+    assert_eq!(r.count("deliveries_lost"), 0, "{text}");
+    assert_eq!(r.count("connection_errors"), 0, "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fanout_counts_every_channel() {
     let server = start_server().await;

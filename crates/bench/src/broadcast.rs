@@ -106,6 +106,31 @@ pub fn target_vus(peak: usize, total: Duration, t: Duration) -> usize {
     (v.round() as usize).min(peak)
 }
 
+/// When user `idx` stops being wanted in a run of length `total`: the
+/// first moment of the ramp-down at which [`target_vus`] is at most `idx`
+/// (at the latest `total`, when it is 0). Before the ramp-down the number
+/// of users wanted only grows, so a user that was started stays wanted
+/// until then. Each user sleeps until this moment instead of asking the
+/// ramp a few times a second: at 100,000 users those wake-ups were most of
+/// the generator's CPU.
+pub fn unwanted_after(peak: usize, total: Duration, idx: usize) -> Duration {
+    let total_s = total.as_secs_f64();
+    let (mut lo, mut hi) = (total_s / 3.0 + total_s / 2.0, total_s);
+    if target_vus(peak, total, Duration::from_secs_f64(lo)) <= idx {
+        return Duration::from_secs_f64(lo);
+    }
+    // target_vus(lo) > idx >= target_vus(hi); it does not grow between.
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if target_vus(peak, total, Duration::from_secs_f64(mid)) <= idx {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Duration::from_secs_f64(hi)
+}
+
 pub const CLIENT_EVENT: &str = "client-broadcast";
 pub const API_EVENT: &str = "broadcast";
 
@@ -126,11 +151,19 @@ struct Shared {
     /// One per node (`--via http`).
     publishers: Vec<HttpPublisher>,
     peak_connections: AtomicUsize,
+    /// When the ramp started (the schedule's zero).
+    started: Instant,
 }
 
 impl Shared {
     fn wanted(&self, idx: usize) -> bool {
-        !self.stop.load(Relaxed) && idx < self.vus.load(Relaxed)
+        !self.stop.load(Relaxed)
+            && idx < self.vus.load(Relaxed)
+            && self.started.elapsed() < self.unwanted_after(idx)
+    }
+
+    fn unwanted_after(&self, idx: usize) -> Duration {
+        unwanted_after(self.p.peak, self.p.duration, idx)
     }
 }
 
@@ -182,8 +215,10 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
     let mut send_tick = tokio::time::interval(p.send_interval);
     send_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     send_tick.tick().await;
-    let mut check = tokio::time::interval(Duration::from_millis(250));
-    let end = tokio::time::sleep(p.lifetime);
+    // The end of this life: its lifetime, or the moment the ramp no longer
+    // wants this user (ramping down, or the run's end), whichever is first.
+    let unwanted = tokio::time::Instant::from_std(s.started + s.unwanted_after(idx));
+    let end = tokio::time::sleep_until(unwanted.min(tokio::time::Instant::now() + p.lifetime));
     tokio::pin!(end);
     // Ids seen by this receiver; which of them were expected is decided
     // by the ledger at the end, once every send's fate is known.
@@ -271,11 +306,6 @@ async fn iteration(s: &Arc<Shared>, idx: usize) -> bool {
                             });
                         }
                     }
-                }
-            }
-            _ = check.tick() => {
-                if !s.wanted(idx) {
-                    break;
                 }
             }
             _ = &mut end => break,
@@ -376,6 +406,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
             Via::Ws => Vec::new(),
         },
         peak_connections: AtomicUsize::new(0),
+        started: Instant::now(),
     });
     let monitor = Monitor::start(
         "broadcast",
@@ -383,7 +414,7 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         Some(s.latency.clone()),
         p.progress,
     );
-    let started = Instant::now();
+    let started = s.started;
     let mut running: Vec<bool> = vec![false; p.peak];
     let mut tasks = tokio::task::JoinSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
@@ -432,7 +463,25 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
             }
         }
     }
-    let d = s.ledger.tally();
+    // Where the losses fall: how long before its receiver left each lost
+    // message was sent (a receiver keeps reading `grace` after it leaves,
+    // so a message later than that is counted lost), and whether its
+    // sender was in this process or another (with as many processes as
+    // nodes, process K's users are node K's: a loss between processes
+    // crossed the broker).
+    let mut lost_before_leave = super::metrics::histogram();
+    let (mut lost_same, mut lost_other) = (0u64, 0u64);
+    let d = s.ledger.tally_with(|w, stamp, id| {
+        lost_before_leave.saturating_record(w.leave.saturating_sub(stamp).max(1));
+        if let Some(sh) = p.shard {
+            let n = sh.count as u64;
+            if id.sender % n == w.receiver % n {
+                lost_same += 1;
+            } else {
+                lost_other += 1;
+            }
+        }
+    });
     report.counter("ws_sessions", s.sessions.load(Relaxed));
     report.value(
         "peak_connections",
@@ -448,6 +497,11 @@ pub async fn run(p: &BroadcastParams) -> Result<Report, BenchError> {
         report.trend("http_publish_duration", s.publish_duration.total());
     }
     report.deliveries(&d);
+    report.trend("lost_sent_before_leave", lost_before_leave);
+    if p.shard.is_some() {
+        report.counter("deliveries_lost{sender:same_process}", lost_same);
+        report.counter("deliveries_lost{sender:other_process}", lost_other);
+    }
     report.trend("message_latency", s.latency.total());
     report.counter("server_errors", s.server_errors.load(Relaxed));
     report.errors(&s.live);
@@ -477,5 +531,27 @@ mod tests {
         assert_eq!(at(100), 1000);
         assert_eq!(at(110), 500);
         assert_eq!(at(120), 0);
+    }
+
+    #[test]
+    fn each_user_is_unwanted_from_where_the_ramp_drops_below_it() {
+        for (peak, secs) in [(1000, 120.0), (100_000, 120.0), (8, 3.0), (16_667, 90.0)] {
+            let t = Duration::from_secs_f64(secs);
+            for idx in [0, 1, peak / 7, peak / 4, peak / 2, peak - 2, peak - 1] {
+                let u = unwanted_after(peak, t, idx);
+                // Wanted just before (once it has been started, i.e. once
+                // the ramp-up reached it), not wanted from then on.
+                assert!(target_vus(peak, t, u) <= idx, "{peak} {idx} {u:?}");
+                assert!(u <= t);
+                let before = u.saturating_sub(Duration::from_micros(10));
+                assert!(target_vus(peak, t, before) > idx, "{peak} {idx} {u:?}");
+                assert!(u >= Duration::from_secs_f64(secs * 5.0 / 6.0) - Duration::from_micros(1));
+            }
+        }
+        // The ramp-down's first step: the last user goes as it starts.
+        let t = Duration::from_secs(120);
+        assert_eq!(unwanted_after(1000, t, 999).as_secs(), 100);
+        // The first user goes last, just before the run's end.
+        assert!(unwanted_after(1000, t, 0) > Duration::from_millis(119_980));
     }
 }
