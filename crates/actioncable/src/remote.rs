@@ -58,10 +58,7 @@ impl Holders {
         match self {
             Holders::One(key, first) => {
                 let first = std::mem::replace(first, Weak::new());
-                let mut v = Vec::with_capacity(2);
-                v.push(first);
-                v.push(conn);
-                *self = Holders::Many(Box::new((key.clone(), v)));
+                *self = Holders::Many(Box::new((key.clone(), vec![first, conn])));
             }
             Holders::Many(m) => m.1.push(conn),
         }
