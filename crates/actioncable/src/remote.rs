@@ -11,10 +11,9 @@
 //! core's `Control::Command` (like Pusher's terminate-user), so no node
 //! scans its connections.
 
-use herald_core::connection::{ConnId, Connection, Reason};
+use herald_core::connection::{Connection, Reason};
 use parking_lot::Mutex;
 use serde::Deserialize;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Weak};
 
@@ -31,40 +30,47 @@ pub const MAX_IDENTIFIERS: usize = 4096;
 
 const SHARDS: usize = 16;
 
-type Shard = HashMap<Arc<str>, Holders>;
-
-/// The connections under one identifiers text: nearly always one, kept
-/// inline (a `Vec` would be a 64-byte allocation per connection).
+/// The connections under one identifiers text. Nearly always one, kept
+/// inline with its key: a table slot is then 24 bytes (the key shared with
+/// the session, and the connection), where a map of key to holders took 40
+/// (the connection's id beside it, and room for a list); at 10,000 idle
+/// connections the index went from 67 to about 41 bytes per connection
+/// (bench/RESULTS.md "Idle memory"). Connections are told apart by their
+/// address: a session stays in the index only while it holds its
+/// connection, so no other connection can have that address meanwhile.
 enum Holders {
-    One(ConnId, Weak<Connection>),
-    Many(Vec<(ConnId, Weak<Connection>)>),
+    One(Arc<str>, Weak<Connection>),
+    /// Several connections with the same identifiers (one user's tabs, or
+    /// an app that gives every guest the same ones): one slot for all of
+    /// them, so they never lengthen the table's probe sequences.
+    Many(Box<(Arc<str>, Vec<Weak<Connection>>)>),
 }
 
 impl Holders {
-    fn push(&mut self, id: ConnId, conn: Weak<Connection>) {
+    fn key(&self) -> &str {
         match self {
-            Holders::One(..) => {
-                let Holders::One(first, weak) =
-                    std::mem::replace(self, Holders::Many(Vec::with_capacity(2)))
-                else {
-                    unreachable!()
-                };
-                if let Holders::Many(v) = self {
-                    v.push((first, weak));
-                    v.push((id, conn));
-                }
-            }
-            Holders::Many(v) => v.push((id, conn)),
+            Holders::One(k, _) => k,
+            Holders::Many(m) => &m.0,
         }
     }
 
-    /// Forget `id`; whether none is left.
-    fn remove(&mut self, id: ConnId) -> bool {
+    fn push(&mut self, conn: Weak<Connection>) {
         match self {
-            Holders::One(first, _) => *first == id,
-            Holders::Many(v) => {
-                v.retain(|(i, _)| *i != id);
-                v.is_empty()
+            Holders::One(key, first) => {
+                let first = std::mem::replace(first, Weak::new());
+                *self = Holders::Many(Box::new((key.clone(), vec![first, conn])));
+            }
+            Holders::Many(m) => m.1.push(conn),
+        }
+    }
+
+    /// Forget `conn`; whether none is left.
+    fn remove(&mut self, conn: *const Connection) -> bool {
+        match self {
+            Holders::One(_, c) => c.as_ptr() == conn,
+            Holders::Many(m) => {
+                m.1.retain(|c| c.as_ptr() != conn);
+                m.1.is_empty()
             }
         }
     }
@@ -72,7 +78,7 @@ impl Holders {
     fn live(&self) -> Vec<Arc<Connection>> {
         match self {
             Holders::One(_, c) => c.upgrade().into_iter().collect(),
-            Holders::Many(v) => v.iter().filter_map(|(_, c)| c.upgrade()).collect(),
+            Holders::Many(m) => m.1.iter().filter_map(Weak::upgrade).collect(),
         }
     }
 }
@@ -80,7 +86,7 @@ impl Holders {
 /// This node's Action Cable connections by their identifiers. Sharded: a
 /// connect or a close takes one short lock among 16.
 pub struct Identities {
-    shards: Vec<Mutex<Shard>>,
+    shards: Vec<Mutex<hashbrown::HashTable<Holders>>>,
     hasher: RandomState,
 }
 
@@ -94,8 +100,13 @@ impl Default for Identities {
 }
 
 impl Identities {
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    /// The key's hash and its shard. The shard is taken from bits the
+    /// table does not use for a slot's place (its low bits) nor for its
+    /// tag (its top seven): with the low bits, every key of a shard would
+    /// land in the same sixteenth of its table.
+    fn shard(&self, key: &str) -> (u64, &Mutex<hashbrown::HashTable<Holders>>) {
+        let hash = self.hasher.hash_one(key);
+        (hash, &self.shards[(hash >> 40) as usize % SHARDS])
     }
 
     /// Index `conn` under `identifiers` (none for a client without any):
@@ -105,32 +116,39 @@ impl Identities {
             return false;
         }
         let weak = Arc::downgrade(conn);
-        match self.shard(identifiers).lock().entry(identifiers.clone()) {
-            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().push(conn.id, weak),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Holders::One(conn.id, weak));
+        let (hash, shard) = self.shard(identifiers);
+        let mut table = shard.lock();
+        match table.find_mut(hash, |h| h.key() == &**identifiers) {
+            Some(h) => h.push(weak),
+            None => {
+                table.insert_unique(hash, Holders::One(identifiers.clone(), weak), |h| {
+                    self.hasher.hash_one(h.key())
+                });
             }
         }
         true
     }
 
-    /// Take connection `id` out of the index (its session is ending). The
-    /// session keeps a flag, not a guard holding the set, the key and the
-    /// id: those 32 bytes would be part of every connection's task, and
-    /// it holds the key and the connection already.
-    pub fn remove(&self, identifiers: &str, id: ConnId) {
-        let mut shard = self.shard(identifiers).lock();
-        if shard.get_mut(identifiers).is_some_and(|h| h.remove(id)) {
-            shard.remove(identifiers);
+    /// Take `conn` out of the index (its session is ending). The session
+    /// keeps a flag, not a guard holding the set, the key and the
+    /// connection: those 32 bytes would be part of every connection's task,
+    /// and it holds the key and the connection already.
+    pub fn remove(&self, identifiers: &str, conn: &Arc<Connection>) {
+        let (hash, shard) = self.shard(identifiers);
+        let mut table = shard.lock();
+        if let Ok(mut e) = table.find_entry(hash, |h| h.key() == identifiers) {
+            if e.get_mut().remove(Arc::as_ptr(conn)) {
+                e.remove();
+            }
         }
     }
 
     /// Close this node's connections with exactly `identifiers`; how many.
     pub fn disconnect(&self, identifiers: &str, reconnect: bool) -> usize {
-        let conns: Vec<Arc<Connection>> = self
-            .shard(identifiers)
+        let (hash, shard) = self.shard(identifiers);
+        let conns: Vec<Arc<Connection>> = shard
             .lock()
-            .get(identifiers)
+            .find(hash, |h| h.key() == identifiers)
             .map(Holders::live)
             .unwrap_or_default();
         let code = if reconnect {
@@ -207,55 +225,93 @@ pub fn run(identities: &Identities, body: &str) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn one_holder_inline_then_many_then_none() {
-        let ids = |h: &Holders| match h {
-            Holders::One(i, _) => vec![*i],
-            Holders::Many(v) => v.iter().map(|(i, _)| *i).collect(),
-        };
-        let mut h = Holders::One(1, Weak::new());
-        h.push(2, Weak::new());
-        h.push(3, Weak::new());
-        assert_eq!(ids(&h), [1, 2, 3]);
-        assert!(!h.remove(2));
-        assert!(!h.remove(9), "not there: nothing removed");
-        assert_eq!(ids(&h), [1, 3]);
-        assert!(!h.remove(1));
-        assert!(h.remove(3), "the last one gone");
-        let mut one = Holders::One(7, Weak::new());
-        assert!(!one.remove(8));
-        assert!(one.remove(7));
-        assert!(h.live().is_empty(), "dropped connections are not returned");
-    }
-
-    #[test]
-    fn a_removed_connection_is_no_longer_disconnected_and_its_key_goes() {
+    fn conn(i: u64) -> Arc<Connection> {
         use herald_core::connection::QueueLimit;
         let limit = QueueLimit {
             frames: 16,
             bytes: 1 << 20,
         };
-        let conn = |i| {
-            Arc::new(Connection::new(
-                i,
-                format!("s.{i}"),
-                &crate::wire::WIRE,
-                limit,
-            ))
-        };
+        Arc::new(Connection::new(
+            i,
+            format!("s.{i}"),
+            &crate::wire::WIRE,
+            limit,
+        ))
+    }
+
+    #[test]
+    fn one_holder_inline_then_many_then_none() {
+        let ids = |h: &Holders| h.live().iter().map(|c| c.id).collect::<Vec<_>>();
+        let (a, b, c, d) = (conn(1), conn(2), conn(3), conn(4));
+        let key: Arc<str> = Arc::from("k");
+        let mut h = Holders::One(key.clone(), Arc::downgrade(&a));
+        h.push(Arc::downgrade(&b));
+        h.push(Arc::downgrade(&c));
+        assert_eq!(ids(&h), [1, 2, 3]);
+        assert_eq!(h.key(), "k");
+        assert!(!h.remove(Arc::as_ptr(&b)));
+        assert!(!h.remove(Arc::as_ptr(&d)), "not there: nothing removed");
+        assert_eq!(ids(&h), [1, 3]);
+        drop(c);
+        assert_eq!(ids(&h), [1], "dropped connections are not returned");
+        assert!(!h.remove(Arc::as_ptr(&a)));
+        let gone = h.live().len();
+        assert_eq!(gone, 0);
+        let mut one = Holders::One(key, Arc::downgrade(&d));
+        assert!(!one.remove(Arc::as_ptr(&a)));
+        assert!(one.remove(Arc::as_ptr(&d)));
+    }
+
+    /// A slot is the key and one connection, 24 bytes: what an idle
+    /// connection costs the index depends on it.
+    #[test]
+    fn a_slot_is_a_key_and_a_connection() {
+        assert_eq!(std::mem::size_of::<Holders>(), 24);
+    }
+
+    #[test]
+    fn a_removed_connection_is_no_longer_disconnected_and_its_key_goes() {
         let (a, b) = (conn(1), conn(2));
         let set = Identities::default();
         let key: Arc<str> = Arc::from(r#"{"u":1}"#);
         assert!(set.add(&key, &a) && set.add(&key, &b));
         assert!(!set.add(&Arc::from(""), &a), "no identifiers: not indexed");
-        set.remove(&key, a.id);
+        set.remove(&key, &a);
         assert_eq!(set.disconnect(&key, false), 1, "only b is left");
-        set.remove(&key, b.id);
+        set.remove(&key, &b);
         assert_eq!(set.disconnect(&key, false), 0);
+        let (hash, shard) = set.shard(&key);
         assert!(
-            set.shard(&key).lock().get(&*key).is_none(),
+            shard.lock().find(hash, |h| h.key() == &*key).is_none(),
             "the key is gone"
         );
+    }
+
+    /// Many keys, over every shard: each found alone, and every slot gone
+    /// once its connections are.
+    #[test]
+    fn many_keys_each_found_alone_then_all_gone() {
+        let set = Identities::default();
+        let conns: Vec<_> = (0..2000).map(conn).collect();
+        let keys: Vec<Arc<str>> = (0..1000)
+            .map(|i| Arc::from(format!(r#"{{"u":{i}}}"#)))
+            .collect();
+        // Two connections per key, the second added after every first.
+        for (i, c) in conns.iter().enumerate() {
+            assert!(set.add(&keys[i % 1000], c));
+        }
+        assert!(set.shards.iter().all(|s| !s.lock().is_empty()));
+        for (i, c) in conns.iter().enumerate().take(1000) {
+            set.remove(&keys[i], c);
+        }
+        for k in &keys {
+            assert_eq!(set.disconnect(k, false), 1, "{k}");
+        }
+        assert_eq!(set.disconnect(r#"{"u":1000}"#, false), 0);
+        for (i, c) in conns.iter().enumerate().skip(1000) {
+            set.remove(&keys[i % 1000], c);
+        }
+        assert!(set.shards.iter().all(|s| s.lock().is_empty()));
     }
 
     #[test]

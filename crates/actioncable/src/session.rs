@@ -1055,9 +1055,7 @@ impl Drop for CableSession {
     fn drop(&mut self) {
         self.cleanup();
         if self.indexed {
-            self.cable
-                .identities
-                .remove(&self.identifiers, self.conn.id);
+            self.cable.identities.remove(&self.identifiers, &self.conn);
         }
         self.cable.hub.release();
     }
