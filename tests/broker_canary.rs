@@ -42,15 +42,22 @@ async fn delivers(from: &Server, clients: &mut [&mut Client], tag: &str) {
     }
 }
 
-both!(a_frozen_broker_is_noticed_and_left);
-async fn a_frozen_broker_is_noticed_and_left(kind: Kind) {
+/// A broker of `kind`, two ready nodes on it, a client of each subscribed
+/// to `news`, and an event from the first heard by both.
+async fn two_nodes(kind: Kind, prefix: &str) -> (BrokerServer, Server, Server, Client, Client) {
     let broker = BrokerServer::start(kind);
-    let a = node(&broker.url(), "canary").await;
-    let b = node(&broker.url(), "canary").await;
+    let a = node(&broker.url(), prefix).await;
+    let b = node(&broker.url(), prefix).await;
     wait_ready(&a, 200, TIMEOUT).await;
     wait_ready(&b, 200, TIMEOUT).await;
     let (mut ca, mut cb) = (subscribed(&a).await, subscribed(&b).await);
     delivers(&a, &mut [&mut ca, &mut cb], "before").await;
+    (broker, a, b, ca, cb)
+}
+
+both!(a_frozen_broker_is_noticed_and_left);
+async fn a_frozen_broker_is_noticed_and_left(kind: Kind) {
+    let (broker, a, b, mut ca, mut cb) = two_nodes(kind, "canary").await;
     assert_eq!(a.metric("herald_broker_canary_failures_total").await, 0);
 
     // Frozen: the sockets stay open, nothing is read or delivered. Neither
@@ -89,13 +96,7 @@ async fn a_frozen_broker_is_noticed_and_left(kind: Kind) {
 
 both!(a_slow_broker_is_waited_for_not_left);
 async fn a_slow_broker_is_waited_for_not_left(kind: Kind) {
-    let broker = BrokerServer::start(kind);
-    let a = node(&broker.url(), "slow").await;
-    let b = node(&broker.url(), "slow").await;
-    wait_ready(&a, 200, TIMEOUT).await;
-    wait_ready(&b, 200, TIMEOUT).await;
-    let (mut ca, mut cb) = (subscribed(&a).await, subscribed(&b).await);
-    delivers(&a, &mut [&mut ca, &mut cb], "before").await;
+    let (broker, a, b, mut ca, mut cb) = two_nodes(kind, "slow").await;
     let outages = (
         a.metric("herald_broker_outages_total").await,
         b.metric("herald_broker_outages_total").await,
