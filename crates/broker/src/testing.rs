@@ -242,6 +242,33 @@ impl NatsCluster {
     /// Start `n` servers without waiting for their routes (as a user
     /// starting servers and nodes together would).
     pub fn start_unrouted(n: usize, jetstream: bool) -> NatsCluster {
+        let mut c = Self::unstarted(n, jetstream);
+        for i in 0..n {
+            c.spawn(i);
+        }
+        c
+    }
+
+    /// Two servers whose only route passes through a relay that delays
+    /// it by `delay` each way: member 1 routes to member 0 through it,
+    /// member 0 routes to nobody. What one server's clients subscribe
+    /// reaches the other `delay` late.
+    pub fn start_slow_route(delay: Duration) -> NatsCluster {
+        let mut c = Self::unstarted(2, false);
+        let relay = crate::testing_delay::DelayRelay::start(c.members[0].route_port, delay);
+        c.routes = Some(vec![
+            Vec::new(),
+            vec![format!("nats://127.0.0.1:{}", relay.port)],
+        ]);
+        c.spawn(0);
+        c.spawn(1);
+        c.wait_routed();
+        c
+    }
+
+    /// `n` members with their ports (and stores), none started; each routes
+    /// to every other.
+    fn unstarted(n: usize, jetstream: bool) -> NatsCluster {
         let name = format!("herald-{}-{}", std::process::id(), free_port());
         let members = (0..n)
             .map(|i| Member {
@@ -256,44 +283,11 @@ impl NatsCluster {
                 }),
             })
             .collect();
-        let mut c = NatsCluster {
+        NatsCluster {
             members,
             name,
             routes: None,
-        };
-        for i in 0..n {
-            c.spawn(i);
         }
-        c
-    }
-
-    /// Two servers whose only route passes through a relay that delays
-    /// it by `delay` each way: member 1 routes to member 0 through it,
-    /// member 0 routes to nobody. What one server's clients subscribe
-    /// reaches the other `delay` late.
-    pub fn start_slow_route(delay: Duration) -> NatsCluster {
-        let mut c = NatsCluster {
-            members: (0..2)
-                .map(|_| Member {
-                    port: free_port(),
-                    route_port: free_port(),
-                    monitor_port: free_port(),
-                    child: None,
-                    store: None,
-                })
-                .collect(),
-            name: format!("herald-{}-{}", std::process::id(), free_port()),
-            routes: None,
-        };
-        let relay = crate::testing_delay::DelayRelay::start(c.members[0].route_port, delay);
-        c.routes = Some(vec![
-            Vec::new(),
-            vec![format!("nats://127.0.0.1:{}", relay.port)],
-        ]);
-        c.spawn(0);
-        c.spawn(1);
-        c.wait_routed();
-        c
     }
 
     pub fn len(&self) -> usize {

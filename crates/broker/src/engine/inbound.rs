@@ -102,15 +102,17 @@ impl Shared {
                 };
                 self.send_msg(subject::node(&self.prefix, from), &ask);
             }
-            s.peers
-                .entry(from)
-                .and_modify(|p| p.seen = now)
-                .or_insert(Peer {
-                    seen: now,
-                    load: Vec::new(),
-                    born: 0,
-                });
-            metrics::CLUSTER_NODES.set(s.peers.len() as u64 + 1);
+            match s.peers.entry(from) {
+                std::collections::hash_map::Entry::Occupied(mut p) => p.get_mut().seen = now,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(Peer {
+                        seen: now,
+                        load: Vec::new(),
+                        born: 0,
+                    });
+                    s.count_nodes();
+                }
+            }
         }
         if let Msg::Beat { t, .. } = msg {
             if let Some(p) = s.peers.get_mut(&from) {

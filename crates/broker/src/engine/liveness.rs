@@ -34,7 +34,7 @@ impl Shared {
                 s.grace_until = Some(now + self.ttl);
                 // Not judged while away: no stall to see in that gap.
                 s.last_judged = None;
-                metrics::CLUSTER_NODES.set(s.peers.len() as u64 + 1);
+                s.count_nodes();
             }
             self.beat(true);
             self.send_state();
@@ -333,7 +333,7 @@ impl Shared {
     /// Forget node `n`: its members leave, its counts are dropped.
     pub(super) fn bury(&self, s: &mut State, n: NodeId, acts: &mut Vec<Act>) {
         s.peers.remove(&n);
-        metrics::CLUSTER_NODES.set(s.peers.len() as u64 + 1);
+        s.count_nodes();
         s.incoming.remove(&n);
         s.incoming_held.remove(&n);
         s.gone.insert(n, Instant::now());

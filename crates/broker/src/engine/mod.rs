@@ -141,6 +141,14 @@ struct State {
     leader_buried: HashSet<NodeId>,
 }
 
+impl State {
+    /// Publish how many nodes this one knows alive, itself included
+    /// (`herald_cluster_nodes`); called where `peers` gains or loses one.
+    fn count_nodes(&self) {
+        metrics::CLUSTER_NODES.set(self.peers.len() as u64 + 1);
+    }
+}
+
 /// What to tell the inbox once the state lock is released.
 enum Act {
     Presence(String, PresenceChange),

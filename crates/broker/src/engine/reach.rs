@@ -27,7 +27,8 @@ use super::*;
 /// Longest wait for the probe round's answers.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Shared probe rounds: how many started and finished.
+/// Shared probe rounds: how many started and finished. One runs at a
+/// time, so one is running while `started > finished`.
 #[derive(Default)]
 pub struct Rounds {
     state: Mutex<RoundsState>,
@@ -38,7 +39,6 @@ pub struct Rounds {
 struct RoundsState {
     started: u64,
     finished: u64,
-    running: bool,
 }
 
 impl Shared {
@@ -55,10 +55,9 @@ impl Shared {
                 if s.finished >= need {
                     return;
                 }
-                if s.running {
+                if s.started > s.finished {
                     None
                 } else {
-                    s.running = true;
                     s.started += 1;
                     Some(s.started)
                 }
@@ -70,7 +69,6 @@ impl Shared {
                         .await;
                     let mut s = self.rounds.state.lock();
                     s.finished = round;
-                    s.running = false;
                     drop(s);
                     self.rounds.finished.notify_waiters();
                 }
