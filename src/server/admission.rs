@@ -207,6 +207,10 @@ impl<S> Counted<S> {
             _ticket: ticket,
         }
     }
+
+    pub fn inner(&self) -> &S {
+        &self.io
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {

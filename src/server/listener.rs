@@ -204,16 +204,26 @@ async fn serve(
     match &shared.opts.tls {
         Some(acceptor) => {
             if let Some(tls) = tls::handshake(acceptor, io, addr).await {
-                http(tls, addr, shared, mode, stop).await
+                http(tls, None, addr, shared, mode, stop).await
             }
         }
-        None => http(io, addr, shared, mode, stop).await,
+        None => {
+            // Plain TCP: sessions may write to the socket directly.
+            let fd = std::os::fd::AsRawFd::as_raw_fd(io.inner());
+            http(io, Some(fd), addr, shared, mode, stop).await
+        }
     }
 }
 
 /// Serve HTTP/1.1 on one connection, upgrades included.
-async fn http<I>(io: I, addr: SocketAddr, shared: &Arc<Shared>, mode: Mode, stop: CancellationToken)
-where
+async fn http<I>(
+    io: I,
+    fd: Option<i32>,
+    addr: SocketAddr,
+    shared: &Arc<Shared>,
+    mode: Mode,
+    stop: CancellationToken,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let served = Arc::new(AtomicBool::new(false));
@@ -228,6 +238,9 @@ where
         hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             seen.store(true, Ordering::Relaxed);
             req.extensions_mut().insert(ConnectInfo(addr));
+            if let Some(fd) = fd {
+                req.extensions_mut().insert(herald_core::ws::RawSocket(fd));
+            }
             let app = app.clone();
             async move {
                 let req = req.map(axum::body::Body::new);

@@ -24,6 +24,21 @@
 //! account, so live frames keep the whole normal room meanwhile: a client
 //! that reads is never cut for its answer, one that does not read is cut
 //! as before once live frames fill the normal room.
+//!
+//! **Direct writes.** A frame for a quiet connection (nothing queued, its
+//! session not writing, nothing written to it within [`BUSY_WINDOW`]) is
+//! written to the socket by whoever sends it, usually a fan-out worker: one
+//! non-blocking `sendmsg` under the queue's lock, and no wake-up, poll or
+//! allocation in the session's task. Under light traffic (each subscriber
+//! gets a message every few hundred milliseconds, say) those are most of a
+//! delivery's cost above the system call itself. A busy connection keeps
+//! the queue, so its frames still share writes. What a direct write could
+//! not finish (a full socket buffer) goes to the queue's front, marked
+//! partial, and the session writes the rest before anything else. The
+//! session attaches the socket's descriptor only for plain TCP sockets
+//! (TLS must encrypt in order, in the session) and detaches it, under the
+//! same lock, before the socket closes, so a write never reaches a
+//! descriptor number reused by another connection.
 
 use crate::frame::Frame;
 use crate::metrics;
@@ -32,7 +47,13 @@ use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// A connection written to within this long counts as busy: its frames
+/// wait in the queue, to share writes, rather than go out directly.
+pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
 
 /// Process-unique connection number; the key in every registry.
 pub type ConnId = u64;
@@ -96,13 +117,99 @@ impl Reason {
     }
 }
 
-#[derive(Default)]
 struct Queue {
     frames: VecDeque<Frame>,
-    bytes: usize,
+    /// Bytes queued (u32: bounded by `outbound_bytes` plus bounded bursts;
+    /// the queue is part of every connection).
+    bytes: u32,
     /// Frames queued past the bound ([`Connection::send_burst`]); boxed,
     /// so a connection that never gets one pays a pointer.
     burst: Option<Box<Burst>>,
+    /// The socket, while its session allows direct writes; -1 otherwise.
+    fd: i32,
+    /// Milliseconds (of [`now_ms`]) until which the connection is busy.
+    busy_until: u32,
+    /// Direct writes only while the connection is not busy (the session
+    /// coalesces busy connections' frames); otherwise whenever possible.
+    quiet_only: bool,
+    /// Who is writing to the socket now, if anyone.
+    writer: Writer,
+    /// The front frame is the rest of a direct write: its start is on the
+    /// wire already, so nothing may be written before it.
+    partial: bool,
+    /// The session's traffic counters, for what direct writes send.
+    traffic: Option<Arc<metrics::Traffic>>,
+}
+
+/// Who holds the socket's write side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    Nobody,
+    /// The session took frames (or claimed the socket for a pong) and has
+    /// not finished writing them.
+    Session,
+    /// A sender put a direct write in a batch ([`Connection::begin_direct`])
+    /// and has not yet seen its result; short (no await in between).
+    Batch,
+}
+
+impl Default for Queue {
+    fn default() -> Queue {
+        Queue {
+            frames: VecDeque::new(),
+            bytes: 0,
+            burst: None,
+            fd: -1,
+            busy_until: 0,
+            quiet_only: false,
+            writer: Writer::Nobody,
+            partial: false,
+            traffic: None,
+        }
+    }
+}
+
+/// A coarse process clock in milliseconds, for the busy window.
+fn now_ms() -> u32 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u32
+}
+
+/// One non-blocking `sendmsg` of `frame`'s parts. Returns the bytes
+/// written, or a negative number if none could be (a full buffer, or a
+/// broken socket the session will find on its own).
+fn send_now(fd: i32, frame: &Frame) -> isize {
+    let [head, body] = frame.parts();
+    if head.is_empty() {
+        // SAFETY: as below; one buffer needs no message header.
+        return unsafe {
+            libc::send(
+                fd,
+                body.as_ptr() as *const libc::c_void,
+                body.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+    }
+    let iov = [
+        libc::iovec {
+            iov_base: head.as_ptr() as *mut libc::c_void,
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            iov_base: body.as_ptr() as *mut libc::c_void,
+            iov_len: body.len(),
+        },
+    ];
+    let skip = usize::from(head.is_empty());
+    // SAFETY: `msghdr` is plain data, zero is a valid value of each field;
+    // the iovecs point into `frame`, which outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov[skip..].as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = (2 - skip) as _;
+    // SAFETY: `fd` is the session's open socket: the session detaches it
+    // under the queue's lock (held by our caller) before closing it.
+    unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) }
 }
 
 /// The account of burst frames still queued. Sequence numbers count frames
@@ -121,17 +228,44 @@ impl Queue {
     /// Frames and bytes that count against the normal bound.
     fn normal(&self) -> (usize, usize) {
         match &self.burst {
-            Some(b) => (self.frames.len() - b.frames.len(), self.bytes - b.bytes),
-            None => (self.frames.len(), self.bytes),
+            Some(b) => (
+                self.frames.len() - b.frames.len(),
+                self.bytes as usize - b.bytes,
+            ),
+            None => (self.frames.len(), self.bytes as usize),
         }
     }
 
     fn push(&mut self, frame: Frame) {
-        self.bytes += frame.len();
+        self.bytes = self.bytes.saturating_add(frame.len() as u32);
         self.frames.push_back(frame);
         if let Some(b) = &mut self.burst {
             b.pushed += 1;
         }
+    }
+
+    /// Put what a direct write could not send before everything queued
+    /// meanwhile (past the bounds: it was sent before them).
+    fn push_front(&mut self, frame: Frame) {
+        self.bytes = self.bytes.saturating_add(frame.len() as u32);
+        self.frames.push_front(frame);
+        if let Some(b) = &mut self.burst {
+            // One more frame ahead of the burst's: its numbers move up.
+            b.pushed += 1;
+            for f in &mut b.frames {
+                f.0 += 1;
+            }
+        }
+    }
+
+    /// Whether a frame may be written to the socket directly now: a
+    /// socket attached, nothing queued before it, nobody writing, and the
+    /// connection quiet where only quiet ones are written directly.
+    fn direct_now(&self) -> bool {
+        self.fd >= 0
+            && self.frames.is_empty()
+            && self.writer == Writer::Nobody
+            && (!self.quiet_only || now_ms() >= self.busy_until)
     }
 }
 
@@ -142,7 +276,9 @@ pub struct Connection {
     /// The wire format of this connection's frames.
     pub wire: &'static dyn Wire,
     queue: Mutex<Queue>,
-    limit: QueueLimit,
+    /// The queue's bound in frames and bytes ([`QueueLimit`], kept in
+    /// u32s: this handle is part of every connection).
+    limit: (u32, u32),
     waker: AtomicWaker,
     /// 0 while open; otherwise the packed [`Reason`] asked for (first wins).
     close: AtomicU32,
@@ -164,7 +300,10 @@ impl Connection {
             socket_id: socket_id.into_boxed_str(),
             wire,
             queue: Mutex::new(Queue::default()),
-            limit,
+            limit: (
+                limit.frames.min(u32::MAX as usize) as u32,
+                limit.bytes.min(u32::MAX as usize) as u32,
+            ),
             waker: AtomicWaker::new(),
             close: AtomicU32::new(0),
             gate: std::sync::OnceLock::new(),
@@ -194,10 +333,14 @@ impl Connection {
         let was_empty = {
             let mut q = self.queue.lock();
             let (frames, bytes) = q.normal();
-            if frames >= self.limit.frames || bytes + len > self.limit.bytes {
+            if frames >= self.limit.0 as usize || bytes + len > self.limit.1 as usize {
                 drop(q);
                 self.too_slow();
                 return false;
+            }
+            if q.direct_now() {
+                let n = send_now(q.fd, &frame);
+                return self.sent_direct(q, frame, n);
             }
             q.push(frame);
             q.frames.len() == 1
@@ -206,6 +349,147 @@ impl Connection {
             self.waker.wake();
         }
         true
+    }
+
+    /// The outcome of a direct write of `frame` that wrote `n` bytes (or
+    /// none, negative): the rest, if any, waits at the queue's front for
+    /// the session, which is woken for it and for anything queued
+    /// meanwhile. Takes the queue's guard and releases it.
+    fn sent_direct(
+        &self,
+        mut q: parking_lot::MutexGuard<'_, Queue>,
+        frame: Frame,
+        n: isize,
+    ) -> bool {
+        q.writer = Writer::Nobody;
+        let len = frame.len();
+        if n as usize == len && n > 0 {
+            q.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+            let wake = !q.frames.is_empty();
+            let traffic = q.traffic.clone();
+            drop(q);
+            metrics::count(&metrics::SOCKET_WRITES);
+            metrics::count(&metrics::DIRECT_WRITES);
+            if let Some(t) = traffic {
+                t.sent(1, len);
+            }
+            if wake {
+                self.waker.wake();
+            }
+            return true;
+        }
+        let rest = if n > 0 {
+            metrics::count(&metrics::DIRECT_WRITES_CUT);
+            q.partial = true;
+            q.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+            frame.after(n as usize)
+        } else {
+            frame
+        };
+        q.push_front(rest);
+        drop(q);
+        self.waker.wake();
+        true
+    }
+
+    /// For a sender batching direct writes (the fan-out's io_uring): if
+    /// this connection may be written to directly now, reserve its socket
+    /// and return the descriptor; the sender must then report the result
+    /// with [`Connection::end_direct`] before it waits on anything. `None`:
+    /// use [`Connection::send`].
+    pub fn begin_direct(&self) -> Option<i32> {
+        if self.close.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        let mut q = self.queue.lock();
+        if !q.direct_now() {
+            return None;
+        }
+        q.writer = Writer::Batch;
+        Some(q.fd)
+    }
+
+    /// The result of a batched direct write begun with
+    /// [`Connection::begin_direct`]: `n` bytes of `frame` written, or none
+    /// (negative).
+    pub fn end_direct(&self, frame: Frame, n: isize) {
+        let q = self.queue.lock();
+        self.sent_direct(q, frame, n);
+    }
+
+    /// A batched direct write whose fate is unknown (its ring failed):
+    /// the stream may be cut mid-frame, so the connection closes.
+    pub fn abandon_direct(&self) {
+        self.queue.lock().writer = Writer::Nobody;
+        self.close(Reason::ShuttingDown);
+    }
+
+    /// The queue's guard once no batched direct write is in flight (they
+    /// last microseconds: a sender never waits between begin and end).
+    fn settled(&self) -> parking_lot::MutexGuard<'_, Queue> {
+        loop {
+            let q = self.queue.lock();
+            if q.writer != Writer::Batch {
+                return q;
+            }
+            drop(q);
+            std::thread::yield_now();
+        }
+    }
+
+    /// Let frames be written to socket `fd` directly (see the module's
+    /// doc), always or (`quiet_only`) only while the connection is quiet;
+    /// `traffic` counts what they send.
+    pub fn attach(&self, fd: i32, quiet_only: bool, traffic: Arc<metrics::Traffic>) {
+        let mut q = self.queue.lock();
+        q.fd = fd;
+        q.quiet_only = quiet_only;
+        q.traffic = Some(traffic);
+    }
+
+    /// No more direct writes (the socket is about to close); returns what
+    /// a direct write left unfinished, which must go out before anything
+    /// else is written.
+    pub fn detach(&self) -> Option<Frame> {
+        let mut q = self.settled();
+        q.fd = -1;
+        q.traffic = None;
+        self.take_partial(&mut q)
+    }
+
+    /// The session writes on its own (a pong): no direct write until
+    /// [`Connection::written`]; returns what a direct write left
+    /// unfinished, to be written first.
+    pub fn claim(&self) -> Option<Frame> {
+        let mut q = self.settled();
+        q.writer = Writer::Session;
+        self.take_partial(&mut q)
+    }
+
+    fn take_partial(&self, q: &mut Queue) -> Option<Frame> {
+        if !std::mem::take(&mut q.partial) {
+            return None;
+        }
+        let f = q.frames.pop_front()?;
+        q.bytes = q.bytes.saturating_sub(f.len() as u32);
+        if let Some(b) = &mut q.burst {
+            // Sequence numbers count from the front: one fewer before them.
+            b.taken += 1;
+        }
+        Some(f)
+    }
+
+    /// The session finished writing what it took (or claimed): direct
+    /// writes may resume, and the connection counts as busy for a while.
+    pub fn written(&self) {
+        let mut q = self.queue.lock();
+        q.writer = Writer::Nobody;
+        q.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+    }
+
+    /// Whether the connection was written to within [`BUSY_WINDOW`].
+    pub fn busy(&self) -> bool {
+        now_ms() < self.queue.lock().busy_until
     }
 
     /// Queue a frame of a bounded answer past the queue's bound (see the
@@ -250,9 +534,19 @@ impl Connection {
     pub fn take(&self, out: &mut Vec<Frame>, max: usize) {
         let mut guard = self.queue.lock();
         let q = &mut *guard;
-        let n = q.frames.len().min(max);
+        // A batched direct write in flight: its sender wakes the session
+        // when it ends (see `poll_ready`).
+        let n = if q.writer == Writer::Batch {
+            0
+        } else {
+            q.frames.len().min(max)
+        };
+        if n > 0 {
+            q.writer = Writer::Session;
+            q.partial = false;
+        }
         for f in q.frames.drain(..n) {
-            q.bytes -= f.len();
+            q.bytes = q.bytes.saturating_sub(f.len() as u32);
             out.push(f);
         }
         if let Some(b) = &mut q.burst {
@@ -278,7 +572,10 @@ impl Connection {
     /// frame queued right after is not missed.
     pub fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
         self.waker.register(cx.waker());
-        if self.close.load(Ordering::Acquire) != 0 || !self.queue.lock().frames.is_empty() {
+        if self.close.load(Ordering::Acquire) != 0 || {
+            let q = self.queue.lock();
+            !q.frames.is_empty() && q.writer != Writer::Batch
+        } {
             Poll::Ready(())
         } else {
             Poll::Pending

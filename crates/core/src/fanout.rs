@@ -10,6 +10,13 @@
 //! million queue pushes on an HTTP handler's thread. A channel always goes
 //! to the same worker (by a hash of its name) and each worker runs its jobs
 //! in order, so one publisher's messages on one channel arrive in order.
+//!
+//! A worker writes quiet subscribers' frames to their sockets itself
+//! (direct writes, see [`crate::connection`]), up to [`SENDS_PER_SUBMIT`]
+//! of them per system call on an io_uring ([`Sends`]): under light
+//! traffic per subscriber, a delivery then costs the kernel's send path
+//! and little else. Where the kernel refuses io_uring (old kernels,
+//! container seccomp profiles), each direct write is its own `send`.
 
 use crate::connection::{ConnId, Connection};
 use crate::frame::Frame;
@@ -224,6 +231,11 @@ pub struct Target {
 /// (wire, tag) frame is remembered, so a run of subscribers with the same
 /// protocol and tag costs one comparison each.
 pub fn deliver(p: &Publication, targets: &[Target]) -> u64 {
+    deliver_with(p, targets, None)
+}
+
+/// [`deliver`], direct writes batched on `sends` where there is one.
+fn deliver_with(p: &Publication, targets: &[Target], mut sends: Option<&mut Sends>) -> u64 {
     // Reliable streams (issue 19): positioned publications go through each
     // connection's gate; the at-most-once path below is unchanged.
     if let Some(pos) = &p.position {
@@ -248,11 +260,128 @@ pub fn deliver(p: &Publication, targets: &[Target]) -> u64 {
                 f
             }
         };
+        if let Some(s) = sends.as_deref_mut() {
+            if frame.parts()[0].is_empty() && !s.failed {
+                if let Some(fd) = conn.begin_direct() {
+                    s.add(conn, fd, frame);
+                    delivered += 1;
+                    continue;
+                }
+            }
+        }
         if conn.send(frame) {
             delivered += 1;
         }
     }
     delivered
+}
+
+/// Direct writes per io_uring submission.
+pub const SENDS_PER_SUBMIT: usize = 128;
+
+/// Failed `io_uring_enter` calls in a row before a batch is given up.
+const MAX_RING_FAILURES: u32 = 100;
+
+/// A fan-out worker's batch of direct writes: one `Send` per socket
+/// queued on an io_uring and submitted together, the frames (whose bytes
+/// the kernel reads) held until their completions are reaped. Every send
+/// is non-blocking (`MSG_DONTWAIT`), so the kernel completes it during
+/// the submission and the wait that follows never waits on a client.
+pub struct Sends {
+    ring: io_uring::IoUring,
+    pending: Vec<Option<(Arc<Connection>, Frame)>>,
+    /// The ring failed: the worker stops using it (see `flush`).
+    failed: bool,
+}
+
+impl Sends {
+    /// A ring, or `None` where the kernel refuses one.
+    pub fn new() -> Option<Sends> {
+        let ring = io_uring::IoUring::new(SENDS_PER_SUBMIT as u32).ok()?;
+        Some(Sends {
+            ring,
+            pending: Vec::with_capacity(SENDS_PER_SUBMIT),
+            failed: false,
+        })
+    }
+
+    /// Queue `frame` (one part) to socket `fd`, reserved on `conn` with
+    /// [`Connection::begin_direct`]; submits when the ring is full.
+    fn add(&mut self, conn: &Arc<Connection>, fd: i32, frame: Frame) {
+        let body = frame.parts()[1];
+        let sqe =
+            io_uring::opcode::Send::new(io_uring::types::Fd(fd), body.as_ptr(), body.len() as u32)
+                .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                .build()
+                .user_data(self.pending.len() as u64);
+        // SAFETY: the bytes belong to `frame`, kept in `pending` until the
+        // send's completion is reaped in `flush`; the descriptor stays open
+        // until then (`begin_direct`'s reservation holds off its close).
+        let pushed = unsafe { self.ring.submission().push(&sqe) };
+        if pushed.is_err() {
+            // Cannot happen (flushed when full); never leave it reserved.
+            conn.end_direct(frame, -1);
+            return;
+        }
+        self.pending.push(Some((conn.clone(), frame)));
+        if self.pending.len() == SENDS_PER_SUBMIT && !self.flush() {
+            self.failed = true;
+        }
+    }
+
+    /// Submit what is queued and report each result to its connection.
+    /// `false`: the ring failed and must not be used (nor dropped: the
+    /// kernel may still read the buffers it was given; see below).
+    #[must_use]
+    pub fn flush(&mut self) -> bool {
+        let mut left = self.pending.iter().filter(|p| p.is_some()).count();
+        let mut failures = 0;
+        while left > 0 {
+            match self.ring.submit_and_wait(left) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if failures < MAX_RING_FAILURES => {
+                    // Transient (the kernel short of memory): again.
+                    failures += 1;
+                    tracing::debug!("fan-out io_uring: {e}; retrying");
+                    std::thread::yield_now();
+                }
+                Err(e) => {
+                    // Not seen in practice. Whether the kernel still holds
+                    // these sends is unknown, so their bytes must stay
+                    // valid (leaked) and their frames neither resent nor
+                    // counted sent: the connections close, and their
+                    // clients reconnect (resuming, where they can).
+                    tracing::warn!("fan-out io_uring failed ({e}); closing {left} connections");
+                    self.reap();
+                    for (conn, frame) in self.pending.drain(..).flatten() {
+                        std::mem::forget(frame);
+                        conn.abandon_direct();
+                    }
+                    return false;
+                }
+            }
+            left -= self.reap();
+        }
+        self.pending.clear();
+        true
+    }
+
+    /// Report the completions that are in; returns how many.
+    fn reap(&mut self) -> usize {
+        let mut n = 0;
+        for cqe in self.ring.completion() {
+            let slot = self
+                .pending
+                .get_mut(cqe.user_data() as usize)
+                .and_then(Option::take);
+            if let Some((conn, frame)) = slot {
+                conn.end_direct(frame, cqe.result() as isize);
+                n += 1;
+            }
+        }
+        n
+    }
 }
 
 /// [`deliver`] for a publication with a position: a connection with a
@@ -301,8 +430,12 @@ impl Fanout {
             .map(|_| {
                 let (tx, mut rx) = mpsc::channel::<Job>(WORKER_QUEUE);
                 tokio::spawn(async move {
+                    let mut sends = Sends::new();
                     while let Some(mut job) = rx.recv().await {
-                        run(&job);
+                        if !run(&job, sends.as_mut()) {
+                            // Leaked, not dropped: see `Sends::flush`.
+                            std::mem::forget(sends.take());
+                        }
                         if let Some(done) = job.done.take() {
                             let _ = done.send(());
                         }
@@ -376,14 +509,20 @@ impl Fanout {
     }
 }
 
-fn run(job: &Job) {
+/// Deliver a job; `false` if its batch's ring failed.
+fn run(job: &Job, mut sends: Option<&mut Sends>) -> bool {
     let started = std::time::Instant::now();
     let mut delivered = 0;
     for targets in &job.targets {
-        delivered += deliver(&job.publication, targets);
+        delivered += deliver_with(&job.publication, targets, sends.as_deref_mut());
     }
+    let ring_ok = match sends {
+        Some(s) => !s.failed && s.flush(),
+        None => true,
+    };
     metrics::add(&metrics::FRAMES_DELIVERED, delivered);
     metrics::observe_fanout(started.elapsed());
+    ring_ok
 }
 
 #[cfg(test)]

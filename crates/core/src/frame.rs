@@ -120,6 +120,24 @@ impl Frame {
         [&self.head, &self.body]
     }
 
+    /// What is left of this frame once its first `n` bytes are written
+    /// (a partial write): the same allocations, sliced.
+    pub fn after(&self, n: usize) -> Frame {
+        if n < self.head.len() {
+            Frame {
+                head: self.head.slice(n..),
+                body: self.body.clone(),
+            }
+        } else {
+            Frame {
+                head: Bytes::new(),
+                body: self
+                    .body
+                    .slice((n - self.head.len()).min(self.body.len())..),
+            }
+        }
+    }
+
     /// The payload without the WebSocket header, copied (for tests and
     /// diagnostics; never on the hot path).
     pub fn payload(&self) -> Vec<u8> {
@@ -191,6 +209,22 @@ mod tests {
         assert_eq!(b.payload_text(), "{\"id\":\"bb\",\"e\":{\"x\":1}}");
         // The body is the same allocation, not a copy.
         assert_eq!(a.parts()[1].as_ptr(), b.parts()[1].as_ptr());
+    }
+
+    #[test]
+    fn what_is_left_after_a_partial_write() {
+        let shared = Bytes::from_static(b"body");
+        let f = Frame::text_with_prefix(b"pre", &shared);
+        let all: Vec<u8> = f.parts().iter().flat_map(|b| b.iter().copied()).collect();
+        for n in 0..=all.len() {
+            let rest = f.after(n);
+            let got: Vec<u8> = rest
+                .parts()
+                .iter()
+                .flat_map(|b| b.iter().copied())
+                .collect();
+            assert_eq!(got, all[n..], "after {n} bytes");
+        }
     }
 
     #[test]

@@ -134,6 +134,14 @@ pub static SOCKET_WRITES: Counter = Counter::new(
     "herald_socket_writes_total",
     "Batches of frames written to client sockets (one flush each)",
 );
+pub static DIRECT_WRITES: Counter = Counter::new(
+    "herald_direct_writes_total",
+    "Frames written to a quiet connection's socket by their sender, skipping the session (also counted in herald_socket_writes_total)",
+);
+pub static DIRECT_WRITES_CUT: Counter = Counter::new(
+    "herald_direct_writes_cut_total",
+    "Direct writes a full socket buffer cut short; the session wrote the rest",
+);
 pub static FRAMES_ENCODED: Counter = Counter::new(
     "herald_frames_encoded_total",
     "Publication frames built (once per protocol and tag, then shared)",
@@ -206,7 +214,7 @@ pub static CLUSTER_NODES: Gauge = Gauge::new(
 
 static GAUGES: [&Gauge; 2] = [&CLUSTER_TALLY_KEYS, &CLUSTER_NODES];
 
-static ALL: [&Counter; 16] = [
+static ALL: [&Counter; 18] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
     &RATE_LIMITED,
@@ -215,6 +223,8 @@ static ALL: [&Counter; 16] = [
     &MESSAGES_PUBLISHED,
     &FRAMES_DELIVERED,
     &SOCKET_WRITES,
+    &DIRECT_WRITES,
+    &DIRECT_WRITES_CUT,
     &FRAMES_ENCODED,
     &FANOUT_JOBS,
     &FANOUT_MICROS,

@@ -197,7 +197,7 @@ pub fn open(
 
 /// A connection written to within this long counts as busy (see
 /// [`Settings::write_delay_busy_only`]).
-pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
+pub use crate::connection::BUSY_WINDOW;
 
 /// What woke the loop.
 enum Wake {
@@ -255,9 +255,17 @@ where
         tokio::pin!(cancelled);
         let mut registered = false;
         let mut inbound = RateWindow::new();
-        let mut last_write: Option<Instant> = None;
         let traffic = metrics::traffic(handler.app_id(), conn.wire.name());
         traffic.opened();
+        // Plain TCP: let senders write quiet connections' frames directly
+        // (see `connection`), except where every frame is to be delayed.
+        if settings.write_delay.is_zero() || settings.write_delay_busy_only {
+            if let Some(socket) =
+                (&mut stream as &mut dyn std::any::Any).downcast_mut::<crate::ws::Socket>()
+            {
+                socket.attach(&conn, !settings.write_delay.is_zero(), traffic.clone());
+            }
+        }
         let mut write_failed = false;
         // The handler closed: what it queued before deciding to close goes out
         // before the close (its last answers to the client).
@@ -310,6 +318,7 @@ where
                     // connection's task.
                     let (seen, read) = Box::pin(on_messages(
                         &mut stream,
+                        &conn,
                         &mut decoder,
                         &mut handler,
                         &mut inbound,
@@ -336,8 +345,7 @@ where
                 }
                 Wake::Frames => {
                     let coalesce = !settings.write_delay.is_zero()
-                        && (!settings.write_delay_busy_only
-                            || last_write.is_some_and(|t| t.elapsed() < BUSY_WINDOW));
+                        && (!settings.write_delay_busy_only || conn.busy());
                     if coalesce {
                         // Sleep, then take what came: waiting on the queue
                         // instead would wake this task once per frame.
@@ -353,11 +361,9 @@ where
                         write_failed = true;
                         break None;
                     }
+                    conn.written();
                     metrics::count(&metrics::SOCKET_WRITES);
                     traffic.sent(batch.len(), batch.iter().map(Frame::len).sum());
-                    if settings.write_delay_busy_only {
-                        last_write = Some(Instant::now());
-                    }
                 }
                 Wake::Timer => {
                     let now = Instant::now();
@@ -406,8 +412,9 @@ where
             // The client went away (or its socket broke): nothing to say,
             // so the whole teardown, leaving channels first, waits its turn
             // in the reaper, behind new connections (see there why). From
-            // now on nothing is queued for it.
+            // now on nothing is queued for it, nor written to its socket.
             conn.gone();
+            conn.detach();
             let closed = if write_failed {
                 metrics::Closed::WriteError
             } else {
@@ -424,13 +431,7 @@ where
         Box::pin(handler.on_close()).await;
         traffic.closed(why.closed());
         let closing = handler.closing(&why);
-        Box::pin(close(
-            stream,
-            decoder,
-            closing,
-            flush_queued.then_some(&*conn),
-        ))
-        .await;
+        Box::pin(close(stream, decoder, closing, &conn, flush_queued)).await;
     }
 }
 
@@ -450,6 +451,7 @@ enum Read {
 /// what the loop does next.
 async fn on_messages<S, H>(
     stream: &mut S,
+    conn: &Connection,
     decoder: &mut Decoder,
     handler: &mut H,
     inbound: &mut RateWindow,
@@ -486,8 +488,14 @@ where
             }
             Incoming::Ping(payload) => {
                 // Pongs bypass the queue's bounds: they are tiny and the
-                // client is evidently reading.
-                let _ = write_frames(stream, &[Frame::new(OpCode::Pong, &payload)]).await;
+                // client is evidently reading. Not into a direct write's
+                // unfinished frame, though: its rest goes first.
+                let pong = Frame::new(OpCode::Pong, &payload);
+                let _ = match conn.claim() {
+                    Some(rest) => write_frames(stream, &[rest, pong]).await,
+                    None => write_frames(stream, &[pong]).await,
+                };
+                conn.written();
                 Next::Continue
             }
             Incoming::Pong => Next::Continue,
@@ -502,7 +510,8 @@ where
                     Some(f) => Frame::close(f.code, &f.reason),
                     None => Frame::close(1000, ""),
                 };
-                let _ = write_frames(stream, &[echo]).await;
+                let last: Vec<Frame> = conn.detach().into_iter().chain([echo]).collect();
+                let _ = write_frames(stream, &last).await;
                 return (seen, Read::ClientClosed);
             }
         };
@@ -549,14 +558,17 @@ async fn close<S>(
     mut stream: S,
     mut decoder: Decoder,
     closing: Closing,
-    queued: Option<&Connection>,
+    conn: &Connection,
+    flush_queued: bool,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut last = Vec::with_capacity(2);
+    // No more direct writes; one left unfinished is finished first.
+    last.extend(conn.detach());
     // The handler closed: what it queued before deciding to close goes
     // out before the close (its last answers to the client).
-    if let Some(conn) = queued {
+    if flush_queued {
         conn.take(&mut last, MAX_BATCH);
     }
     last.extend(closing.last);

@@ -378,8 +378,94 @@ impl Handshake {
     }
 }
 
-/// An upgraded client socket.
-pub type Socket = hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>;
+/// The descriptor of a plain TCP connection, put in its requests'
+/// extensions by the listener (not for TLS): what lets a session allow
+/// direct writes (see [`crate::connection`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RawSocket(pub i32);
+
+/// An upgraded client socket, and its descriptor if it is plain TCP.
+pub struct Socket {
+    io: hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>,
+    fd: i32,
+    /// The connection allowed to write to `fd` directly, if any: detached
+    /// when the socket drops, before the descriptor closes, however the
+    /// session ended (a panic included), so a direct write can never reach
+    /// the descriptor's next owner.
+    attached: Option<std::sync::Arc<crate::connection::Connection>>,
+}
+
+impl Socket {
+    /// Let `conn`'s senders write to this socket directly (plain TCP only;
+    /// see [`crate::connection`]); returns whether they may.
+    pub fn attach(
+        &mut self,
+        conn: &std::sync::Arc<crate::connection::Connection>,
+        quiet_only: bool,
+        traffic: std::sync::Arc<crate::metrics::Traffic>,
+    ) -> bool {
+        if self.fd < 0 {
+            return false;
+        }
+        conn.attach(self.fd, quiet_only, traffic);
+        self.attached = Some(conn.clone());
+        true
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        if let Some(conn) = self.attached.take() {
+            conn.detach();
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for Socket {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Socket {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 /// Let hyper's HTTP read buffer (about 14 KiB a connection) go now rather
 /// than at the session's first read. hyper hands it to the upgraded socket
@@ -413,9 +499,14 @@ where
     };
     let on = hyper::upgrade::on(&mut req);
     let protocol = hs.protocol;
+    let fd = req.extensions().get::<RawSocket>().map_or(-1, |s| s.0);
     tokio::spawn(async move {
         if let Ok(upgraded) = on.await {
-            let mut socket = hyper_util::rt::TokioIo::new(upgraded);
+            let mut socket = Socket {
+                io: hyper_util::rt::TokioIo::new(upgraded),
+                fd,
+                attached: None,
+            };
             release_read_buffer(&mut socket);
             // The session on a task of its own, this one ending here: a
             // task's memory is its largest state for its whole life, and
