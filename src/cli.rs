@@ -95,6 +95,10 @@ struct ServeArgs {
     /// 50 ms (quiet connections write at once).
     #[arg(long, env = "HERALD_WRITE_DELAY_BUSY_ONLY")]
     write_delay_busy_only: Option<bool>,
+    /// Let the fan-out write quiet connections' frames to their sockets
+    /// itself (default true; see docs/configuration.md).
+    #[arg(long, env = "HERALD_DIRECT_WRITES")]
+    direct_writes: Option<bool>,
     /// Log filter, e.g. `info` or `herald=debug`.
     #[arg(long, env = "HERALD_LOG")]
     log: Option<String>,
@@ -491,6 +495,7 @@ fn overrides(args: ServeArgs) -> Overrides {
         shutdown_grace: args.shutdown_grace,
         write_delay_ms: args.write_delay_ms,
         write_delay_busy_only: args.write_delay_busy_only,
+        direct_writes: args.direct_writes,
         log: args.log,
         app_id: args.app_id,
         app_key: args.app_key,
@@ -546,6 +551,7 @@ async fn run(config: Config, adapters: Adapters) -> std::io::Result<()> {
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let shown = config.broker.shown_url();
     let node = Node::new(config, broker);
+    node.start_fanout();
     tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
     server::serve_with(adapters, node, listener, server::shutdown::signal()).await
 }

@@ -105,3 +105,15 @@ async fn a_frame_cut_by_a_full_socket_is_finished_before_anything_else() {
     assert_eq!(pongs, 1);
     assert_eq!(s.metric("herald_slow_clients_closed_total").await, 0);
 }
+
+#[tokio::test]
+async fn direct_writes_off_leaves_every_frame_to_the_session() {
+    let s = Server::start_with("direct_writes = false", "").await;
+    let mut c = s.client().await;
+    c.subscribe("quiet").await;
+    tokio::time::sleep(QUIET).await;
+    s.trigger("quiet", "tick", "{\"n\":0}").await;
+    let f = c.expect("tick", Some("quiet")).await;
+    assert_eq!(data(&f)["n"], 0, "{f}");
+    assert_eq!(s.metric("herald_direct_writes_total").await, 0);
+}

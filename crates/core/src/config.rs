@@ -62,6 +62,10 @@ pub struct Config {
     /// Apply `write_delay_ms` only to connections written to within the
     /// last 50 ms: busy connections coalesce, quiet ones write at once.
     pub write_delay_busy_only: bool,
+    /// Let senders write a quiet plain-TCP connection's frames to its
+    /// socket themselves (the fan-out in batches on an io_uring where the
+    /// kernel allows one), instead of waking its session for each.
+    pub direct_writes: bool,
     /// `tracing` filter, e.g. `info` or `herald=debug`.
     pub log: String,
     /// PEM certificate chain; with `tls_key`, Herald serves TLS (wss/https).
@@ -239,6 +243,7 @@ impl Default for Config {
             // connections pay nothing.
             write_delay_ms: 2,
             write_delay_busy_only: true,
+            direct_writes: true,
             log: "info".into(),
             tls_cert: None,
             tls_key: None,
@@ -363,6 +368,7 @@ pub struct Overrides {
     pub shutdown_grace: Option<u64>,
     pub write_delay_ms: Option<u64>,
     pub write_delay_busy_only: Option<bool>,
+    pub direct_writes: Option<bool>,
     pub log: Option<String>,
     /// Replace the single app's credentials (handy in containers).
     pub app_id: Option<String>,
@@ -471,6 +477,9 @@ impl Config {
         }
         if let Some(v) = o.write_delay_busy_only {
             self.write_delay_busy_only = v;
+        }
+        if let Some(v) = o.direct_writes {
+            self.direct_writes = v;
         }
         if let Some(v) = &o.log {
             self.log = v.clone();

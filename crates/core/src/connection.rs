@@ -704,4 +704,114 @@ mod tests {
         c.close(Reason::ShuttingDown);
         assert_eq!(c.close_requested(), Some(Reason::Code(4009)));
     }
+
+    // ----- direct writes, over a socket pair ----------------------------
+
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    fn attached(quiet_only: bool) -> (Connection, UnixStream, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let c = conn(1000, 64 << 20);
+        c.attach(ours.as_raw_fd(), quiet_only, metrics::traffic("t", "test"));
+        (c, ours, theirs)
+    }
+
+    fn read_all(s: &mut UnixStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    }
+
+    fn bytes(f: &Frame) -> Vec<u8> {
+        f.parts().iter().flat_map(|b| b.iter().copied()).collect()
+    }
+
+    #[test]
+    fn a_quiet_connection_is_written_directly_and_a_busy_one_queues() {
+        let (c, _ours, mut theirs) = attached(true);
+        let first = frame(10);
+        let at = Instant::now();
+        assert!(c.send(first.clone()));
+        assert_eq!(read_all(&mut theirs), bytes(&first), "written at once");
+        // Busy for the window after a write: the next frame waits for the
+        // session, to share a write. (A machine that stalled this thread
+        // past the window sees the quiet case again instead.)
+        let second = frame(20);
+        assert!(c.send(second.clone()));
+        let within = at.elapsed() < BUSY_WINDOW;
+        let mut out = Vec::new();
+        c.take(&mut out, 64);
+        let written = read_all(&mut theirs);
+        if within {
+            assert!(written.is_empty());
+            assert_eq!(out, vec![second]);
+        } else {
+            // Either way, exactly once.
+            assert!(
+                out == vec![second.clone()] && written.is_empty()
+                    || out.is_empty() && written == bytes(&second)
+            );
+        }
+    }
+
+    #[test]
+    fn a_cut_write_leaves_its_rest_first_and_nothing_passes_it() {
+        let (c, _ours, mut theirs) = attached(false);
+        // Far more than a socket pair's buffer: the write is cut.
+        let big = frame(4 << 20);
+        assert!(c.send(big.clone()));
+        let head = read_all(&mut theirs);
+        assert!(!head.is_empty() && head.len() < big.len(), "{}", head.len());
+        // Queued behind the rest, not written past it.
+        let small = frame(5);
+        assert!(c.send(small.clone()));
+        // The session's own write (a pong) gets the rest first.
+        let rest = c.claim().expect("the cut frame's rest");
+        assert_eq!([head, bytes(&rest)].concat(), bytes(&big));
+        c.written();
+        let mut out = Vec::new();
+        c.take(&mut out, 64);
+        assert_eq!(out, vec![small]);
+        c.written();
+        assert!(c.detach().is_none());
+    }
+
+    #[test]
+    fn a_batched_write_holds_the_socket_until_its_result() {
+        let (c, _ours, mut theirs) = attached(false);
+        let fd = c.begin_direct().expect("quiet and attached");
+        assert!(c.begin_direct().is_none(), "reserved once");
+        // Meanwhile frames queue, and the session neither sees nor takes
+        // them until the batch's result is in.
+        let queued = frame(7);
+        assert!(c.send(queued.clone()));
+        let mut out = Vec::new();
+        c.take(&mut out, 64);
+        assert!(out.is_empty());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(c.poll_ready(&mut cx).is_pending());
+        // The batch sent half its frame.
+        let sent = frame(30);
+        let all = bytes(&sent);
+        // SAFETY: a valid buffer on our own socket.
+        let n = unsafe { libc::send(fd, all.as_ptr().cast(), 10, 0) };
+        assert_eq!(n, 10);
+        c.end_direct(sent, n);
+        assert!(c.poll_ready(&mut cx).is_ready());
+        c.take(&mut out, 64);
+        assert_eq!(out.len(), 2);
+        assert_eq!(bytes(&out[0]), all[10..], "the rest first");
+        assert_eq!(out[1], queued);
+        assert_eq!(read_all(&mut theirs), all[..10]);
+    }
 }

@@ -424,13 +424,14 @@ pub struct Fanout {
 }
 
 impl Fanout {
-    /// Start `n` workers on the current runtime.
-    pub fn start(n: usize) -> Fanout {
+    /// Start `n` workers on the current runtime, batching direct writes
+    /// on an io_uring each (`direct`, where the kernel allows one).
+    pub fn start(n: usize, direct: bool) -> Fanout {
         let workers = (0..n.max(1))
             .map(|_| {
                 let (tx, mut rx) = mpsc::channel::<Job>(WORKER_QUEUE);
                 tokio::spawn(async move {
-                    let mut sends = Sends::new();
+                    let mut sends = if direct { Sends::new() } else { None };
                     while let Some(mut job) = rx.recv().await {
                         if !run(&job, sends.as_mut()) {
                             // Leaked, not dropped: see `Sends::flush`.

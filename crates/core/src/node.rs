@@ -254,10 +254,17 @@ impl Node {
         }
     }
 
+    /// Start the fan-out workers now rather than at the first publish: the
+    /// server opens their io_uring rings (a descriptor each) at start, so
+    /// its descriptor count under load is its count at rest.
+    pub fn start_fanout(&self) {
+        self.fanout();
+    }
+
     fn fanout(&self) -> &Fanout {
         self.fanout.get_or_init(|| {
             let n = std::thread::available_parallelism().map_or(2, |n| n.get());
-            Fanout::start(n)
+            Fanout::start(n, self.config.direct_writes)
         })
     }
 

@@ -143,6 +143,8 @@ pub struct Settings {
     pub write_delay: Duration,
     /// See the server's `write_delay_busy_only`.
     pub write_delay_busy_only: bool,
+    /// See the server's `direct_writes`.
+    pub direct_writes: bool,
     /// How long a session whose handler is [`Handler::idle`] may stay
     /// without a client message (the server's `ws_idle_timeout`).
     pub idle_timeout: Duration,
@@ -159,6 +161,7 @@ impl Settings {
             max_messages_per_second: app.max_messages_per_second,
             write_delay: config.write_delay(),
             write_delay_busy_only: config.write_delay_busy_only,
+            direct_writes: config.direct_writes,
             idle_timeout: config.ws_idle_timeout(),
             reaper: node.reaper.clone(),
         }
@@ -259,7 +262,9 @@ where
         traffic.opened();
         // Plain TCP: let senders write quiet connections' frames directly
         // (see `connection`), except where every frame is to be delayed.
-        if settings.write_delay.is_zero() || settings.write_delay_busy_only {
+        if settings.direct_writes
+            && (settings.write_delay.is_zero() || settings.write_delay_busy_only)
+        {
             if let Some(socket) =
                 (&mut stream as &mut dyn std::any::Any).downcast_mut::<crate::ws::Socket>()
             {
