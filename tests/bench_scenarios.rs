@@ -126,9 +126,15 @@ fn assert_server_memory(r: &herald_bench::Report) {
     assert!(peak > 1024.0 * 1024.0, "{text}");
     let end = r.figure("server_rss_end").expect("server_rss_end");
     assert!(end > 0.0 && peak >= end, "{text}");
+    // Read at other moments than the peak: since Linux 6.2 a process's
+    // resident-page counts are per-CPU counters read approximately (up to
+    // 32 pages per CPU per counter), so a sample taken earlier may exceed a
+    // high-water mark read later by that much. Seen once on a loaded
+    // 2-core machine: 34.0 MiB sampled, a peak a few pages lower.
+    const SLACK: f64 = 1024.0 * 1024.0;
     for name in ["server_rss_before", "server_rss_open", "server_rss_after"] {
         if let Some(rss) = r.figure(name) {
-            assert!(peak >= rss, "{name}: {text}");
+            assert!(peak + SLACK >= rss, "{name}: {text}");
         }
     }
     assert!(text.contains(" server_rss_peak."), "{text}");
@@ -389,7 +395,14 @@ async fn cli_reports_the_servers_peak_memory() {
         "server_rss_after",
     ] {
         let rss = metrics[name].as_f64().expect(name);
-        assert!(rss > 0.0 && peak >= rss, "{name}: {json}");
+        // `server_rss_end` is read with the peak; the others earlier (see
+        // `assert_server_memory` on the kernel's approximate counts).
+        let slack = if name == "server_rss_end" {
+            0.0
+        } else {
+            1024.0 * 1024.0
+        };
+        assert!(rss > 0.0 && peak + slack >= rss, "{name}: {json}");
     }
     // Printed in MiB, like the other memory figures.
     let line = stdout
