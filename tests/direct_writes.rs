@@ -55,13 +55,11 @@ async fn a_frame_cut_by_a_full_socket_is_finished_before_anything_else() {
     // The client reads nothing while events of 10 KB are published, until
     // a direct write was cut short by the full socket.
     let payload = "x".repeat(10_000);
-    let path = format!("/apps/{APP_ID}/events");
+    let bulk = |n: u64| json!({ "n": n, "p": payload }).to_string();
     let mut sent = 0u64;
     while s.metric("herald_direct_writes_cut_total").await == 0 {
         assert!(sent < 2000, "no direct write was cut after {sent} events");
-        let body = json!({ "channel": "firehose", "name": "bulk", "data": json!({"n": sent, "p": payload}).to_string() });
-        let (status, reply) = s.api("POST", &path, &body.to_string()).await;
-        assert_eq!(status, 200, "{reply}");
+        s.trigger("firehose", "bulk", &bulk(sent)).await;
         sent += 1;
     }
     // A WebSocket ping while the cut frame's rest waits: its pong must not
@@ -71,9 +69,7 @@ async fn a_frame_cut_by_a_full_socket_is_finished_before_anything_else() {
         .await
         .expect("ping");
     for _ in 0..5 {
-        let body = json!({ "channel": "firehose", "name": "bulk", "data": json!({"n": sent, "p": payload}).to_string() });
-        let (status, reply) = s.api("POST", &path, &body.to_string()).await;
-        assert_eq!(status, 200, "{reply}");
+        s.trigger("firehose", "bulk", &bulk(sent)).await;
         sent += 1;
     }
 

@@ -201,12 +201,11 @@ fn send_now(fd: i32, frame: &Frame) -> isize {
             iov_len: body.len(),
         },
     ];
-    let skip = usize::from(head.is_empty());
     // SAFETY: `msghdr` is plain data, zero is a valid value of each field;
     // the iovecs point into `frame`, which outlives the call.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov[skip..].as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = (2 - skip) as _;
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
     // SAFETY: `fd` is the session's open socket: the session detaches it
     // under the queue's lock (held by our caller) before closing it.
     unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) }
@@ -256,6 +255,25 @@ impl Queue {
                 f.0 += 1;
             }
         }
+    }
+
+    /// The connection was just written to: busy for [`BUSY_WINDOW`].
+    fn mark_written(&mut self) {
+        self.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+    }
+
+    /// Take the rest of a cut direct write off the front, if it is there.
+    fn take_partial(&mut self) -> Option<Frame> {
+        if !std::mem::take(&mut self.partial) {
+            return None;
+        }
+        let f = self.frames.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(f.len() as u32);
+        if let Some(b) = &mut self.burst {
+            // Sequence numbers count from the front: one fewer before them.
+            b.taken += 1;
+        }
+        Some(f)
     }
 
     /// Whether a frame may be written to the socket directly now: a
@@ -364,7 +382,7 @@ impl Connection {
         q.writer = Writer::Nobody;
         let len = frame.len();
         if n as usize == len && n > 0 {
-            q.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+            q.mark_written();
             let wake = !q.frames.is_empty();
             let traffic = q.traffic.clone();
             drop(q);
@@ -381,7 +399,7 @@ impl Connection {
         let rest = if n > 0 {
             metrics::count(&metrics::DIRECT_WRITES_CUT);
             q.partial = true;
-            q.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+            q.mark_written();
             frame.after(n as usize)
         } else {
             frame
@@ -454,7 +472,7 @@ impl Connection {
         let mut q = self.settled();
         q.fd = -1;
         q.traffic = None;
-        self.take_partial(&mut q)
+        q.take_partial()
     }
 
     /// The session writes on its own (a pong): no direct write until
@@ -463,20 +481,7 @@ impl Connection {
     pub fn claim(&self) -> Option<Frame> {
         let mut q = self.settled();
         q.writer = Writer::Session;
-        self.take_partial(&mut q)
-    }
-
-    fn take_partial(&self, q: &mut Queue) -> Option<Frame> {
-        if !std::mem::take(&mut q.partial) {
-            return None;
-        }
-        let f = q.frames.pop_front()?;
-        q.bytes = q.bytes.saturating_sub(f.len() as u32);
-        if let Some(b) = &mut q.burst {
-            // Sequence numbers count from the front: one fewer before them.
-            b.taken += 1;
-        }
-        Some(f)
+        q.take_partial()
     }
 
     /// The session finished writing what it took (or claimed): direct
@@ -484,7 +489,7 @@ impl Connection {
     pub fn written(&self) {
         let mut q = self.queue.lock();
         q.writer = Writer::Nobody;
-        q.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+        q.mark_written();
     }
 
     /// Whether the connection was written to within [`BUSY_WINDOW`].
