@@ -127,8 +127,10 @@ struct Queue {
     burst: Option<Box<Burst>>,
     /// The socket, while its session allows direct writes; -1 otherwise.
     fd: i32,
-    /// Milliseconds (of [`now_ms`]) until which the connection is busy.
-    busy_until: u32,
+    /// When (by [`now_ms`]) the connection was last written to. Compared
+    /// by wrapping difference, so the clock's wrap (every 49.7 days) costs
+    /// nothing.
+    written_at: u32,
     /// Direct writes only while the connection is not busy (the session
     /// coalesces busy connections' frames); otherwise whenever possible.
     quiet_only: bool,
@@ -160,7 +162,8 @@ impl Default for Queue {
             bytes: 0,
             burst: None,
             fd: -1,
-            busy_until: 0,
+            // Quiet from the start.
+            written_at: now_ms().wrapping_sub(BUSY_MS),
             quiet_only: false,
             writer: Writer::Nobody,
             partial: false,
@@ -168,6 +171,9 @@ impl Default for Queue {
         }
     }
 }
+
+/// [`BUSY_WINDOW`] in [`now_ms`] units.
+const BUSY_MS: u32 = BUSY_WINDOW.as_millis() as u32;
 
 /// A coarse process clock in milliseconds, for the busy window.
 fn now_ms() -> u32 {
@@ -259,7 +265,7 @@ impl Queue {
 
     /// The connection was just written to: busy for [`BUSY_WINDOW`].
     fn mark_written(&mut self) {
-        self.busy_until = now_ms().wrapping_add(BUSY_WINDOW.as_millis() as u32);
+        self.written_at = now_ms();
     }
 
     /// Take the rest of a cut direct write off the front, if it is there.
@@ -276,6 +282,11 @@ impl Queue {
         Some(f)
     }
 
+    /// Whether it was written to within [`BUSY_WINDOW`].
+    fn busy(&self) -> bool {
+        now_ms().wrapping_sub(self.written_at) < BUSY_MS
+    }
+
     /// Whether a frame may be written to the socket directly now: a
     /// socket attached, nothing queued before it, nobody writing, and the
     /// connection quiet where only quiet ones are written directly.
@@ -283,7 +294,7 @@ impl Queue {
         self.fd >= 0
             && self.frames.is_empty()
             && self.writer == Writer::Nobody
-            && (!self.quiet_only || now_ms() >= self.busy_until)
+            && (!self.quiet_only || !self.busy())
     }
 }
 
@@ -494,7 +505,7 @@ impl Connection {
 
     /// Whether the connection was written to within [`BUSY_WINDOW`].
     pub fn busy(&self) -> bool {
-        now_ms() < self.queue.lock().busy_until
+        self.queue.lock().busy()
     }
 
     /// Queue a frame of a bounded answer past the queue's bound (see the
