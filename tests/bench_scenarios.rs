@@ -12,7 +12,6 @@ use herald_bench::fanout::{self, FanoutParams};
 use herald_bench::idle::{self, IdleParams};
 use herald_bench::Target;
 use std::collections::BTreeSet;
-use std::net::TcpListener as StdListener;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,13 +33,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 async fn start_server() -> Server {
     start_server_with(None).await

@@ -55,15 +55,11 @@ fn scratch_dir() -> PathBuf {
     dir
 }
 
-/// A port nobody listens on right now. The server may still lose a race
-/// for it, so [`Server::start_with`] retries with a new port.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A port nobody listens on right now, never given to another test of this
+/// process (see [`herald_broker::testing::free_port`]). The server may
+/// still lose a race for it to an outside process, so
+/// [`Server::start_with`] retries with a new port.
+pub use herald_broker::testing::free_port;
 
 /// `herald` as a child that dies with the test: `PR_SET_PDEATHSIG` makes
 /// the kernel send it SIGKILL when the thread that spawned it ends, so a

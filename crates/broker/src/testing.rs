@@ -35,12 +35,27 @@ pub struct BrokerServer {
     tls: Option<Tls>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .unwrap()
-        .port()
+/// A loopback port nobody listens on now and that no other caller in this
+/// process has been given. Tests run in parallel threads: two of them could
+/// each be handed the same just-released port, start a server on it, and
+/// the loser's readiness check would connect to the winner's server (then
+/// fail once the winner's test kills it). Remembering every port handed
+/// out rules that out; a test process uses a few hundred at most.
+pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let given = GIVEN.get_or_init(Default::default);
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind an ephemeral port")
+            .local_addr()
+            .unwrap()
+            .port();
+        if given.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 impl BrokerServer {

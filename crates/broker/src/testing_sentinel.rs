@@ -7,7 +7,7 @@
 //! [`RedisSentinel::start_tls`]: the same over TLS only (the data servers,
 //! replication and the sentinels).
 
-use crate::testing::Tls;
+use crate::testing::{free_port, Tls};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -28,13 +28,6 @@ pub struct RedisSentinel {
     tls: Option<Tls>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn spawn(cmd: &mut Command, port: u16) -> Child {
     let mut child = cmd
