@@ -63,6 +63,8 @@ pub const NAMESPACE: Namespace = Namespace::new("actioncable");
 
 /// The adapter's shared state.
 pub struct Cable {
+    /// The node serving it (no cycle: the node does not hold its routes).
+    pub node: Arc<Node>,
     pub hub: Arc<Hub>,
     pub rpc: Option<Arc<rpc::Rpc>>,
     pub disconnects: Option<disconnects::Disconnects>,
@@ -124,7 +126,7 @@ pub fn hub_of(node: &Node, rpc: &RpcConfig) -> Option<Arc<Hub>> {
 }
 
 impl Cable {
-    pub fn new(node: &Node, config: &RpcConfig) -> Result<Cable, String> {
+    pub fn new(node: &Arc<Node>, config: &RpcConfig) -> Result<Cable, String> {
         let hub = hub_of(node, config).ok_or("no app to serve /cable")?;
         let rpc = match &config.host {
             Some(_) => Some(Arc::new(rpc::Rpc::new(config)?)),
@@ -150,6 +152,7 @@ impl Cable {
             }),
         );
         Ok(Cable {
+            node: node.clone(),
             hub,
             rpc,
             disconnects,

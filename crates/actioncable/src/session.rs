@@ -380,12 +380,11 @@ async fn open(
     let identifiers: Arc<str> = Arc::from(identifiers);
     let indexed = cable.identities.add(&identifiers, &conn);
     let mut s = CableSession {
-        node,
         cable,
         conn: conn.clone(),
-        env: Box::new(env),
+        env,
         identifiers,
-        subs: Vec::new(),
+        subs: Box::default(),
         streams: 0,
         authenticated,
         ext,
@@ -459,6 +458,22 @@ fn push_tight<T>(v: &mut Vec<T>, x: T) {
     v.push(x);
 }
 
+/// Push onto a list boxed to its length (a connection's subscriptions).
+fn push_boxed<T>(list: &mut Box<[T]>, x: T) {
+    let mut v = std::mem::take(list).into_vec();
+    v.reserve_exact(1);
+    v.push(x);
+    *list = v.into_boxed_slice();
+}
+
+/// Take element `at` out of a list boxed to its length.
+fn remove_boxed<T>(list: &mut Box<[T]>, at: usize) -> T {
+    let mut v = std::mem::take(list).into_vec();
+    let x = v.remove(at);
+    *list = v.into_boxed_slice();
+    x
+}
+
 /// What few connections use, made on first use: an idle connection would
 /// otherwise carry it (about 100 bytes) in its task for its whole life.
 struct Rare {
@@ -471,18 +486,21 @@ struct Rare {
 /// kept small: a task is allocated in steps of 128 bytes, and 48 bytes
 /// less here (no second `Hub` handle, the index place a flag, the stream
 /// count a `u32`) made an idle connection's task one step smaller
-/// (bench/RESULTS.md "Idle memory").
+/// (bench/RESULTS.md "Idle memory"). The task's future is now exactly at
+/// the top of its step (664 bytes; 672 take the next): a field added here
+/// costs 128 bytes per connection unless another goes.
 struct CableSession {
-    node: Arc<Node>,
+    /// The node is `cable.node`: a handle of its own here would be 8 more
+    /// bytes in every connection's task.
     cable: Arc<Cable>,
     conn: Arc<Connection>,
-    /// Boxed: it is large and read only when calling the app; this struct
-    /// is part of every connection's task.
-    env: Box<SessionEnv>,
+    env: SessionEnv,
     /// The app's connection identifiers (opaque JSON), echoed in calls;
     /// the remote-command index holds the same text.
     identifiers: Arc<str>,
-    subs: Vec<Sub>,
+    /// Boxed to its length, not a `Vec`: 8 bytes less in every task, and
+    /// subscriptions change rarely (each change is a call to the app).
+    subs: Box<[Sub]>,
     /// Streams followed, over all subscriptions (at most [`MAX_STREAMS`]).
     streams: u32,
     /// Connected through the app: it hears of the disconnect.
@@ -714,7 +732,7 @@ impl CableSession {
             }
         };
         if status_of(res.status) == Status::Success {
-            push_tight(
+            push_boxed(
                 &mut self.subs,
                 Sub {
                     identifier: Arc::from(identifier.as_str()),
@@ -746,8 +764,8 @@ impl CableSession {
         if stream.len() > MAX_STREAM_NAME || self.streams as usize >= MAX_STREAMS {
             return self.reject(&identifier);
         }
-        push_tight(
-            &mut self.subs,
+        push_boxed(
+                &mut self.subs,
             Sub {
                 identifier: Arc::from(identifier.as_str()),
                 streams: Vec::new(),
@@ -781,7 +799,7 @@ impl CableSession {
         };
         // The client is gone from this subscription whatever the app says
         // (Action Cable's unsubscribe has no answer to wait for).
-        let sub = self.subs.remove(at);
+        let sub = remove_boxed(&mut self.subs, at);
         for stream in &sub.streams {
             self.leave(&sub.identifier, stream);
         }
@@ -948,6 +966,7 @@ impl CableSession {
             ..SubscribeOptions::default()
         };
         match self
+            .cable
             .node
             .subscribe(&self.cable.hub, &self.conn, NAMESPACE, &stream, opts)
             .await
@@ -979,7 +998,7 @@ impl CableSession {
 
     fn leave(&mut self, identifier: &Arc<str>, stream: &str) {
         let channel = stream.to_owned();
-        self.node.unsubscribe(
+        self.cable.node.unsubscribe(
             &self.cable.hub,
             &self.conn,
             NAMESPACE,
@@ -1041,7 +1060,7 @@ impl CableSession {
                     subscriptions: subs.iter().map(|s| s.identifier.to_string()).collect(),
                     env: Some(self.env.for_disconnect()),
                 };
-                queue.enqueue(&self.node, self.conn.socket_id.to_string(), req);
+                queue.enqueue(&self.cable.node, self.conn.socket_id.to_string(), req);
             }
         }
     }

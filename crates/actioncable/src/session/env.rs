@@ -1,13 +1,15 @@
 //! What a session tells the app with every call: the client's request (its
-//! URL and the forwarded headers) and the states the app keeps in it
-//! (`cstate`, and each subscription's `istate`), as AnyCable sends them.
+//! URL, its address and the forwarded headers) and the states the app
+//! keeps in it (`cstate`, and each subscription's `istate`), as AnyCable
+//! sends them.
 //!
-//! Every idle connection holds one of these for its whole life, and most
-//! apps never set a state, so it is kept compact: the request as boxed
-//! strings and one small list (a map with one header made room for four,
-//! about 200 bytes), and the states only once the app sets one (two empty
-//! maps are 96 bytes inline). The call's `Env` is built from it per call,
-//! as it always was (the maps were cloned per call before).
+//! Every idle connection holds one of these for its whole life, inside
+//! its task, and most apps never set a state, so it is kept compact: the
+//! request as one text (a list of boxed strings and a box around them
+//! took 64 bytes more per connection, bench/RESULTS.md "Idle memory"),
+//! and the states only once the app sets one (two empty maps are 96 bytes
+//! inline). The call's `Env` is built from it per call, as it always was
+//! (the maps were cloned per call before).
 
 use crate::proto::Env;
 use std::collections::HashMap;
@@ -19,14 +21,16 @@ pub const MAX_STATE_KEYS: usize = 1000;
 /// A state map: key → value, as the app sets them.
 pub type State = HashMap<String, String>;
 
+/// The header the client's address is sent as.
+const REMOTE_ADDR: &str = "REMOTE_ADDR";
+
 /// The client's request and the app's states.
 pub(super) struct SessionEnv {
-    url: Box<str>,
-    headers: Box<[(Box<str>, Box<str>)]>,
-    /// The client's address, sent as the `REMOTE_ADDR` header. Kept as an
-    /// address: as a header it took three allocations (the list, the name
-    /// and the text), about 100 bytes per connection.
-    peer: Option<IpAddr>,
+    /// One line each: the URL, the client's address (empty when unknown),
+    /// then each forwarded header's name and value. No part holds a line
+    /// feed: a header value `to_str` accepts and a URI cannot have one, and
+    /// [`SessionEnv::new`] drops any part that would.
+    request: Box<str>,
     states: Option<Box<States>>,
 }
 
@@ -43,10 +47,21 @@ impl SessionEnv {
         headers: Vec<(Box<str>, Box<str>)>,
         peer: Option<IpAddr>,
     ) -> SessionEnv {
+        let clean = |t: &str| !t.contains('\n');
+        let mut request = if clean(&url) { url } else { String::new() };
+        request.push('\n');
+        if let Some(ip) = peer {
+            use std::fmt::Write;
+            let _ = write!(request, "{ip}");
+        }
+        for (name, value) in headers.iter().filter(|(n, v)| clean(n) && clean(v)) {
+            request.push('\n');
+            request.push_str(name);
+            request.push('\n');
+            request.push_str(value);
+        }
         SessionEnv {
-            url: url.into_boxed_str(),
-            headers: headers.into_boxed_slice(),
-            peer,
+            request: request.into_boxed_str(),
             states: None,
         }
     }
@@ -110,17 +125,19 @@ impl SessionEnv {
     }
 
     fn base(&self) -> Env {
+        let mut lines = self.request.split('\n');
+        let url = lines.next().unwrap_or_default().to_owned();
+        let peer = lines.next().filter(|p| !p.is_empty());
+        let mut headers = HashMap::new();
+        while let (Some(name), Some(value)) = (lines.next(), lines.next()) {
+            headers.insert(name.to_owned(), value.to_owned());
+        }
+        if let Some(ip) = peer {
+            headers.insert(REMOTE_ADDR.to_owned(), ip.to_owned());
+        }
         Env {
-            url: self.url.to_string(),
-            headers: self
-                .headers
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .chain(
-                    self.peer
-                        .map(|ip| ("REMOTE_ADDR".to_owned(), ip.to_string())),
-                )
-                .collect(),
+            url,
+            headers,
             cstate: self.cstate(),
             istate: HashMap::new(),
         }
@@ -167,5 +184,56 @@ fn merge(into: &mut State, changes: &State) {
         } else if into.len() < MAX_STATE_KEYS || into.contains_key(k) {
             into.insert(k.clone(), v.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> Vec<(Box<str>, Box<str>)> {
+        pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+    }
+
+    #[test]
+    fn the_request_comes_back_whole() {
+        let env = SessionEnv::new(
+            "http://example.com/cable?x=1".into(),
+            headers(&[("cookie", "a=b; c=d"), ("x-api-key", "k\tv")]),
+            Some("2001:db8::1".parse().unwrap()),
+        );
+        let e = env.for_connect();
+        assert_eq!(e.url, "http://example.com/cable?x=1");
+        assert_eq!(e.headers.len(), 3);
+        assert_eq!(e.headers["cookie"], "a=b; c=d");
+        assert_eq!(e.headers["x-api-key"], "k\tv");
+        assert_eq!(e.headers["REMOTE_ADDR"], "2001:db8::1");
+    }
+
+    #[test]
+    fn no_address_no_headers() {
+        let e = SessionEnv::new("ws://h/cable".into(), Vec::new(), None).for_connect();
+        assert_eq!(e.url, "ws://h/cable");
+        assert!(e.headers.is_empty());
+        let e = SessionEnv::new(String::new(), headers(&[("cookie", "")]), None).for_connect();
+        assert_eq!(e.url, "");
+        assert_eq!(e.headers.len(), 1);
+        assert_eq!(e.headers["cookie"], "");
+    }
+
+    /// A part with a line feed would shift every later line: it is
+    /// dropped, and the rest stays as it was.
+    #[test]
+    fn a_part_with_a_line_feed_is_dropped() {
+        let env = SessionEnv::new(
+            "http://h/\nx".into(),
+            headers(&[("bad", "a\nb"), ("cookie", "c")]),
+            Some("127.0.0.1".parse().unwrap()),
+        );
+        let e = env.for_connect();
+        assert_eq!(e.url, "");
+        assert_eq!(e.headers.len(), 2);
+        assert_eq!(e.headers["cookie"], "c");
+        assert_eq!(e.headers["REMOTE_ADDR"], "127.0.0.1");
     }
 }

@@ -20,7 +20,7 @@ impl CableSession {
     pub(super) async fn restore(&mut self, snap: crate::reliable::Snapshot) {
         self.hold = true;
         for (identifier, streams) in snap.subs {
-            super::push_tight(
+            super::push_boxed(
                 &mut self.subs,
                 Sub {
                     identifier: Arc::from(identifier.as_str()),

@@ -164,6 +164,7 @@ impl CableSession {
             ..SubscribeOptions::default()
         };
         match self
+            .cable
             .node
             .subscribe(&self.cable.hub, &self.conn, p::NAMESPACE, &stream, opts)
             .await
@@ -175,7 +176,7 @@ impl CableSession {
                     .push((tag, stream.clone(), member.id.clone()));
                 if j.member_added {
                     let event = p::join_event(&member.id, member.info.as_deref());
-                    p::announce(&self.node, &self.cable.hub, &stream, event).await;
+                    p::announce(&self.cable.node, &self.cable.hub, &stream, event).await;
                 }
                 Ok(())
             }
@@ -204,7 +205,7 @@ impl CableSession {
         if !rest.is_empty() {
             self.rare().presence.joined = rest;
         }
-        p::remove_all(&self.node, &self.cable.hub, &self.conn, mine).await;
+        p::remove_all(&self.cable.node, &self.cable.hub, &self.conn, mine).await;
     }
 
     /// `presence`: how many members the stream has, and who (up to
@@ -220,9 +221,10 @@ impl CableSession {
             None => {
                 let scope = Scope::Channel(ChannelId(p::NAMESPACE, stream.clone()));
                 let remote = self
+                    .cable
                     .node
                     .broker
-                    .members(&self.cable.hub.app.id, &scope, self.node.id)
+                    .members(&self.cable.hub.app.id, &scope, self.cable.node.id)
                     .await;
                 let mut seen = std::collections::HashSet::new();
                 let mut records = Vec::new();
@@ -266,7 +268,7 @@ impl CableSession {
         let publication =
             herald_core::fanout::Publication::new(crate::NAMESPACE, stream, String::new(), data)
                 .sent_by(self.conn.socket_id.to_string());
-        self.node.publish(&self.cable.hub, publication).await;
+        self.cable.node.publish(&self.cable.hub, publication).await;
         Next::Continue
     }
 
@@ -275,7 +277,7 @@ impl CableSession {
     pub(super) fn linger_presence(&mut self) {
         let joined = self.take_joined();
         p::linger(
-            self.node.clone(),
+            self.cable.node.clone(),
             self.cable.hub.clone(),
             self.conn.clone(),
             joined,
