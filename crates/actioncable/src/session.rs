@@ -442,23 +442,19 @@ fn healer(
 }
 
 /// A confirmed subscription and the streams it follows.
+///
+/// Its lists are boxed to their length: nearly every connection has one
+/// subscription of one stream, a `Vec`'s first growth makes room for four
+/// (160 bytes of `Sub`s, 96 of stream names, per idle connection), and a
+/// boxed list and name are 8 bytes smaller than a `Vec` and a `String`
+/// (bench/RESULTS.md "Idle memory"). They change only on the app's
+/// answers.
 struct Sub {
     identifier: Arc<str>,
-    streams: Vec<String>,
+    streams: Box<[Box<str>]>,
 }
 
-/// Push onto `v`, making room for one element when it has none: nearly
-/// every connection has one subscription of one stream, and a `Vec`'s
-/// first growth makes room for four (160 bytes of `Sub`s, 96 of stream
-/// names, per idle connection; bench/RESULTS.md "Idle memory").
-fn push_tight<T>(v: &mut Vec<T>, x: T) {
-    if v.capacity() == 0 {
-        v.reserve_exact(1);
-    }
-    v.push(x);
-}
-
-/// Push onto a list boxed to its length (a connection's subscriptions).
+/// Push onto a list boxed to its length.
 fn push_boxed<T>(list: &mut Box<[T]>, x: T) {
     let mut v = std::mem::take(list).into_vec();
     v.reserve_exact(1);
@@ -736,7 +732,7 @@ impl CableSession {
                 &mut self.subs,
                 Sub {
                     identifier: Arc::from(identifier.as_str()),
-                    streams: Vec::new(),
+                    streams: Box::default(),
                 },
             );
             self.apply(&identifier, res, true).await
@@ -768,7 +764,7 @@ impl CableSession {
                 &mut self.subs,
             Sub {
                 identifier: Arc::from(identifier.as_str()),
-                streams: Vec::new(),
+                streams: Box::default(),
             },
         );
         self.pubsub_state(&identifier, &stream, public);
@@ -944,7 +940,7 @@ impl CableSession {
         let Some(at) = self.find(identifier) else {
             return;
         };
-        if self.subs[at].streams.contains(&stream) {
+        if self.subs[at].streams.iter().any(|s| **s == *stream) {
             return;
         }
         if stream.len() > MAX_STREAM_NAME || self.streams as usize >= MAX_STREAMS {
@@ -972,7 +968,7 @@ impl CableSession {
             .await
         {
             Ok(_) => {
-                push_tight(&mut self.subs[at].streams, stream);
+                push_boxed(&mut self.subs[at].streams, stream.into_boxed_str());
                 self.streams += 1;
             }
             Err(e) => {
@@ -989,8 +985,8 @@ impl CableSession {
         let Some(at) = self.find(identifier) else {
             return;
         };
-        if let Some(i) = self.subs[at].streams.iter().position(|s| s == stream) {
-            self.subs[at].streams.remove(i);
+        if let Some(i) = self.subs[at].streams.iter().position(|s| &**s == stream) {
+            remove_boxed(&mut self.subs[at].streams, i);
             let id = self.subs[at].identifier.clone();
             self.leave(&id, stream);
         }
@@ -1022,7 +1018,10 @@ impl CableSession {
             istate: self.env.istate(),
             subs: subs
                 .iter()
-                .map(|s| (s.identifier.to_string(), s.streams.clone()))
+                .map(|s| {
+                    let streams = s.streams.iter().map(|x| x.to_string()).collect();
+                    (s.identifier.to_string(), streams)
+                })
                 .collect(),
             authenticated: self.authenticated,
         }

@@ -24,7 +24,7 @@ impl CableSession {
                 &mut self.subs,
                 Sub {
                     identifier: Arc::from(identifier.as_str()),
-                    streams: Vec::new(),
+                    streams: Box::default(),
                 },
             );
             for s in streams {
@@ -40,7 +40,7 @@ impl CableSession {
             .flat_map(|s| {
                 s.streams
                     .iter()
-                    .map(|x| (Some(s.identifier.clone()), x.clone()))
+                    .map(|x| (Some(s.identifier.clone()), x.to_string()))
             })
             .collect();
         let conn = Arc::downgrade(&self.conn);
@@ -134,7 +134,7 @@ impl CableSession {
         let mut answers = Vec::with_capacity(streams.len());
         for stream in &streams {
             let channel = stream.clone();
-            let read = match req.streams.get(stream) {
+            let read = match req.streams.get(&**stream) {
                 Some(p) => Some(history.after(&channel, &p.epoch, p.offset).await),
                 None if req.since > 0 => match history.since(&channel, req.since).await {
                     Err(Miss::UnknownStream) => None,
