@@ -427,8 +427,11 @@ async fn two_nodes_over_redis_share_the_clients() {
     assert_eq!(m(&r, "deliveries_received{node:0}"), 100, "{r}");
     assert_eq!(m(&r, "deliveries_received{node:1}"), 100, "{r}");
     for k in 0..2 {
+        // A number, not necessarily above zero: 100 deliveries may take
+        // less than the kernel's 10 ms CPU tick (seen in a whole-file run).
+        // That each node's /proc is read shows in its memory just below.
         assert!(
-            m(&r, &format!("server_cpu{{node:{k}}}")).as_f64().unwrap() > 0.0,
+            m(&r, &format!("server_cpu{{node:{k}}}")).as_f64().unwrap() >= 0.0,
             "{r}"
         );
         assert!(

@@ -98,11 +98,22 @@ async fn echo_messages_go_through_the_core_to_every_client_of_the_path() {
     let url = format!("ws://127.0.0.1:{port}/talk");
     let (mut a, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
     let (mut b, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
-    // Both are subscribed once their upgrade answered; a's message reaches
-    // a and b, as a JSON string, through the core's publish.
+    // A client is subscribed after its upgrade answered, before its
+    // session reads: its own first message coming back shows it is.
+    for ws in [&mut a, &mut b] {
+        ws.send(Message::text("ready")).await.unwrap();
+        while next_text(ws).await != r#""ready""# {}
+    }
+    // a's message reaches a and b, as a JSON string, through the core's
+    // publish (after any "ready" of the other's still on its way).
     a.send(Message::text("hello \"core\"")).await.unwrap();
-    assert_eq!(next_text(&mut a).await, r#""hello \"core\"""#);
-    assert_eq!(next_text(&mut b).await, r#""hello \"core\"""#);
+    for ws in [&mut a, &mut b] {
+        let mut got = next_text(ws).await;
+        while got == r#""ready""# {
+            got = next_text(ws).await;
+        }
+        assert_eq!(got, r#""hello \"core\"""#);
+    }
     // The default path is not served (the setting from the environment
     // moved it); the real adapters still are.
     assert_eq!(get(port, "/echo"), Some(404));
