@@ -761,7 +761,7 @@ impl CableSession {
             return self.reject(&identifier);
         }
         push_boxed(
-                &mut self.subs,
+            &mut self.subs,
             Sub {
                 identifier: Arc::from(identifier.as_str()),
                 streams: Box::default(),

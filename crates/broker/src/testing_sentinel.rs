@@ -28,7 +28,6 @@ pub struct RedisSentinel {
     tls: Option<Tls>,
 }
 
-
 fn spawn(cmd: &mut Command, port: u16) -> Child {
     let mut child = cmd
         .stdin(Stdio::null())

@@ -192,7 +192,10 @@ mod tests {
     use super::*;
 
     fn headers(pairs: &[(&str, &str)]) -> Vec<(Box<str>, Box<str>)> {
-        pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
     }
 
     #[test]
