@@ -7,17 +7,14 @@
 
 mod common;
 
+use common::proxy::{drop_every_third, faulty_proxy};
 use common::{Server, APP_ID, APP_KEY, APP_SECRET};
-use futures_util::{SinkExt, StreamExt};
 use herald_broker::testing::{BrokerServer, Kind};
 use serde_json::Value;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::tungstenite::Message;
 
 /// `herald bench ARGS --json FILE` against the test app: exit code,
 /// stderr, and the JSON report (Null when none was written).
@@ -200,104 +197,24 @@ async fn connect_idle_and_broadcast_over_processes() {
     assert!(m(&r, "ws_msgs_sent").as_u64().unwrap() > 0, "{r}");
 }
 
-/// A proxy in front of herald that drops every third bench message on its
-/// way to each WebSocket client; anything else (the HTTP API) is piped.
-#[allow(clippy::result_large_err)] // tungstenite's handshake callback signature
-async fn dropping_proxy(upstream: u16) -> (u16, Arc<AtomicU64>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let dropped = Arc::new(AtomicU64::new(0));
-    let counter = dropped.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let counter = counter.clone();
-            tokio::spawn(async move {
-                let mut first = [0u8; 4];
-                loop {
-                    match stream.peek(&mut first).await {
-                        Ok(4) => break,
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-                    }
-                }
-                if &first != b"GET " {
-                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
-                        return;
-                    };
-                    let (mut cr, mut cw) = stream.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    tokio::select! {
-                        _ = tokio::io::copy(&mut cr, &mut sw) => {}
-                        _ = tokio::io::copy(&mut sr, &mut cw) => {}
-                    }
-                    return;
-                }
-                let mut path = String::new();
-                let Ok(client) = tokio_tungstenite::accept_hdr_async(
-                    stream,
-                    |req: &tokio_tungstenite::tungstenite::handshake::server::Request, resp| {
-                        path = req.uri().to_string();
-                        Ok(resp)
-                    },
-                )
-                .await
-                else {
-                    return;
-                };
-                let url = format!("ws://127.0.0.1:{upstream}{path}");
-                let Ok((server, _)) = tokio_tungstenite::connect_async(url).await else {
-                    return;
-                };
-                let (mut c_tx, mut c_rx) = client.split();
-                let (mut s_tx, mut s_rx) = server.split();
-                let up = async {
-                    while let Some(Ok(m)) = c_rx.next().await {
-                        if s_tx.send(m).await.is_err() {
-                            break;
-                        }
-                    }
-                };
-                let down = async {
-                    let mut n = 0u64;
-                    while let Some(Ok(m)) = s_rx.next().await {
-                        if let Message::Text(t) = &m {
-                            if t.contains("bench_t") {
-                                n += 1;
-                                if n.is_multiple_of(3) {
-                                    counter.fetch_add(1, Ordering::Relaxed);
-                                    continue;
-                                }
-                            }
-                        }
-                        if c_tx.send(m).await.is_err() {
-                            return;
-                        }
-                    }
-                };
-                tokio::select! { _ = up => {}, _ = down => {} }
-            });
-        }
-    });
-    (port, dropped)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_one_process_misses_are_counted_lost() {
     let server = Server::start().await;
-    let (port, dropped) = dropping_proxy(server.port).await;
+    let (port, faults) = faulty_proxy(server.port, drop_every_third, Duration::ZERO).await;
     let url = ws(port);
     let (code, err, r) = bench(&[FANOUT, &["--url", &url, "--processes", "2"]].concat()).await;
     assert_eq!(code, Some(0), "{err}");
     // Each subscriber's 10 messages lose their 3rd, 6th and 9th: 60 of
     // 200, wherever the subscriber's process is.
-    assert_eq!(dropped.load(Ordering::Relaxed), 60);
+    assert_eq!(faults.dropped.load(Ordering::Relaxed), 60);
     assert_eq!(m(&r, "deliveries_expected"), 200, "{r}");
     assert_eq!(m(&r, "deliveries_lost"), 60, "{r}");
     assert_eq!(m(&r, "deliveries_received"), 140, "{r}");
     assert_eq!(m(&r, "delivery_success"), 0.7, "{r}");
 }
 
-/// `broadcast` over two processes through the dropping proxy: the losses
+/// `broadcast` over two processes through a proxy dropping every third
+/// bench message: the losses
 /// are counted, and split by where their sender was (users 0, 2, 4, 6
 /// send, all in process 0: odd receivers lose messages from the other
 /// process, even ones from their own) and by how long before their
@@ -305,7 +222,7 @@ async fn messages_one_process_misses_are_counted_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcast_losses_are_split_by_the_senders_process() {
     let server = Server::start().await;
-    let (port, dropped) = dropping_proxy(server.port).await;
+    let (port, faults) = faulty_proxy(server.port, drop_every_third, Duration::ZERO).await;
     let url = ws(port);
     let (code, err, r) = bench(&[
         "broadcast",
@@ -326,7 +243,7 @@ async fn broadcast_losses_are_split_by_the_senders_process() {
     ])
     .await;
     assert_eq!(code, Some(0), "{err}");
-    assert!(dropped.load(Ordering::Relaxed) > 0);
+    assert!(faults.dropped.load(Ordering::Relaxed) > 0);
     let lost = m(&r, "deliveries_lost").as_u64().unwrap();
     assert!(lost > 0, "{r}");
     let same = m(&r, "deliveries_lost{sender:same_process}")
