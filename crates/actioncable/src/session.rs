@@ -60,11 +60,9 @@ pub use env::MAX_STATE_KEYS;
 
 /// What the client's upgrade request tells the app.
 struct Request0 {
-    url: String,
-    /// Forwarded headers (name, value): a list, for the one or two there are.
-    headers: Vec<(Box<str>, Box<str>)>,
-    /// The client's address (`REMOTE_ADDR` in the calls' headers).
-    peer: Option<std::net::IpAddr>,
+    /// The URL, the client's address and the forwarded headers, as the
+    /// session keeps them for every call.
+    env: SessionEnv,
     /// A JWT from the `x-<param>` header or the `<param>` query parameter.
     token: Option<String>,
     /// Issue 19: the `sid` of a session to restore (`?sid=` or the
@@ -172,11 +170,11 @@ fn request_info(
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost");
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut forwarded: Vec<(Box<str>, Box<str>)> = Vec::new();
+    let mut forwarded: Vec<(&str, &str)> = Vec::new();
     for name in &cable.headers {
         if let Some(v) = headers.get(name.as_str()).and_then(|v| v.to_str().ok()) {
-            if !v.is_empty() && !forwarded.iter().any(|(k, _)| **k == **name) {
-                forwarded.push((name.as_str().into(), v.into()));
+            if !v.is_empty() && !forwarded.iter().any(|(k, _)| *k == name) {
+                forwarded.push((name, v));
             }
         }
     }
@@ -203,9 +201,11 @@ fn request_info(
         })
         .filter(|s| !s.is_empty() && s.len() <= 128);
     Request0 {
-        url: format!("{scheme}://{host}{path}"),
-        headers: forwarded,
-        peer: peer.map(|p| p.ip()),
+        env: SessionEnv::new(
+            format!("{scheme}://{host}{path}"),
+            &forwarded,
+            peer.map(|p| p.ip()),
+        ),
         token,
         restore,
     }
@@ -254,7 +254,7 @@ async fn open(
     } else {
         sid
     };
-    let mut env = SessionEnv::new(info.url, info.headers, info.peer);
+    let mut env = info.env;
     let mut identifiers = String::new();
     let mut welcome = Vec::new();
     let mut authenticated = false;

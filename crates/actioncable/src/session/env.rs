@@ -42,11 +42,7 @@ struct States {
 }
 
 impl SessionEnv {
-    pub(super) fn new(
-        url: String,
-        headers: Vec<(Box<str>, Box<str>)>,
-        peer: Option<IpAddr>,
-    ) -> SessionEnv {
+    pub(super) fn new(url: String, headers: &[(&str, &str)], peer: Option<IpAddr>) -> SessionEnv {
         let clean = |t: &str| !t.contains('\n');
         let mut request = if clean(&url) { url } else { String::new() };
         request.push('\n');
@@ -191,18 +187,11 @@ fn merge(into: &mut State, changes: &State) {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> Vec<(Box<str>, Box<str>)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect()
-    }
-
     #[test]
     fn the_request_comes_back_whole() {
         let env = SessionEnv::new(
             "http://example.com/cable?x=1".into(),
-            headers(&[("cookie", "a=b; c=d"), ("x-api-key", "k\tv")]),
+            &[("cookie", "a=b; c=d"), ("x-api-key", "k\tv")],
             Some("2001:db8::1".parse().unwrap()),
         );
         let e = env.for_connect();
@@ -215,10 +204,10 @@ mod tests {
 
     #[test]
     fn no_address_no_headers() {
-        let e = SessionEnv::new("ws://h/cable".into(), Vec::new(), None).for_connect();
+        let e = SessionEnv::new("ws://h/cable".into(), &[], None).for_connect();
         assert_eq!(e.url, "ws://h/cable");
         assert!(e.headers.is_empty());
-        let e = SessionEnv::new(String::new(), headers(&[("cookie", "")]), None).for_connect();
+        let e = SessionEnv::new(String::new(), &[("cookie", "")], None).for_connect();
         assert_eq!(e.url, "");
         assert_eq!(e.headers.len(), 1);
         assert_eq!(e.headers["cookie"], "");
@@ -230,7 +219,7 @@ mod tests {
     fn a_part_with_a_line_feed_is_dropped() {
         let env = SessionEnv::new(
             "http://h/\nx".into(),
-            headers(&[("bad", "a\nb"), ("cookie", "c")]),
+            &[("bad", "a\nb"), ("cookie", "c")],
             Some("127.0.0.1".parse().unwrap()),
         );
         let e = env.for_connect();
