@@ -7,32 +7,13 @@
 // balancer to a third node, restores its session there without a new
 // Connect, and gets every message exactly once, in order.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { startHerald, freePort } from './herald.mjs';
+import { startHerald } from './herald.mjs';
 import { chatApp, httpRpcServer, until } from './cable.mjs';
-import { balancer, canConnect } from './nodes.mjs';
+import { balancer } from './nodes.mjs';
 
 const EXT = 'actioncable-v1-ext-json';
 /** The nodes' `broker.prefix`. */
 export const PREFIX = 'hx';
-
-/**
- * Run `command args` (a broker server, Debian's package) and wait until
- * `port` accepts connections; its child process.
- */
-export async function startServer(command, args, port) {
-  const child = spawn(command, args, { stdio: 'ignore' });
-  let failed = null;
-  child.on('error', (e) => (failed = e));
-  for (let i = 0; !(await canConnect(port)); i++) {
-    if (failed) throw new Error(`cannot run ${command} (${failed.message}): install it or run ./scripts/test`);
-    if (i > 500) throw new Error(`${command} did not start`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return child;
-}
-
-export { freePort };
 
 /**
  * The scenario over `broker`: `{ url, stop() }`, and `persisted(nodes)`,

@@ -1,7 +1,9 @@
 // Pieces for tests of several herald nodes: a TCP balancer in front of
-// them (a client reconnects through it to whichever node it routes to), and
-// a check that a port accepts connections (a broker server is up).
+// them (a client reconnects through it to whichever node it routes to), a
+// check that a port accepts connections, and a broker server started on a
+// port and waited for.
 import net from 'node:net';
+import { spawn } from 'node:child_process';
 
 /** Whether 127.0.0.1:`port` accepts a connection. */
 export function canConnect(port) {
@@ -44,4 +46,20 @@ export async function balancer(target) {
       server.close();
     },
   };
+}
+
+/**
+ * Run `command args` (a broker server, Debian's package) and wait until
+ * `port` accepts connections; its child process.
+ */
+export async function startServer(command, args, port) {
+  const child = spawn(command, args, { stdio: 'ignore' });
+  let failed = null;
+  child.on('error', (e) => (failed = e));
+  for (let i = 0; !(await canConnect(port)); i++) {
+    if (failed) throw new Error(`cannot run ${command} (${failed.message}): install it or run ./scripts/test`);
+    if (i > 500) throw new Error(`${command} did not start`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return child;
 }

@@ -7,7 +7,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { until } from '../lib/cable.mjs';
-import { freePort, restoresAcrossAKilledNode, startServer } from '../lib/ext_failover.mjs';
+import { restoresAcrossAKilledNode } from '../lib/ext_failover.mjs';
+import { freePort } from '../lib/herald.mjs';
+import { startServer } from '../lib/nodes.mjs';
 
 /** A counter's value on a node's /metrics (0 when absent). */
 async function counter(node, name) {

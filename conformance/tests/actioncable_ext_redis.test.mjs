@@ -5,7 +5,9 @@
 import { test, describe } from 'node:test';
 import { execFileSync } from 'node:child_process';
 import { until } from '../lib/cable.mjs';
-import { PREFIX, freePort, restoresAcrossAKilledNode, startServer } from '../lib/ext_failover.mjs';
+import { PREFIX, restoresAcrossAKilledNode } from '../lib/ext_failover.mjs';
+import { freePort } from '../lib/herald.mjs';
+import { startServer } from '../lib/nodes.mjs';
 
 async function startRedis() {
   const port = await freePort();

@@ -7,23 +7,12 @@
 // event, and a SIGKILLed node's members leave within the heartbeat TTL.
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import net from 'node:net';
 import { startHerald, freePort, DEV_APP, once, connectionState } from '../lib/herald.mjs';
 import { channelAuth, collect, userAuth } from '../lib/raw.mjs';
+import { startServer } from '../lib/nodes.mjs';
 
 const APP = { ...DEV_APP, subscription_count: true };
 const TTL = 2;
-
-function canConnect(port) {
-  return new Promise((resolve) => {
-    const s = net.connect(port, '127.0.0.1', () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.on('error', () => resolve(false));
-  });
-}
 
 /** A redis-server or nats-server on a free port, killed by `stop`. */
 async function startBroker(kind) {
@@ -32,14 +21,7 @@ async function startBroker(kind) {
     kind === 'redis'
       ? ['redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], `redis://127.0.0.1:${port}`]
       : ['nats-server', ['-a', '127.0.0.1', '-p', String(port)], `nats://127.0.0.1:${port}`];
-  const child = spawn(cmd, args, { stdio: 'ignore' });
-  let failed = null;
-  child.on('error', (e) => (failed = e));
-  for (let i = 0; !(await canConnect(port)); i++) {
-    if (failed) throw new Error(`cannot run ${cmd} (${failed.message}): install it or run ./scripts/test`);
-    if (i > 500) throw new Error(`${cmd} did not start`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
+  const child = await startServer(cmd, args, port);
   return { url, stop: () => child.kill('SIGKILL') };
 }
 
