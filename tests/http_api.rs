@@ -423,3 +423,41 @@ async fn terminate_connections_closes_the_users_sockets() {
     assert_eq!(status, 200, "{reply}");
     a.expect_closed_with(4009).await;
 }
+
+/// Python's `pusher` SDK posts `terminate_user_connections` without the
+/// `/apps/{app_id}` prefix: the app is the one the signed `auth_key` names.
+#[tokio::test]
+async fn terminate_connections_without_the_app_prefix() {
+    let server = Server::start().await;
+    let mut a = server.client().await;
+    let user_data = r#"{"id":"u7"}"#;
+    let auth = signing::token(
+        APP_KEY,
+        APP_SECRET,
+        &signing::user_string(&a.socket_id, user_data),
+    );
+    a.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
+        .await;
+    a.expect("pusher:signin_success", None).await;
+    let path = "/users/u7/terminate_connections";
+    // Signed with another secret: refused, the socket stays.
+    let forged = herald::api::auth::sign_query(APP_KEY, "not-the-secret", "POST", path, b"", &[]);
+    let (status, _) = server.raw_api("POST", path, &forged, "").await;
+    assert_eq!(status, 401);
+    let unknown = herald::api::auth::sign_query("no-such-key", APP_SECRET, "POST", path, b"", &[]);
+    let (status, _) = server.raw_api("POST", path, &unknown, "").await;
+    assert_eq!(status, 404);
+    let q = herald::api::auth::sign_query(APP_KEY, APP_SECRET, "POST", path, b"", &[]);
+    let (status, reply) = server.raw_api("POST", path, &q, "").await;
+    assert_eq!(status, 200, "{reply}");
+    a.expect_closed_with(4009).await;
+    assert_eq!(
+        server
+            .metric_where(
+                "herald_api_requests_total",
+                &[("app", APP_ID), ("status", "200")]
+            )
+            .await,
+        1
+    );
+}

@@ -234,6 +234,49 @@ async fn every_event_type_arrives_signed() {
     );
 }
 
+/// The header names as they were sent, read off the socket (an HTTP
+/// server library would fold their case): PHP's `getallheaders()` keeps
+/// them as sent, and the PHP SDK's webhook check reads `X-Pusher-Key` and
+/// `X-Pusher-Signature` with exactly that case.
+#[tokio::test]
+async fn the_signature_headers_are_sent_as_pusher_writes_them() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    let server = Server::start_with(
+        "webhook_batch_ms = 10",
+        &hook_app(&url, r#"["channel_occupied"]"#, ""),
+    )
+    .await;
+    let mut c = server.client().await;
+    c.subscribe("room").await;
+    let (mut sock, _) = tokio::time::timeout(TIMEOUT, listener.accept())
+        .await
+        .expect("no webhook arrived")
+        .unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(TIMEOUT, sock.read(&mut buf))
+            .await
+            .expect("the webhook's head did not arrive")
+            .unwrap();
+        assert!(n > 0, "closed before the head ended");
+        head.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let names: Vec<&str> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':').map(|(n, _)| n))
+        .collect();
+    assert!(names.contains(&"X-Pusher-Key"), "{head}");
+    assert!(names.contains(&"X-Pusher-Signature"), "{head}");
+    sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn endpoints_get_only_their_types_and_channels() {
     let rx = Receiver::start().await;

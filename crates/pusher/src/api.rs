@@ -50,7 +50,7 @@ impl IntoResponse for ApiError {
 
 type ApiResult = Result<Json<Value>, ApiError>;
 
-pub fn router() -> Router<Arc<Node>> {
+pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
     Router::new()
         .route("/apps/{app_id}/events", post(events))
         .route("/apps/{app_id}/batch_events", post(batch_events))
@@ -61,7 +61,16 @@ pub fn router() -> Router<Arc<Node>> {
             "/apps/{app_id}/users/{user_id}/terminate_connections",
             post(terminate),
         )
-        .route_layer(axum::middleware::from_fn(count_request))
+        // Python's `pusher` SDK posts here without the `/apps/{app_id}`
+        // prefix; the app is the one the signed `auth_key` names.
+        .route(
+            "/users/{user_id}/terminate_connections",
+            post(terminate_unprefixed),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            count_request,
+        ))
 }
 
 /// Count every API request by endpoint (the route's pattern after the app,
@@ -70,21 +79,17 @@ pub fn router() -> Router<Arc<Node>> {
 /// an unknown app id, checked before anything else): a caller cannot grow
 /// the number of series by inventing app ids.
 async fn count_request(
+    axum::extract::State(node): axum::extract::State<Arc<Node>>,
     path: axum::extract::MatchedPath,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let app = req
-        .uri()
-        .path()
-        .split('/')
-        .nth(2)
-        .unwrap_or_default()
-        .to_owned();
+    let app = app_id_of(&node, req.uri()).unwrap_or_default();
     // "/apps/{app_id}/channels/{channel}" → "channels/:channel".
     let endpoint = path
         .as_str()
         .trim_start_matches("/apps/{app_id}/")
+        .trim_start_matches('/')
         .replace('{', ":")
         .replace('}', "");
     let response = next.run(req).await;
@@ -109,13 +114,12 @@ impl axum::extract::FromRequest<Arc<Node>> for Signed {
 
     async fn from_request(req: axum::extract::Request, node: &Arc<Node>) -> Result<Self, ApiError> {
         let (parts, body) = req.into_parts();
-        // Routes are all `/apps/{app_id}/...`.
-        let app_id = parts.uri.path().split('/').nth(2).unwrap_or_default();
         // Before the body: only a known app's requests get further (and
         // are counted under its id).
-        if node.hub_by_id(app_id).is_none() {
+        let Some(app_id) = app_id_of(node, &parts.uri) else {
             return Err(ApiError::new(404, "Unknown app id"));
-        }
+        };
+        let app_id = app_id.as_str();
         let limit = node.config.max_request_size;
         let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
             ApiError::new(
@@ -140,6 +144,20 @@ impl axum::extract::FromRequest<Arc<Node>> for Signed {
             uri: parts.uri,
         })
     }
+}
+
+/// The app a request is for: the id in `/apps/{app_id}/...`, or for the
+/// unprefixed routes the app whose key is the query's `auth_key` (the
+/// signature check that follows proves the caller holds its secret).
+/// `None` for an unknown app.
+fn app_id_of(node: &Node, uri: &Uri) -> Option<String> {
+    let path = uri.path();
+    if let Some(rest) = path.strip_prefix("/apps/") {
+        let id = rest.split('/').next().unwrap_or_default();
+        return node.hub_by_id(id).map(|h| h.app.id.clone());
+    }
+    let key = query_param(uri, "auth_key")?;
+    node.hub_by_key(&key).map(|h| h.app.id.clone())
 }
 
 fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -488,6 +506,15 @@ async fn users(
 
 async fn terminate(
     Path((_, user_id)): Path<(String, String)>,
+    Signed { node, hub, .. }: Signed,
+) -> ApiResult {
+    node.terminate_user(&hub, &user_id);
+    Ok(Json(json!({})))
+}
+
+/// `POST /users/{user_id}/terminate_connections`, as Python's SDK sends it.
+async fn terminate_unprefixed(
+    Path(user_id): Path<String>,
     Signed { node, hub, .. }: Signed,
 ) -> ApiResult {
     node.terminate_user(&hub, &user_id);

@@ -57,9 +57,9 @@ impl Adapter for Pusher {
         Ok(config::PusherConfig::load(config)?.shown())
     }
 
-    fn routes(&self, _node: &Arc<Node>) -> Router<Arc<Node>> {
+    fn routes(&self, node: &Arc<Node>) -> Router<Arc<Node>> {
         metrics::describe();
-        router()
+        router(node)
     }
 
     /// Webhooks: an observer on the node (flushed by the core on
@@ -72,8 +72,8 @@ impl Adapter for Pusher {
 }
 
 /// The Pusher routes: the WebSocket endpoint and the HTTP API.
-pub fn router() -> Router<Arc<Node>> {
+pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
     Router::new()
         .route("/app/{key}", get(session::upgrade))
-        .merge(api::router())
+        .merge(api::router(node))
 }

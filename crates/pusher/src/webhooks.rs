@@ -76,6 +76,10 @@ pub fn start(node: &Arc<Node>, config: &PusherConfig) -> Option<Arc<Webhooks>> {
     let client = reqwest::Client::builder()
         .timeout(settings.timeout)
         .redirect(reqwest::redirect::Policy::none())
+        // `X-Pusher-Key` / `X-Pusher-Signature` as Pusher's docs write
+        // them: PHP's `getallheaders()` keeps names as sent, and the PHP
+        // SDK's webhook check looks them up with exactly that case.
+        .http1_title_case_headers()
         .user_agent(concat!("herald/", env!("CARGO_PKG_VERSION")))
         .build();
     let client = match client {
