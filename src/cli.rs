@@ -99,6 +99,9 @@ struct ServeArgs {
     /// itself (default true; see docs/configuration.md).
     #[arg(long, env = "HERALD_DIRECT_WRITES")]
     direct_writes: Option<bool>,
+    /// Serve the development app (public secret) on a non-loopback host.
+    #[arg(long, env = "HERALD_ALLOW_DEVELOPMENT_CREDENTIALS")]
+    allow_development_credentials: Option<bool>,
     /// Log filter, e.g. `info` or `herald=debug`.
     #[arg(long, env = "HERALD_LOG")]
     log: Option<String>,
@@ -123,8 +126,11 @@ struct ServeArgs {
     /// Serve /metrics on this port only (same host), not on --port.
     #[arg(long, env = "HERALD_METRICS_PORT", value_parser = metrics_port)]
     metrics_port: Option<u16>,
-    /// The dashboard's access token (the dashboard also needs
-    /// `dashboard = true` in the config file).
+    /// Serve the live dashboard at /dashboard (needs --dashboard-token).
+    #[arg(long, env = "HERALD_DASHBOARD")]
+    dashboard: Option<bool>,
+    /// The dashboard's access token (at least 16 characters; the dashboard
+    /// also needs --dashboard / HERALD_DASHBOARD / `dashboard = true`).
     #[arg(long, env = "HERALD_DASHBOARD_TOKEN", hide_env_values = true)]
     dashboard_token: Option<String>,
     /// Cluster broker: `local` (default), redis://…, rediss://…,
@@ -443,6 +449,9 @@ fn serve(args: ServeArgs, matches: Option<&ArgMatches>, adapters: Adapters) -> E
     let config = eff.config.clone();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
+        // Colour codes only on a terminal: in files, the journal and
+        // container logs they are noise around every line.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match config.log_format {
         crate::config::LogFormat::Text => logs.init(),
@@ -496,6 +505,7 @@ fn overrides(args: ServeArgs) -> Overrides {
         write_delay_ms: args.write_delay_ms,
         write_delay_busy_only: args.write_delay_busy_only,
         direct_writes: args.direct_writes,
+        allow_development_credentials: args.allow_development_credentials,
         log: args.log,
         app_id: args.app_id,
         app_key: args.app_key,
@@ -504,6 +514,7 @@ fn overrides(args: ServeArgs) -> Overrides {
         tls_key: args.tls_key,
         log_format: args.log_format,
         metrics_port: args.metrics_port,
+        dashboard: args.dashboard,
         dashboard_token: args.dashboard_token,
         broker: args.broker,
         broker_tls_ca: args.broker_tls_ca,
@@ -553,5 +564,22 @@ async fn run(config: Config, adapters: Adapters) -> std::io::Result<()> {
     let node = Node::new(config, broker);
     node.start_fanout();
     tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
+    if node.config.dashboard_token().is_some() {
+        let scheme = if node.config.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(
+            "dashboard at {scheme}://{}/dashboard (sign in with the dashboard token)",
+            url_authority(&addr)
+        );
+    }
     server::serve_with(adapters, node, listener, server::shutdown::signal()).await
+}
+
+/// `host:port` for a URL (IPv6 addresses in brackets, as `SocketAddr`
+/// writes them).
+fn url_authority(addr: &SocketAddr) -> String {
+    addr.to_string()
 }

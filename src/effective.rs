@@ -276,6 +276,21 @@ impl Effective {
         }
         w.extend(self.peers.notes.iter().cloned());
         w.extend(self.notes.iter().cloned());
+        let c = &self.config;
+        if c.dashboard_token.is_some() && !c.dashboard {
+            w.push(
+                "dashboard_token is set but the dashboard is off: set HERALD_DASHBOARD=true \
+                 (--dashboard, dashboard = true) to serve it at /dashboard"
+                    .into(),
+            );
+        }
+        if c.metrics_port.is_none() && !c.serves_loopback_only() {
+            w.push(format!(
+                "/metrics is served with no key on the public port {}: set metrics_port \
+                 (HERALD_METRICS_PORT) to serve it on a port of its own and keep that one private",
+                c.port
+            ));
+        }
         w
     }
 }

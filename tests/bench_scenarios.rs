@@ -483,6 +483,15 @@ async fn connect_refuses_a_duration_instead_of_ignoring_it() {
     assert!(stderr.contains("--duration"), "{stderr}");
 }
 
+#[tokio::test]
+async fn zero_clients_are_refused_instead_of_measuring_nothing() {
+    for scenario in ["broadcast", "idle", "fanout", "connect"] {
+        let (code, stderr) = bench_cli(&[scenario, "--clients", "0"]).await;
+        assert_eq!(code, Some(2), "{scenario}: {stderr}");
+        assert!(stderr.contains("--clients"), "{scenario}: {stderr}");
+    }
+}
+
 /// Deliveries add up: every expected message is either received or lost,
 /// and at least one was lost.
 fn assert_losses_counted(r: &herald_bench::Report, faults: &Faults) {

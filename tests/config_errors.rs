@@ -176,6 +176,14 @@ fn webhook_dashboard_and_metrics_errors_are_named() {
         "dashboard_token",
     );
     assert_rejected("log_format = \"xml\"\n", "log_format");
+    // A bare word is a `tracing` target: it would silence every line.
+    assert_rejected("log = \"verbose\"\n", "verbose");
+    assert_config_error(&serve(&["--log", "verbose"], &[]), "--log verbose", "log");
+    assert_config_error(
+        &serve(&[], &[("HERALD_LOG", "info,loud")]),
+        "HERALD_LOG=info,loud",
+        "loud",
+    );
     // Not a port number at all (the same-port rule is a unit test of the
     // config: here the server's port is an occupied one picked per run).
     assert_rejected("metrics_port = 70000\n", "metrics_port");
@@ -466,4 +474,43 @@ fn bad_broker_tls_settings_are_named() {
         assert!(stderr.contains("cannot listen"), "{url}: {stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The development app's secret is public: on a host other machines can
+/// reach it is refused (by `config --check` as by `serve`, which runs the
+/// same checks before it binds), unless the operator allows it or gives
+/// an app of their own. Only checked, never bound: tests stay on loopback.
+#[test]
+fn development_credentials_are_refused_off_loopback() {
+    for host in ["0.0.0.0", "192.0.2.7"] {
+        let out = config(&["--check", "--host", host], &[]);
+        // `config --check` reports on standard output.
+        let stderr = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{host}: {stderr}");
+        assert!(
+            stderr.contains("allow_development_credentials") && stderr.contains("DEVELOPMENT"),
+            "{host}: {stderr}"
+        );
+        assert!(!stderr.contains("app-secret"), "{stderr}");
+    }
+    let allowed = config(
+        &["--check", "--host", "0.0.0.0"],
+        &[("HERALD_ALLOW_DEVELOPMENT_CREDENTIALS", "true")],
+    );
+    assert_eq!(allowed.status.code(), Some(0), "{allowed:?}");
+    let own = config(
+        &["--check", "--host", "0.0.0.0"],
+        &[
+            ("HERALD_APP_ID", "my-app"),
+            ("HERALD_APP_KEY", "my-key"),
+            ("HERALD_APP_SECRET", "a-secret-of-my-own"),
+        ],
+    );
+    assert_eq!(own.status.code(), Some(0), "{own:?}");
+    let loopback = config(&["--check", "--host", "127.0.0.1"], &[]);
+    assert_eq!(loopback.status.code(), Some(0), "{loopback:?}");
 }

@@ -50,6 +50,41 @@ async fn off_unless_enabled() {
     );
 }
 
+/// The dashboard switched on by environment alone (no file key), its URL
+/// in the start-up log; a token with the dashboard off is a warning, not
+/// silence. Neither log line shows the token.
+#[tokio::test]
+async fn the_environment_switches_it_on_and_the_log_says_where() {
+    let server = Server::start_with_env(
+        "",
+        "",
+        &[
+            ("HERALD_DASHBOARD", "true"),
+            ("HERALD_DASHBOARD_TOKEN", TOKEN),
+            ("HERALD_LOG", "info"),
+        ],
+    )
+    .await;
+    assert_eq!(get(&server, "/dashboard", None).await.0, 200);
+    let log = server.log();
+    let url = format!("http://127.0.0.1:{}/dashboard", server.port);
+    assert!(log.contains(&url), "{log}");
+    assert!(!log.contains(TOKEN), "{log}");
+
+    let off = Server::start_with_env("", "", &[("HERALD_DASHBOARD_TOKEN", TOKEN)]).await;
+    assert_eq!(get(&off, "/dashboard", None).await.0, 404);
+    let log = off.log();
+    assert!(
+        log.contains("dashboard_token is set but the dashboard is off"),
+        "{log}"
+    );
+    assert!(!log.contains(TOKEN), "{log}");
+    assert!(
+        !log.contains("\u{1b}["),
+        "colour codes in a log file: {log}"
+    );
+}
+
 #[tokio::test]
 async fn the_api_wants_the_token_and_reports_the_app() {
     let server = Server::start_with(&dashboard_config(), "").await;

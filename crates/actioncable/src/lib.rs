@@ -230,6 +230,14 @@ impl Adapter for ActionCable {
             return Ok(());
         };
         presence::Gone::register(node, &hub);
+        if rpc.broadcast_key.is_none() && !node.config.serves_loopback_only() {
+            tracing::warn!(
+                host = %node.config.host,
+                "POST /_broadcast accepts broadcasts from anyone who reaches this port: set \
+                 rpc.broadcast_key (HERALD_BROADCAST_KEY, ANYCABLE_BROADCAST_KEY) or keep \
+                 the port private (docs/actioncable.md)"
+            );
+        }
         // The routes' `Cable` is not reachable from here: the ingest gets
         // its own handle on the broker's history. For a cluster engine that
         // keeps it on its server that is the same history; one kept in

@@ -567,6 +567,11 @@ pub fn run(args: BenchArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    if common.clients == Some(0) {
+        // Zero clients would run the whole duration measuring nothing.
+        eprintln!("herald bench: --clients must be at least 1");
+        return ExitCode::from(2);
+    }
     if matches!(args.scenario, BenchScenario::Connect(_)) && common.duration.is_some() {
         // An avalanche ends when every client has settled; silently
         // ignoring a duration would let someone think they set one.

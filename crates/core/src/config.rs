@@ -66,6 +66,10 @@ pub struct Config {
     /// socket themselves (the fan-out in batches on an io_uring where the
     /// kernel allows one), instead of waking its session for each.
     pub direct_writes: bool,
+    /// Serve the development app (its secret is public) on an address
+    /// other clients can reach. Off: refused at start, so a copied
+    /// container line cannot expose it by accident.
+    pub allow_development_credentials: bool,
     /// `tracing` filter, e.g. `info` or `herald=debug`.
     pub log: String,
     /// PEM certificate chain; with `tls_key`, Herald serves TLS (wss/https).
@@ -244,6 +248,7 @@ impl Default for Config {
             write_delay_ms: 2,
             write_delay_busy_only: true,
             direct_writes: true,
+            allow_development_credentials: false,
             log: "info".into(),
             tls_cert: None,
             tls_key: None,
@@ -369,6 +374,7 @@ pub struct Overrides {
     pub write_delay_ms: Option<u64>,
     pub write_delay_busy_only: Option<bool>,
     pub direct_writes: Option<bool>,
+    pub allow_development_credentials: Option<bool>,
     pub log: Option<String>,
     /// Replace the single app's credentials (handy in containers).
     pub app_id: Option<String>,
@@ -378,6 +384,7 @@ pub struct Overrides {
     pub tls_key: Option<String>,
     pub log_format: Option<LogFormat>,
     pub metrics_port: Option<u16>,
+    pub dashboard: Option<bool>,
     pub dashboard_token: Option<String>,
     /// `broker.url`.
     pub broker: Option<String>,
@@ -414,6 +421,61 @@ pub fn unknown(key: &str) -> ConfigError {
 }
 
 /// An error naming `key` (adapters' checks use it too).
+/// Crates whose log lines a filter may name (as `tracing` targets match:
+/// a directive's target is a prefix of the line's). Herald's own crates
+/// all start with `herald`; the rest are the dependencies that log.
+const LOG_TARGETS: &[&str] = &[
+    "herald",
+    "tokio",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "axum",
+    "tower",
+    "tonic",
+    "reqwest",
+    "rustls",
+    "tokio_rustls",
+    "redis",
+    "async_nats",
+    "tungstenite",
+    "tokio_tungstenite",
+    "mio",
+];
+
+const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+
+/// Refuse a log filter that would match nothing Herald logs: a bare word
+/// like `verbose` is a target directive to `tracing`, which silences every
+/// line (the development-credentials warning included) without a word.
+pub fn check_log_filter(filter: &str) -> Result<(), String> {
+    tracing_subscriber::EnvFilter::builder()
+        .parse(filter)
+        .map_err(|e| format!("{filter:?} is not a log filter: {e}"))?;
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let (target, level) = match directive.rsplit_once('=') {
+            Some((t, l)) => (t, Some(l)),
+            None => (directive, None),
+        };
+        let target = target.split('[').next().unwrap_or_default().trim();
+        if level.is_none() && LOG_LEVELS.contains(&target.to_ascii_lowercase().as_str()) {
+            continue;
+        }
+        let known = target.is_empty()
+            || LOG_TARGETS
+                .iter()
+                .any(|t| t.starts_with(target) || target.starts_with(t));
+        if !known {
+            return Err(format!(
+                "{directive:?} names neither a level ({}) nor a target Herald logs under ({}, e.g. `herald=debug`); it would hide every line",
+                LOG_LEVELS.join(", "),
+                LOG_TARGETS.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
@@ -481,6 +543,9 @@ impl Config {
         if let Some(v) = o.direct_writes {
             self.direct_writes = v;
         }
+        if let Some(v) = o.allow_development_credentials {
+            self.allow_development_credentials = v;
+        }
         if let Some(v) = &o.log {
             self.log = v.clone();
         }
@@ -495,6 +560,9 @@ impl Config {
         }
         if let Some(v) = o.metrics_port {
             self.metrics_port = Some(v);
+        }
+        if let Some(v) = o.dashboard {
+            self.dashboard = v;
         }
         if let Some(v) = &o.dashboard_token {
             self.dashboard_token = Some(v.clone());
@@ -584,6 +652,8 @@ impl Config {
 
     /// Semantic checks serde cannot make. Errors name the offending key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        check_log_filter(&self.log).map_err(|m| invalid("log", m))?;
+        self.check_development_credentials()?;
         if self.host.parse::<std::net::IpAddr>().is_err() && self.host != "localhost" {
             return Err(invalid("host", "must be an IP address"));
         }
@@ -806,6 +876,37 @@ impl Config {
 
     pub fn write_delay(&self) -> Duration {
         Duration::from_millis(self.write_delay_ms)
+    }
+
+    /// Whether `host` is a loopback address: only this machine reaches
+    /// the port, so open endpoints and public credentials harm nobody.
+    pub fn serves_loopback_only(&self) -> bool {
+        self.host == "localhost"
+            || self
+                .host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback() || ip.to_canonical().is_loopback())
+    }
+
+    /// The development app's secret is public: refuse to serve it on an
+    /// address other machines can reach unless the operator says so.
+    fn check_development_credentials(&self) -> Result<(), ConfigError> {
+        if self.serves_loopback_only() || self.allow_development_credentials {
+            return Ok(());
+        }
+        match self.apps.iter().find(|a| a.is_development()) {
+            Some(app) => Err(invalid(
+                "allow_development_credentials",
+                format!(
+                    "app {:?} has the DEVELOPMENT secret, which is public, and host {} is reachable \
+                     from other machines: give your own app (HERALD_APP_ID, HERALD_APP_KEY, \
+                     HERALD_APP_SECRET or [[apps]]), or set allow_development_credentials = true \
+                     (HERALD_ALLOW_DEVELOPMENT_CREDENTIALS=true) to serve it anyway",
+                    app.id, self.host
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Whether the dashboard is served (on, with a valid token).

@@ -152,3 +152,26 @@ fn later_layers_override_earlier_ones() {
     assert_eq!(c.apps[0].secret, "s3cret");
     assert_eq!(c.apps[0].key, DEV_APP_KEY);
 }
+
+#[test]
+fn a_log_filter_that_matches_nothing_herald_logs_is_refused() {
+    for ok in [
+        "info",
+        "WARN",
+        "herald=debug",
+        "herald_core::node=trace,info",
+        "hyper=debug",
+        "off",
+        "info,async_nats=warn",
+    ] {
+        check_log_filter(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    for bad in ["verbose", "info,loud", "verbose=debug", "herald=loud"] {
+        let err = check_log_filter(bad).expect_err(bad);
+        assert!(!err.is_empty(), "{bad}");
+    }
+    let mut c = Config::load(None, &Overrides::default()).unwrap();
+    c.log = "verbose".into();
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("log") && err.contains("verbose"), "{err}");
+}
