@@ -571,15 +571,8 @@ async fn run(config: Config, adapters: Adapters) -> std::io::Result<()> {
             "http"
         };
         tracing::info!(
-            "dashboard at {scheme}://{}/dashboard (sign in with the dashboard token)",
-            url_authority(&addr)
+            "dashboard at {scheme}://{addr}/dashboard (sign in with the dashboard token)"
         );
     }
     server::serve_with(adapters, node, listener, server::shutdown::signal()).await
-}
-
-/// `host:port` for a URL (IPv6 addresses in brackets, as `SocketAddr`
-/// writes them).
-fn url_authority(addr: &SocketAddr) -> String {
-    addr.to_string()
 }
