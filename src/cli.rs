@@ -56,9 +56,12 @@ struct ConfigArgs {
     #[command(flatten)]
     serve: ServeArgs,
     /// Print only problems (unsupported or unknown peer variables,
-    /// conflicts, errors); exit 2 on an invalid configuration.
+    /// conflicts, errors) and "ok"; exit 2 on an invalid configuration.
     #[arg(long)]
     check: bool,
+    /// Show only the settings that differ from the defaults.
+    #[arg(long, conflicts_with = "check")]
+    changed: bool,
 }
 
 #[derive(Args)]
@@ -358,10 +361,11 @@ fn origin(matches: &ArgMatches, s: &Setting) -> String {
 
 fn show_config(args: ConfigArgs, matches: Option<&ArgMatches>, adapters: &Adapters) -> ExitCode {
     let check = args.check;
+    let changed = args.changed;
     let eff = match effective_config(args.serve, matches, "config", adapters) {
         Ok(e) => e,
         Err(e) => {
-            println!("error: {e}");
+            eprintln!("herald: {e}");
             return ExitCode::from(2);
         }
     };
@@ -370,9 +374,13 @@ fn show_config(args: ConfigArgs, matches: Option<&ArgMatches>, adapters: &Adapte
         for w in &warnings {
             println!("warning: {w}");
         }
+        println!("ok");
         return ExitCode::SUCCESS;
     }
-    let rows = eff.settings();
+    let mut rows = eff.settings();
+    if changed {
+        rows.retain(|(_, _, source)| *source != Source::Default);
+    }
     let width = rows
         .iter()
         .map(|(k, v, _)| k.len() + v.len() + 3)

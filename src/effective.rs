@@ -119,7 +119,7 @@ pub fn load(
     }
     peers.apply(&mut config, &file_keys)?;
     config.apply(overrides).map_err(|e| e.to_string())?;
-    config.validate().map_err(|e| e.to_string())?;
+    config.validate().map_err(|e| named_as_given(e, &herald))?;
     herald_core::adapter::check_config(&config, adapters).map_err(|e| e.to_string())?;
     let mut adapter_keys = Vec::new();
     for a in adapters {
@@ -135,6 +135,28 @@ pub fn load(
         file_keys,
         adapter_keys,
     })
+}
+
+/// A configuration error, naming the flag or variable the user typed when
+/// one of them gave the offending key (`--activity-timeout 0` is refused
+/// as `--activity-timeout`, not only as `activity_timeout`).
+fn named_as_given(e: herald_core::config::ConfigError, herald: &[(String, Source)]) -> String {
+    use herald_core::config::ConfigError;
+    if let ConfigError::Invalid { key, message } = &e {
+        let given = herald
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, s)| match s {
+                Source::Flag(f) => Some(f.clone()),
+                Source::Env(v) => Some(v.clone()),
+                _ => None,
+            });
+        if let Some(given) = given {
+            return format!("invalid config: `{given}` ({key}) {message}");
+        }
+    }
+    e.to_string()
 }
 
 /// Flatten JSON into `a.b`, `apps[0].key` leaves; arrays of plain values

@@ -231,20 +231,14 @@ fn bad_broker_urls_are_named_without_their_credentials() {
             assert!(!stderr.contains("hunter2secret"), "{url} ({how}): {stderr}");
         }
         // `herald config` (and `--check`) refuse it the same way, with the
-        // same message, on stdout as its other configuration errors.
-        let serve_msg = String::from_utf8_lossy(&flag.stderr)
-            .trim()
-            .trim_start_matches("herald: ")
-            .to_owned();
+        // same message and prefix, on standard error.
+        let serve_msg = String::from_utf8_lossy(&flag.stderr).trim().to_owned();
+        assert!(serve_msg.starts_with("herald: "), "{serve_msg}");
         for args in [&["--broker", url][..], &["--check", "--broker", url][..]] {
             let out = config(args, &[]);
-            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stdout = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "config {args:?}: {stdout}");
-            assert_eq!(
-                stdout.trim(),
-                format!("error: {serve_msg}"),
-                "config {args:?}"
-            );
+            assert_eq!(stdout.trim(), serve_msg, "config {args:?}");
             assert!(
                 !stdout.contains("hunter2secret"),
                 "config {args:?}: {stdout}"
@@ -484,12 +478,7 @@ fn bad_broker_tls_settings_are_named() {
 fn development_credentials_are_refused_off_loopback() {
     for host in ["0.0.0.0", "192.0.2.7"] {
         let out = config(&["--check", "--host", host], &[]);
-        // `config --check` reports on standard output.
-        let stderr = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{host}: {stderr}");
         assert!(
             stderr.contains("allow_development_credentials") && stderr.contains("DEVELOPMENT"),
@@ -513,4 +502,48 @@ fn development_credentials_are_refused_off_loopback() {
     assert_eq!(own.status.code(), Some(0), "{own:?}");
     let loopback = config(&["--check", "--host", "127.0.0.1"], &[]);
     assert_eq!(loopback.status.code(), Some(0), "{loopback:?}");
+}
+
+/// What a newcomer reads: `--check` says "ok"; an error names the flag or
+/// variable they typed, with the one `herald:` prefix; TOML's snippet
+/// keeps its lines; a missing secret "is required"; `--changed` shows only
+/// what differs from the defaults; values shown are the ones in effect.
+#[test]
+fn config_answers_a_newcomer_can_read() {
+    let ok = config(&["--check"], &[]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "ok");
+    for (out, given) in [
+        (
+            serve(&["--activity-timeout", "0"], &[]),
+            "--activity-timeout",
+        ),
+        (
+            serve(&[], &[("HERALD_ACTIVITY_TIMEOUT", "0")]),
+            "HERALD_ACTIVITY_TIMEOUT",
+        ),
+        (
+            config(&["--activity-timeout", "0"], &[]),
+            "--activity-timeout",
+        ),
+    ] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.starts_with("herald: "), "{stderr}");
+        assert!(stderr.contains(&format!("`{given}`")), "{stderr}");
+    }
+    let out = serve_with("port = \"x\"\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\n1 | port = \"x\"\n") && stderr.contains('^'),
+        "TOML's snippet lost its lines: {stderr}"
+    );
+    assert_rejected("[[apps]]\nid = \"a\"\nkey = \"b\"\n", "is required");
+    let changed = config(&["--changed", "--port", "9001"], &[]);
+    let text = String::from_utf8_lossy(&changed.stdout);
+    assert_eq!(changed.status.code(), Some(0), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.starts_with("port = 9001"), "{text}");
+    let all = config(&[], &[]);
+    let text = String::from_utf8_lossy(&all.stdout);
+    assert!(text.contains("rpc.path = \"/cable\""), "{text}");
 }

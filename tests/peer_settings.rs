@@ -68,7 +68,7 @@ async fn round_trip(port: u16, id: &str, key: &str, secret: &str) {
 }
 
 /// `herald config args` with exactly `env` among the peers' and Herald's
-/// variables; (exit code, stdout).
+/// variables; (exit code, stdout then stderr, where errors go).
 fn config(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = herald_command();
     cmd.arg("config").args(args);
@@ -91,7 +91,11 @@ fn config(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let out = output_within(&mut cmd, Duration::from_secs(10));
     (
         out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     )
 }
 
@@ -399,10 +403,14 @@ async fn herald_names_win_and_conflicts_are_reported() {
     let (code, out) = config(&["--port", "9001"], &env);
     assert_eq!(code, 0, "{out}");
     assert!(line(&out, "port").contains("flag --port"), "{out}");
-    // --check prints only problems, and succeeds with warnings.
+    // --check prints only problems and "ok", and succeeds with warnings.
     let (code, out) = config(&["--check"], &env);
     assert_eq!(code, 0, "{out}");
-    assert!(out.lines().all(|l| l.starts_with("warning: ")), "{out}");
+    assert_eq!(out.lines().last(), Some("ok"), "{out}");
+    assert!(
+        out.lines().all(|l| l.starts_with("warning: ") || l == "ok"),
+        "{out}"
+    );
     assert!(out.contains("ANYCABLE_UNHEARD_OF"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }

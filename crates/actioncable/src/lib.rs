@@ -202,7 +202,9 @@ impl Adapter for ActionCable {
     }
 
     fn config(&self, config: &Config) -> Result<serde_json::Value, ConfigError> {
-        let rpc = config::load(config)?;
+        let mut rpc = config::load(config)?;
+        // Shown as in effect: the path served when none is set.
+        rpc.path.get_or_insert_with(|| DEFAULT_PATH.to_owned());
         Ok(serde_json::json!({ "rpc": rpc }))
     }
 

@@ -420,7 +420,6 @@ pub fn unknown(key: &str) -> ConfigError {
     )
 }
 
-/// An error naming `key` (adapters' checks use it too).
 /// Crates whose log lines a filter may name (as `tracing` targets match:
 /// a directive's target is a prefix of the line's). Herald's own crates
 /// all start with `herald`; the rest are the dependencies that log.
@@ -476,6 +475,7 @@ pub fn check_log_filter(filter: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An error naming `key` (adapters' checks use it too).
 pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
@@ -488,7 +488,9 @@ impl Config {
     pub fn from_toml(text: &str, path: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.into(),
-            message: e.to_string().trim().replace('\n', " "),
+            // TOML's own message: the line, the column and a snippet
+            // of the file with a caret, on several lines.
+            message: e.to_string().trim_end().to_owned(),
         })
     }
 
@@ -800,7 +802,7 @@ impl Config {
             let k = |field: &str| format!("apps[{i}].{field}");
             for (field, value) in [("id", &app.id), ("key", &app.key), ("secret", &app.secret)] {
                 if value.is_empty() {
-                    return Err(invalid(k(field), "must not be empty"));
+                    return Err(invalid(k(field), "is required (and must not be empty)"));
                 }
                 if value.len() > 200 || value.chars().any(|c| c.is_control() || c == '/') {
                     return Err(invalid(
