@@ -667,3 +667,59 @@ fn limit_memory(cmd: &mut Command, bytes: u64) {
     }
 }
 
+/// An AppSync API key selects one app: the same key in two apps (as an
+/// API key, or in a namespace's `publish_keys` / `subscribe_keys`) is
+/// refused at start by `serve` and `config --check`, naming where the key
+/// is set in both apps and never the key itself.
+#[test]
+fn an_appsync_key_of_two_apps_is_refused_without_printing_it() {
+    let a = "[[apps]]\nid = \"a\"\nkey = \"ka\"\nsecret = \"sa\"\napi_keys = [\"a-own\", \"da2-sharedsecret\"]\n";
+    let b = "[[apps]]\nid = \"b\"\nkey = \"kb\"\nsecret = \"sb\"\n";
+    let cases = [
+        (
+            format!("{a}{b}api_keys = [\"da2-sharedsecret\"]\n"),
+            "apps[1].api_keys[0]",
+        ),
+        (
+            format!(
+                "{a}{b}api_keys = [\"b-own\"]\n[[apps.namespaces]]\nname = \"chat\"\n\
+                 publish_keys = [\"b-own\", \"da2-sharedsecret\"]\n"
+            ),
+            "apps[1].namespaces[0].publish_keys[1]",
+        ),
+        (
+            format!(
+                "{a}[[apps.namespaces]]\nname = \"chat\"\nsubscribe_keys = [\"b-only\"]\n\
+                 {b}api_keys = [\"b-only\"]\n"
+            ),
+            "apps[1].api_keys[0]",
+        ),
+    ];
+    for (toml, named) in cases {
+        let out = serve_with(&toml);
+        assert_config_error(&out, &toml, named);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("apps[0]."),
+            "names the first app's too: {stderr}"
+        );
+        assert!(!stderr.contains("sharedsecret"), "{stderr}");
+        assert!(!stderr.contains("b-only\""), "{stderr}");
+        let (dir, path) = scratch_file("herald.toml", toml.as_bytes());
+        let out = config(&["--check", "--config", &path], &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(2), "{toml}\n{stdout}");
+        assert!(stdout.contains(named), "{stdout}");
+        assert!(!stdout.contains("sharedsecret"), "{stdout}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // One app may name its own key in its namespaces and its API keys.
+    let own = format!(
+        "{a}[[apps.namespaces]]\nname = \"chat\"\npublish_keys = [\"a-own\"]\n{b}api_keys = [\"b-own\"]\n"
+    );
+    let out = serve_with(&own);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot listen"), "{stderr}");
+}
+
