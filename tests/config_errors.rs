@@ -723,3 +723,64 @@ fn an_appsync_key_of_two_apps_is_refused_without_printing_it() {
     assert!(stderr.contains("cannot listen"), "{stderr}");
 }
 
+/// `herald serve --host H` on a port taken on every address (IPv4 and
+/// IPv6): status 2 if `H` is refused, 1 ("cannot listen") once past it.
+fn serve_host(host: &str) -> Output {
+    let occupied = std::net::TcpListener::bind("[::]:0").expect("bind [::]:0");
+    let port = occupied.local_addr().unwrap().port();
+    let mut cmd: Command = herald_command();
+    cmd.arg("serve")
+        .args(["--host", host, "--port", &port.to_string()]);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    output_within(&mut cmd, TIMEOUT)
+}
+
+/// `herald config --check` refuses exactly the hosts `serve` refuses:
+/// IPv4, IPv6 (bracketed or not, `::`, IPv4-mapped) and `localhost` pass
+/// both; names and malformed addresses are refused by both, naming `host`.
+#[test]
+fn config_check_and_serve_agree_on_the_host() {
+    let good = [
+        "127.0.0.1",
+        "0.0.0.0",
+        "localhost",
+        "::1",
+        "[::1]",
+        "::",
+        "[::]",
+        "::ffff:127.0.0.1",
+    ];
+    let bad = [
+        "example.com",
+        "::1%lo",
+        "[::1",
+        "::1]",
+        "[::1]:8080",
+        "127.0.0.1:8080",
+        "1.2.3.4.5",
+        "",
+    ];
+    for (host, accepted) in good
+        .iter()
+        .map(|h| (*h, true))
+        .chain(bad.iter().map(|h| (*h, false)))
+    {
+        let check = config(&["--check", "--host", host], &[]);
+        let stdout = String::from_utf8_lossy(&check.stdout);
+        let served = serve_host(host);
+        let stderr = String::from_utf8_lossy(&served.stderr);
+        if accepted {
+            assert_eq!(check.status.code(), Some(0), "check {host:?}: {stdout}");
+            assert_eq!(served.status.code(), Some(1), "serve {host:?}: {stderr}");
+            assert!(stderr.contains("cannot listen"), "serve {host:?}: {stderr}");
+        } else {
+            assert_eq!(check.status.code(), Some(2), "check {host:?}: {stdout}");
+            assert!(stdout.contains("host"), "check {host:?}: {stdout}");
+            assert_config_error(&served, &format!("serve {host:?}"), "host");
+        }
+    }
+}

@@ -584,9 +584,7 @@ impl Config {
 
     /// Semantic checks serde cannot make. Errors name the offending key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.host.parse::<std::net::IpAddr>().is_err() && self.host != "localhost" {
-            return Err(invalid("host", "must be an IP address"));
-        }
+        self.bind_ip()?;
         if self.activity_timeout == 0 {
             return Err(invalid("activity_timeout", "must be at least 1 second"));
         }
@@ -790,6 +788,29 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The address `host` names, as `herald serve` binds it: an IPv4 or
+    /// IPv6 address (`::1`, `[::1]`; `::` serves IPv4 too), an
+    /// IPv4-mapped IPv6 address as its IPv4 address, or `localhost`
+    /// (127.0.0.1). [`Config::validate`] refuses what this refuses, so
+    /// `herald config --check` and `serve` agree.
+    pub fn bind_ip(&self) -> Result<std::net::IpAddr, ConfigError> {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let host = self.host.as_str();
+        if host == "localhost" {
+            return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6.parse::<Ipv6Addr>().map(IpAddr::V6),
+            None => host.parse::<IpAddr>(),
+        };
+        ip.map(|ip| ip.to_canonical()).map_err(|_| {
+            invalid(
+                "host",
+                "must be an IP address (IPv4, or IPv6 such as ::1 or ::, bracketed or not) or localhost",
+            )
+        })
     }
 
     pub fn activity_timeout(&self) -> Duration {
