@@ -534,17 +534,10 @@ fn overrides(args: ServeArgs) -> Overrides {
 }
 
 async fn run(config: Config, adapters: Adapters) -> std::io::Result<()> {
-    let host = if config.host == "localhost" {
-        "127.0.0.1"
-    } else {
-        config.host.as_str()
-    };
-    let addr: SocketAddr = format!("{host}:{}", config.port).parse().map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("bad address: {e}"),
-        )
-    })?;
+    let ip = config
+        .bind_ip()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let addr = SocketAddr::new(ip, config.port);
     match server::raise_open_file_limit() {
         Some(limit) if limit < 10_000 => tracing::warn!(
             limit,

@@ -52,18 +52,32 @@ impl std::fmt::Display for Source {
 
 /// Read a Laravel or Rails `.env` file into the process environment, for
 /// every variable not already set (the environment wins, as with Laravel's
-/// and Rails' dotenv loaders). `${VAR}` references are expanded. Call before
-/// any thread starts.
+/// and Rails' dotenv loaders). `${VAR}` references are expanded, bounded
+/// (see [`crate::env_file`]); errors name the file, line and variable,
+/// never a value. Call before any thread starts.
 pub fn load_env_file(path: &Path) -> Result<(), String> {
+    use std::io::Read;
     let shown = path.display();
-    let iter = dotenvy::from_path_iter(path).map_err(|e| format!("--env-file {shown}: {e}"))?;
+    let limit = crate::env_file::MAX_FILE_BYTES;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        // One byte past the bound tells a file over it (whatever its
+        // metadata says: a pipe, a file still growing).
+        .and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("--env-file {shown}: {e}"))?;
+    if bytes.len() > limit {
+        return Err(format!(
+            "--env-file {shown}: larger than {limit} bytes (a .env holds a few KiB; is this the right file?)"
+        ));
+    }
+    let vars = crate::env_file::parse(&bytes, |name| std::env::var(name).ok())
+        .map_err(|e| format!("--env-file {shown}: {e}"))?;
     let mut names = BTreeSet::new();
-    for item in iter {
-        let (k, v) = item.map_err(|e| format!("--env-file {shown}: {e}"))?;
-        if std::env::var_os(&k).is_none() {
+    for v in vars {
+        if std::env::var_os(&v.name).is_none() {
             // Single-threaded here (see above), so setting is sound.
-            std::env::set_var(&k, v);
-            names.insert(k);
+            std::env::set_var(&v.name, v.value);
+            names.insert(v.name);
         }
     }
     let _ = FROM_ENV_FILE.set(names);

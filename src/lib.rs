@@ -42,6 +42,7 @@
 pub mod build_info;
 pub mod cli;
 pub mod effective;
+pub mod env_file;
 pub mod peers;
 pub mod server;
 

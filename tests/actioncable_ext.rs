@@ -54,6 +54,10 @@ async fn bad_history_requests_are_rejected_and_the_client_stays_served() {
         ),
         ("not an object", json!("since yesterday")),
         ("over 1000 streams", json!({ "streams": many })),
+        // Neither a time nor a position: nothing to answer but a refusal.
+        ("since 0", json!({ "since": 0 })),
+        ("empty", json!({})),
+        ("no streams", json!({ "streams": {} })),
     ] {
         send(
             &mut ws,
@@ -80,7 +84,54 @@ async fn bad_history_requests_are_rejected_and_the_client_stays_served() {
         (f["message"].clone(), f["offset"].clone()),
         (json!({ "n": 2 }), json!(2))
     );
-    assert!(server.metric("herald_cable_history_rejected_total").await >= 2);
+    // Every reject_history is counted, whatever its reason.
+    assert_eq!(
+        server.metric("herald_cable_history_rejected_total").await,
+        8
+    );
+}
+
+/// Requests over `rpc.history_rate` get `reject_history` too, counted in
+/// `herald_cable_history_rejected_total` (every rejection) and
+/// `herald_cable_history_limited_total` (these).
+#[tokio::test]
+async fn history_requests_over_the_rate_are_rejected_and_counted() {
+    let server = Server::start_with("[rpc]\npublic_streams = true\nhistory_rate = 1", "").await;
+    let (mut ws, _) = subscribed(&server, "s").await;
+    broadcast(&server, "s", json!({ "n": 1 })).await;
+    let live = frame(&mut ws).await;
+    let epoch = live["epoch"].as_str().unwrap().to_owned();
+    let id = ident("s");
+    // Five at once: the bucket holds one, and refills at one a second.
+    for _ in 0..5 {
+        send(
+            &mut ws,
+            json!({ "command": "history", "identifier": id,
+                    "history": { "streams": { "s": { "epoch": epoch, "offset": 1 } } } }),
+        )
+        .await;
+    }
+    let (mut confirmed, mut rejected) = (0, 0);
+    while confirmed + rejected < 5 {
+        let f = frame(&mut ws).await;
+        match f["type"].as_str() {
+            Some("confirm_history") => confirmed += 1,
+            Some("reject_history") => rejected += 1,
+            _ => panic!("unexpected {f}"),
+        }
+    }
+    assert!(
+        rejected >= 1 && confirmed >= 1,
+        "{confirmed} confirmed, {rejected} rejected"
+    );
+    assert_eq!(
+        server.metric("herald_cable_history_rejected_total").await,
+        rejected
+    );
+    assert_eq!(
+        server.metric("herald_cable_history_limited_total").await,
+        rejected
+    );
 }
 
 #[tokio::test]

@@ -547,3 +547,333 @@ fn config_answers_a_newcomer_can_read() {
     let text = String::from_utf8_lossy(&all.stdout);
     assert!(text.contains("rpc.path = \"/cable\""), "{text}");
 }
+
+/// A scratch directory holding `name` with `bytes`; returns (dir, path).
+fn scratch_file(name: &str, bytes: &[u8]) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "herald-cfg-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let shown = path.to_string_lossy().into_owned();
+    (dir, shown)
+}
+
+/// Secrets a Laravel `.env` holds after the line a test breaks: none may
+/// ever be printed.
+const ENV_SECRETS: &str = "DB_PASSWORD=hunter2secret\nREVERB_APP_SECRET=reverbsecret99\n\
+     AWS_SECRET_ACCESS_KEY=awsSecretAKIA42\nAPP_KEY=base64:appkeysecret=\n";
+
+fn assert_no_env_secrets(out: &Output, case: &str) {
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for secret in [
+        "hunter2secret",
+        "reverbsecret99",
+        "awsSecretAKIA42",
+        "appkeysecret",
+        "Acme",
+        "Shop",
+    ] {
+        assert!(!all.contains(secret), "{case}: printed {secret:?}:\n{all}");
+    }
+}
+
+/// A `.env` line that cannot be read is refused by `serve`, `config` and
+/// `config --check` (status 2) with the file, the line number and the
+/// variable's name, and nothing of any value: not the broken line's, not
+/// the secrets after it.
+#[test]
+fn a_broken_env_file_line_names_file_line_and_variable_only() {
+    let cases: [(&str, &str, &str); 6] = [
+        ("an unclosed double quote", "APP_NAME=\"Acme\n", "APP_NAME"),
+        ("an unclosed single quote", "APP_NAME='Acme\n", "APP_NAME"),
+        (
+            "text after a closing quote",
+            "APP_NAME='Bob's Shop'\n",
+            "APP_NAME",
+        ),
+        ("an unclosed ${", "APP_NAME=${Acme\n", "APP_NAME"),
+        ("a NUL byte in a value", "APP_NAME=\"Ac\0me\"\n", "APP_NAME"),
+        // A line that is no NAME=value: its text may itself be a secret
+        // (a wrapped line), so only its number is given.
+        ("no `=`", "hunter2secretShop\n", "not a NAME=value"),
+    ];
+    for (case, broken, named) in cases {
+        let text = format!("APP_ENV=production\n# a comment\n\n{broken}{ENV_SECRETS}");
+        let (dir, path) = scratch_file(".env", text.as_bytes());
+        let serve_out = serve(&["--env-file", &path], &[]);
+        let config_out = config(&["--env-file", &path], &[]);
+        let check_out = config(&["--check", "--env-file", &path], &[]);
+        for (how, out) in [
+            ("serve", &serve_out),
+            ("config", &config_out),
+            ("config --check", &check_out),
+        ] {
+            let case = format!("{case} ({how})");
+            assert_config_error(out, &case, &path);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("line 4"), "{case}: {stderr}");
+            assert!(stderr.contains(named), "{case}: {stderr}");
+            assert_no_env_secrets(out, &case);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Laravel and Rails `.env` spellings Herald reads (the lines the broken
+/// cases above are near misses of): an apostrophe inside an unquoted
+/// value, `export`, quotes, escapes, comments, `${VAR}` and `$VAR`, a
+/// value spanning lines in double quotes; the environment wins.
+#[test]
+fn env_file_spellings_are_read() {
+    let text = "export HERALD_APP_ID=shop\n\
+                NAME=Bob's Shop # a comment\n\
+                HERALD_APP_KEY=\"${NAME}-key\"\n\
+                HERALD_APP_SECRET='lit$NAME\\n'\n\
+                HERALD_LOG=\"warn\"\n\
+                HERALD_SHUTDOWN_GRACE=$GRACE\n\
+                MULTI=\"one\ntwo\"\n";
+    let (dir, path) = scratch_file(".env", text.as_bytes());
+    let out = config(&["--env-file", &path], &[("GRACE", "7")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |key: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} = ")))
+            .unwrap_or_else(|| panic!("no {key}:\n{stdout}"))
+            .to_owned()
+    };
+    assert!(line("apps[0].id").contains("\"shop\""), "{stdout}");
+    assert!(
+        line("apps[0].key").contains("\"Bob's Shop-key\""),
+        "{stdout}"
+    );
+    assert!(line("log").contains("\"warn\""), "{stdout}");
+    assert!(line("shutdown_grace").contains("= 7 "), "{stdout}");
+    // The environment beats the file.
+    let out = config(
+        &["--env-file", &path],
+        &[("HERALD_APP_ID", "env-id"), ("GRACE", "7")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("apps[0].id = \"env-id\""), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `${VAR}` expansion is bounded: 42 lines each doubling the one before
+/// (2^42 bytes) are refused as a configuration error naming the line and
+/// variable, instead of exhausting memory. The process runs with an
+/// address-space limit of 1 GiB, so the old unbounded expansion aborts
+/// (or the test fails fast) rather than taking the machine's memory.
+#[test]
+fn env_file_expansion_and_size_are_bounded() {
+    let mut text = String::from("A0=xxx\n");
+    for i in 1..42 {
+        text.push_str(&format!("A{i}=${{A{}}}${{A{}}}\n", i - 1, i - 1));
+    }
+    text.push_str(ENV_SECRETS);
+    let (dir, path) = scratch_file(".env", text.as_bytes());
+    for sub in [&["config"][..], &["config", "--check"][..]] {
+        let mut cmd = herald_command();
+        cmd.args(sub).args(["--env-file", &path]);
+        limit_memory(&mut cmd, 1 << 30);
+        let out = output_within(&mut cmd, TIMEOUT);
+        let case = format!("{sub:?} with a doubling .env");
+        assert_config_error(&out, &case, &path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // A0=xxx: A15 (96 KiB) is the first over the bound of a value.
+        assert!(
+            stderr.contains("line 16") && stderr.contains("A15"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("65536"), "{stderr}");
+        assert_no_env_secrets(&out, &case);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Many values each under the bound, together over the total's bound.
+    let mut text = format!("B=\"{}\"\n", "b".repeat(60_000));
+    for i in 0..80 {
+        text.push_str(&format!("C{i}=${{B}}\n"));
+    }
+    let (dir, path) = scratch_file(".env", text.as_bytes());
+    let out = config(&["--check", "--env-file", &path], &[]);
+    assert_config_error(&out, "a .env expanding past 4 MiB", &path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("4194304"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A file over 1 MiB is not read at all.
+    let mut big = "# padding\n".repeat(104_858).into_bytes();
+    big.extend_from_slice(ENV_SECRETS.as_bytes());
+    assert!(big.len() > 1 << 20);
+    let (dir, path) = scratch_file(".env", &big);
+    let out = serve(&["--env-file", &path], &[]);
+    assert_config_error(&out, "a .env over 1 MiB", &path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("1048576"), "{stderr}");
+    assert_no_env_secrets(&out, "a .env over 1 MiB");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Limit `cmd`'s address space to `bytes` (RLIMIT_AS).
+fn limit_memory(cmd: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// An AppSync API key selects one app: the same key in two apps (as an
+/// API key, or in a namespace's `publish_keys` / `subscribe_keys`) is
+/// refused at start by `serve` and `config --check`, naming where the key
+/// is set in both apps and never the key itself.
+#[test]
+fn an_appsync_key_of_two_apps_is_refused_without_printing_it() {
+    let a = "[[apps]]\nid = \"a\"\nkey = \"ka\"\nsecret = \"sa\"\napi_keys = [\"a-own\", \"da2-sharedsecret\"]\n";
+    let b = "[[apps]]\nid = \"b\"\nkey = \"kb\"\nsecret = \"sb\"\n";
+    let cases = [
+        (
+            format!("{a}{b}api_keys = [\"da2-sharedsecret\"]\n"),
+            "apps[1].api_keys[0]",
+        ),
+        (
+            format!(
+                "{a}{b}api_keys = [\"b-own\"]\n[[apps.namespaces]]\nname = \"chat\"\n\
+                 publish_keys = [\"b-own\", \"da2-sharedsecret\"]\n"
+            ),
+            "apps[1].namespaces[0].publish_keys[1]",
+        ),
+        (
+            format!(
+                "{a}[[apps.namespaces]]\nname = \"chat\"\nsubscribe_keys = [\"b-only\"]\n\
+                 {b}api_keys = [\"b-only\"]\n"
+            ),
+            "apps[1].api_keys[0]",
+        ),
+    ];
+    for (toml, named) in cases {
+        let out = serve_with(&toml);
+        assert_config_error(&out, &toml, named);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("apps[0]."),
+            "names the first app's too: {stderr}"
+        );
+        assert!(!stderr.contains("sharedsecret"), "{stderr}");
+        assert!(!stderr.contains("b-only\""), "{stderr}");
+        let (dir, path) = scratch_file("herald.toml", toml.as_bytes());
+        let out = config(&["--check", "--config", &path], &[]);
+        let stdout = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{toml}\n{stdout}");
+        assert!(stdout.contains(named), "{stdout}");
+        assert!(!stdout.contains("sharedsecret"), "{stdout}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // One app may name its own key in its namespaces and its API keys.
+    let own = format!(
+        "{a}[[apps.namespaces]]\nname = \"chat\"\npublish_keys = [\"a-own\"]\n{b}api_keys = [\"b-own\"]\n"
+    );
+    let out = serve_with(&own);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot listen"), "{stderr}");
+}
+
+/// `herald serve --host H` on a port taken on every address (IPv4 and
+/// IPv6): status 2 if `H` is refused, 1 ("cannot listen") once past it.
+fn serve_host(host: &str) -> Output {
+    let occupied = std::net::TcpListener::bind("[::]:0").expect("bind [::]:0");
+    let port = occupied.local_addr().unwrap().port();
+    let mut cmd: Command = herald_command();
+    cmd.arg("serve")
+        .args(["--host", host, "--port", &port.to_string()]);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(OWN_APP.iter().copied());
+    output_within(&mut cmd, TIMEOUT)
+}
+
+/// An app of the operator's own: the development one is refused off
+/// loopback, which is not what the host tests are about.
+const OWN_APP: [(&str, &str); 3] = [
+    ("HERALD_APP_ID", "own-app"),
+    ("HERALD_APP_KEY", "own-key"),
+    ("HERALD_APP_SECRET", "own-secret-for-tests"),
+];
+
+/// `herald config --check` refuses exactly the hosts `serve` refuses:
+/// IPv4, IPv6 (bracketed or not, `::`, IPv4-mapped) and `localhost` pass
+/// both; names and malformed addresses are refused by both, naming `host`.
+#[test]
+fn config_check_and_serve_agree_on_the_host() {
+    let good = [
+        "127.0.0.1",
+        "0.0.0.0",
+        "localhost",
+        "::1",
+        "[::1]",
+        "::",
+        "[::]",
+        "::ffff:127.0.0.1",
+    ];
+    let bad = [
+        "example.com",
+        "::1%lo",
+        "[::1",
+        "::1]",
+        "[::1]:8080",
+        "127.0.0.1:8080",
+        "1.2.3.4.5",
+        "",
+    ];
+    for (host, accepted) in good
+        .iter()
+        .map(|h| (*h, true))
+        .chain(bad.iter().map(|h| (*h, false)))
+    {
+        let check = config(&["--check", "--host", host], &OWN_APP);
+        let stdout = format!(
+            "{}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let served = serve_host(host);
+        let stderr = String::from_utf8_lossy(&served.stderr);
+        if accepted {
+            assert_eq!(check.status.code(), Some(0), "check {host:?}: {stdout}");
+            assert_eq!(served.status.code(), Some(1), "serve {host:?}: {stderr}");
+            assert!(stderr.contains("cannot listen"), "serve {host:?}: {stderr}");
+        } else {
+            assert_eq!(check.status.code(), Some(2), "check {host:?}: {stdout}");
+            assert!(stdout.contains("host"), "check {host:?}: {stdout}");
+            assert_config_error(&served, &format!("serve {host:?}"), "host");
+        }
+    }
+}

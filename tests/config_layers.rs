@@ -138,6 +138,38 @@ async fn host_flag_beats_env_which_beats_the_file() {
     .await;
 }
 
+/// IPv6 is served: `--host ::1` (bracketed or not) listens on [::1] only,
+/// `::` on IPv6 and IPv4 alike (dual-stack), and an IPv4-mapped address on
+/// its IPv4 address.
+#[tokio::test]
+async fn ipv6_hosts_are_served() {
+    with_ports(|dir, [p, _, _]| async move {
+        let port = p.to_string();
+        for host in ["::1", "[::1]"] {
+            let mut h = Spawned::serve(&dir, &["--host", host, "--port", &port], &[]);
+            h.ready_on("[::1]", p, &[("127.0.0.1", p)]).await?;
+            assert!(!is_ready("127.0.0.1", p).await, "{host} serves IPv4 too");
+            drop(h);
+        }
+        // Every address: the development app is refused there, so an app
+        // of the test's own.
+        let own = [
+            ("HERALD_APP_ID", "v6"),
+            ("HERALD_APP_KEY", "v6-key"),
+            ("HERALD_APP_SECRET", "v6-secret-for-tests"),
+        ];
+        let mut h = Spawned::serve(&dir, &["--host", "::", "--port", &port], &own);
+        h.ready_on("[::1]", p, &[]).await?;
+        assert!(is_ready("127.0.0.1", p).await, ":: serves IPv4 too");
+        drop(h);
+        let mut h = Spawned::serve(&dir, &["--host", "::ffff:127.0.0.1", "--port", &port], &[]);
+        h.ready_on("127.0.0.1", p, &[("[::1]", p)]).await?;
+        assert!(!is_ready("[::1]", p).await);
+        Ok(())
+    })
+    .await;
+}
+
 /// `GET /apps/{id}/channels`, signed with `key`/`secret`.
 async fn api_get_channels(port: u16, id: &str, key: &str, secret: &str) -> (u16, String) {
     let path = format!("/apps/{id}/channels");

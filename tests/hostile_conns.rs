@@ -406,6 +406,72 @@ async fn connections_per_address_are_bounded_with_a_429() {
     }
 }
 
+/// Connect to `ip:port`, IPv4 or IPv6.
+async fn connect_to(ip: &str, port: u16) -> TcpStream {
+    let addr = SocketAddr::new(ip.parse().unwrap(), port);
+    tokio::time::timeout(TIMEOUT, TcpStream::connect(addr))
+        .await
+        .expect("connect timed out")
+        .expect("connect")
+}
+
+/// On a dual-stack `::` listener, an IPv6 client (::1, counted by its /64)
+/// is bounded by `max_connections_per_address` like an IPv4 one, and an
+/// IPv4 client (arriving as an IPv4-mapped address) has a count of its
+/// own: each address family's fourth connection is refused with a 429.
+#[tokio::test]
+async fn ipv6_clients_are_bounded_per_64_on_a_dual_stack_listener() {
+    let server = Server::start_on(
+        "::",
+        "address_limits_exempt = [\"127.0.0.1\"]\nmax_connections_per_address = 3\n\
+         max_connection_rate_per_address = 1000",
+        "",
+        &[],
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = connect_to("::1", server.port).await;
+        assert_eq!(get(&mut s, "/up").await.0, 200);
+        held.push(s);
+    }
+    let mut s = connect_to("::1", server.port).await;
+    let (status, body) = get(&mut s, "/up").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("Too many connections from your address (at most 3)"),
+        "{body}"
+    );
+    // IPv4 on the same listener: 127.0.0.2 is not ::1's /64.
+    for _ in 0..3 {
+        let mut s = connect_from("127.0.0.2", server.port).await;
+        assert_eq!(get(&mut s, "/up").await.0, 200);
+        held.push(s);
+    }
+    let mut s = connect_from("127.0.0.2", server.port).await;
+    assert_eq!(get(&mut s, "/up").await.0, 429);
+    assert_eq!(
+        server
+            .metric_where(
+                "herald_listener_refused_total",
+                &[("reason", "address_connections")]
+            )
+            .await,
+        2
+    );
+    // ::1 gets its slot back when one of its connections closes.
+    drop(held.remove(0));
+    let until = Instant::now() + TIMEOUT;
+    loop {
+        let mut s = connect_to("::1", server.port).await;
+        match get(&mut s, "/up").await.0 {
+            200 => break,
+            429 if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => panic!("after a close: {other}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn new_connections_per_second_per_address_are_bounded_with_a_429() {
     let server = Server::start_with(

@@ -132,12 +132,16 @@ pub fn raise_open_file_limit() -> Option<u64> {
 }
 
 /// Bind with a large listen backlog so a connection avalanche queues
-/// instead of being dropped.
+/// instead of being dropped. The IPv6 wildcard `::` takes IPv4 clients
+/// too (as IPv4-mapped addresses), whatever the system's default
+/// (`net.ipv6.bindv6only`): `host = "::"` means every address.
 pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
-        TcpSocket::new_v6()?
+        let s = TcpSocket::new_v6()?;
+        socket2::SockRef::from(&s).set_only_v6(false)?;
+        s
     };
     socket.set_reuseaddr(true)?;
     socket.set_nodelay(true)?;

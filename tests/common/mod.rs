@@ -181,12 +181,20 @@ impl Server {
     /// [`Server::start_with`] with these environment variables set too
     /// (e.g. `SSL_CERT_FILE`: the authorities a TLS broker is checked by).
     pub async fn start_with_env(top: &str, app: &str, env: &[(&str, &str)]) -> Server {
+        Server::start_on("127.0.0.1", top, app, env).await
+    }
+
+    /// [`Server::start_with_env`] listening on `host` (e.g. `::`, which
+    /// serves IPv4 too, so [`Server::url`]'s 127.0.0.1 still reaches it).
+    pub async fn start_on(host: &str, top: &str, app: &str, env: &[(&str, &str)]) -> Server {
         let dir = scratch_dir();
         let mut last_log = String::new();
         for _ in 0..5 {
+            // A failed attempt's drop removed the directory.
+            std::fs::create_dir_all(&dir).expect("create scratch dir");
             let port = free_port();
             let config = format!(
-                "host = \"127.0.0.1\"\nport = {port}\nshutdown_grace = 5\nlog = \"warn\"\n{top}\n\
+                "host = \"{host}\"\nport = {port}\nshutdown_grace = 5\nlog = \"warn\"\n{top}\n\
                  [[apps]]\nid = \"{APP_ID}\"\nkey = \"{APP_KEY}\"\nsecret = \"{APP_SECRET}\"\n{app}\n"
             );
             let config_path = dir.join("herald.toml");

@@ -55,7 +55,7 @@ pub static CABLE_SESSIONS_RESTORED: Counter = Counter::new(
 );
 pub static CABLE_HISTORY_REJECTED: Counter = Counter::new(
     "herald_cable_history_rejected_total",
-    "History requests answered reject_history: unknown stream or epoch, offset evicted or ahead",
+    "History requests answered reject_history, every one whatever the reason: malformed or asking nothing, over rpc.history_rate, an unknown stream or epoch, an offset evicted or ahead, an answer over the connection's room",
 );
 pub static CABLE_HISTORY_LIMITED: Counter = Counter::new(
     "herald_cable_history_limited_total",

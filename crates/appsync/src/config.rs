@@ -140,7 +140,58 @@ pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
         }
         out.push(app);
     }
+    one_app_per_key(config, &out)?;
     Ok(out)
+}
+
+/// Every key an app names (its API keys in force, its namespaces' key
+/// lists), with where it is set.
+fn places(i: usize, app: &AppConfig, settings: &AppSettings) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = if settings.api_keys.is_empty() && app.is_development() {
+        vec![(format!("apps[{i}].key"), app.key.clone())]
+    } else {
+        let keys = settings.api_keys.iter().enumerate();
+        keys.map(|(j, k)| (format!("apps[{i}].api_keys[{j}]"), k.clone()))
+            .collect()
+    };
+    for (j, ns) in settings.namespaces.iter().enumerate() {
+        for (f, keys) in [
+            ("publish_keys", &ns.publish_keys),
+            ("subscribe_keys", &ns.subscribe_keys),
+        ] {
+            for (n, key) in keys.iter().flatten().enumerate() {
+                out.push((format!("apps[{i}].namespaces[{j}].{f}[{n}]"), key.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// An AppSync key selects one app, as a Pusher key does: the HTTP publish
+/// endpoints find the app by the key, so a key of two apps would put one
+/// tenant's clients in the other's channels (and a namespace naming
+/// another app's key would let that app's clients publish there). Refused
+/// naming where the key is set in both apps, never the key (a secret).
+/// Every source of apps goes through here.
+fn one_app_per_key(config: &Config, apps: &[AppSettings]) -> Result<(), ConfigError> {
+    let mut first: HashMap<String, (usize, String)> = HashMap::new();
+    for (i, (app, settings)) in config.apps.iter().zip(apps).enumerate() {
+        for (place, key) in places(i, app, settings) {
+            match first.get(&key) {
+                Some((owner, other)) if *owner != i => {
+                    return Err(invalid(
+                        place,
+                        format!("is the key {other} has: an AppSync key belongs to one app (give each app its own)"),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    first.insert(key, (i, place));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An API key: 1-200 printable characters (it travels in HTTP headers).
@@ -223,5 +274,48 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{toml}: {err}");
         }
+    }
+
+    #[test]
+    fn a_key_belongs_to_one_app() {
+        let a = "[[apps]]\nid='a'\nkey='ka'\nsecret='s'\napi_keys=['x','y']\n";
+        let b = "[[apps]]\nid='b'\nkey='kb'\nsecret='s'\n";
+        for (toml, named, other) in [
+            (
+                format!("{a}{b}api_keys=['y']"),
+                "apps[1].api_keys[0]",
+                "apps[0].api_keys[1]",
+            ),
+            (
+                format!(
+                    "{a}{b}api_keys=['z']\n[[apps.namespaces]]\nname='n'\nsubscribe_keys=['z','x']"
+                ),
+                "apps[1].namespaces[0].subscribe_keys[1]",
+                "apps[0].api_keys[0]",
+            ),
+            (
+                format!("{a}[[apps.namespaces]]\nname='n'\npublish_keys=['p']\n{b}api_keys=['p']"),
+                "apps[1].api_keys[0]",
+                "apps[0].namespaces[0].publish_keys[0]",
+            ),
+            // The development credentials' key is an API key too.
+            (
+                format!(
+                    "[[apps]]\nid='d'\nkey='dev'\nsecret='{}'\n{b}api_keys=['dev']",
+                    herald_core::config::DEV_APP_SECRET
+                ),
+                "apps[1].api_keys[0]",
+                "apps[0].key",
+            ),
+        ] {
+            let err = keys(&toml).unwrap_err().to_string();
+            assert!(err.contains(named) && err.contains(other), "{toml}: {err}");
+            assert!(!err.contains("'y'") && !err.contains("\"y\""), "{err}");
+        }
+        // Within one app a key may be named again (API key and namespace).
+        keys(&format!(
+            "{a}[[apps.namespaces]]\nname='n'\npublish_keys=['x','x']\n{b}api_keys=['b']"
+        ))
+        .unwrap();
     }
 }

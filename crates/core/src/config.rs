@@ -655,10 +655,8 @@ impl Config {
     /// Semantic checks serde cannot make. Errors name the offending key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_log_filter(&self.log).map_err(|m| invalid("log", m))?;
+        self.bind_ip()?;
         self.check_development_credentials()?;
-        if self.host.parse::<std::net::IpAddr>().is_err() && self.host != "localhost" {
-            return Err(invalid("host", "must be an IP address"));
-        }
         if self.activity_timeout == 0 {
             return Err(invalid("activity_timeout", "must be at least 1 second"));
         }
@@ -864,6 +862,29 @@ impl Config {
         Ok(())
     }
 
+    /// The address `host` names, as `herald serve` binds it: an IPv4 or
+    /// IPv6 address (`::1`, `[::1]`; `::` serves IPv4 too), an
+    /// IPv4-mapped IPv6 address as its IPv4 address, or `localhost`
+    /// (127.0.0.1). [`Config::validate`] refuses what this refuses, so
+    /// `herald config --check` and `serve` agree.
+    pub fn bind_ip(&self) -> Result<std::net::IpAddr, ConfigError> {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let host = self.host.as_str();
+        if host == "localhost" {
+            return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6.parse::<Ipv6Addr>().map(IpAddr::V6),
+            None => host.parse::<IpAddr>(),
+        };
+        ip.map(|ip| ip.to_canonical()).map_err(|_| {
+            invalid(
+                "host",
+                "must be an IP address (IPv4, or IPv6 such as ::1 or ::, bracketed or not) or localhost",
+            )
+        })
+    }
+
     pub fn activity_timeout(&self) -> Duration {
         Duration::from_secs(self.activity_timeout)
     }
@@ -883,11 +904,7 @@ impl Config {
     /// Whether `host` is a loopback address: only this machine reaches
     /// the port, so open endpoints and public credentials harm nobody.
     pub fn serves_loopback_only(&self) -> bool {
-        self.host == "localhost"
-            || self
-                .host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback() || ip.to_canonical().is_loopback())
+        self.bind_ip().is_ok_and(|ip| ip.is_loopback())
     }
 
     /// The development app's secret is public: refuse to serve it on an

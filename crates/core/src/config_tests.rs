@@ -175,3 +175,35 @@ fn a_log_filter_that_matches_nothing_herald_logs_is_refused() {
     let err = c.validate().unwrap_err().to_string();
     assert!(err.contains("log") && err.contains("verbose"), "{err}");
 }
+
+#[test]
+fn hosts_are_ip_addresses_of_either_family() {
+    let ip = |host: &str| {
+        let c = Config {
+            host: host.into(),
+            ..Config::default()
+        };
+        c.bind_ip().map(|ip| ip.to_string()).map_err(|e| {
+            assert!(e.to_string().contains("`host`"), "{e}");
+        })
+    };
+    assert_eq!(ip("localhost"), Ok("127.0.0.1".into()));
+    assert_eq!(ip("0.0.0.0"), Ok("0.0.0.0".into()));
+    assert_eq!(ip("::1"), Ok("::1".into()));
+    assert_eq!(ip("[::1]"), Ok("::1".into()));
+    assert_eq!(ip("::"), Ok("::".into()));
+    assert_eq!(ip("[2001:db8::7]"), Ok("2001:db8::7".into()));
+    assert_eq!(ip("::ffff:10.0.0.1"), Ok("10.0.0.1".into()));
+    // (`::1:8080` is an address: 0:0:0:0:0:0:1:8080.)
+    for bad in [
+        "",
+        "example.com",
+        "[127.0.0.1]",
+        "[::1",
+        "::1]",
+        "::1%lo",
+        "[::1]:80",
+    ] {
+        assert!(ip(bad).is_err(), "{bad:?}");
+    }
+}

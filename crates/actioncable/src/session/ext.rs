@@ -79,17 +79,26 @@ impl CableSession {
             return Next::Continue;
         };
         match crate::ext::history_request(text) {
-            Ok(Some(req)) => self.answer_history(at, identifier, &req).await,
+            Ok(Some(req)) if !req.is_empty() => self.answer_history(at, identifier, &req).await,
             other => {
+                // Malformed, absent, or asking nothing (no `since`, no
+                // stream): a `history` command always gets an answer.
                 metrics::count(&metrics::BAD_MESSAGES);
                 if let Err(e) = other {
                     tracing::debug!(sid = %self.conn.socket_id, error = %e, "bad history request");
                 }
-                self.release_all(at);
-                self.send(&crate::ext::reject_history(identifier));
+                self.reject_history(at, identifier);
             }
         }
         Next::Continue
+    }
+
+    /// Answer `reject_history` (counted, whatever the reason), letting the
+    /// subscription's held live publications go.
+    fn reject_history(&mut self, at: usize, identifier: &str) {
+        metrics::count(&m::CABLE_HISTORY_REJECTED);
+        self.release_all(at);
+        self.send(&crate::ext::reject_history(identifier));
     }
 
     /// Take one history request from the bucket.
@@ -120,14 +129,15 @@ impl CableSession {
     ) {
         use herald_core::history::Miss;
         if req.is_empty() {
-            // anycable-go answers nothing to an empty request.
+            // A `subscribe` asking nothing: anycable-go answers nothing
+            // (beyond the confirmation). A `history` command never gets
+            // here (see `history`).
             return self.release_all(at);
         }
         if !self.history_allowed() {
             metrics::count(&m::CABLE_HISTORY_LIMITED);
             tracing::debug!(sid = %self.conn.socket_id, "history request over rpc.history_rate");
-            self.release_all(at);
-            return self.send(&crate::ext::reject_history(identifier));
+            return self.reject_history(at, identifier);
         }
         let history = self.cable.reliable.history.clone();
         let streams = self.subs[at].streams.clone();
@@ -146,10 +156,8 @@ impl CableSession {
                 Some(Ok(b)) => answers.push((stream, channel, Some(b))),
                 None => answers.push((stream, channel, None)),
                 Some(Err(miss)) => {
-                    metrics::count(&m::CABLE_HISTORY_REJECTED);
                     tracing::debug!(sid = %self.conn.socket_id, ?miss, "history rejected");
-                    self.release_all(at);
-                    return self.send(&crate::ext::reject_history(identifier));
+                    return self.reject_history(at, identifier);
                 }
             }
         }
@@ -176,10 +184,8 @@ impl CableSession {
             })
             .sum();
         if self.conn.burst_bytes() + size > gate.burst_room() {
-            metrics::count(&m::CABLE_HISTORY_REJECTED);
             tracing::debug!(sid = %self.conn.socket_id, size, "history answer over rpc.history_max_bytes");
-            self.release_all(at);
-            return self.send(&crate::ext::reject_history(identifier));
+            return self.reject_history(at, identifier);
         }
         for (stream, channel, backlog) in &answers {
             gate.release(&self.conn, channel, &tag, backlog.as_ref(), |e, epoch| {
