@@ -313,6 +313,9 @@ impl PusherSession {
                     Refused::Unauthorized(_) => ("AuthError", 401),
                     Refused::Invalid(_) | Refused::NotFound(_) => ("InvalidChannel", 400),
                     Refused::OverLimit(_) => ("LimitReached", 403),
+                    // Retryable: subscribe again (pusher-js does on its
+                    // next connection; an app may at once).
+                    Refused::Unavailable(_) => ("ServiceUnavailable", 503),
                 };
                 self.subscription_error(channel, kind, &e.to_string(), status);
             }
