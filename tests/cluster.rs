@@ -338,12 +338,21 @@ async fn confirmation_gives_up_after_the_bound(kind: Kind) {
     assert_eq!(common::data(&f)["type"], "ServiceUnavailable", "{f}");
     assert!(took >= Duration::from_millis(900), "gave up after {took:?}");
     until_metric(&late, "herald_confirmations_refused_total", 1).await;
+    // A signed-in user's own channel too: events for the user come from
+    // other nodes through the broker.
+    sign_in(&mut c, "u1").await;
+    c.subscribe_raw("#server-to-user-u1", None, None).await;
+    let f = c
+        .expect("pusher:subscription_error", Some("#server-to-user-u1"))
+        .await;
+    assert_eq!(common::data(&f)["status"], 503, "{f}");
 
     broker.restart();
     let first = Server::start_with(&top, "").await;
     wait_ready(&late, 200, TIMEOUT).await;
     c.subscribe("news").await;
     every_event_arrives(&first, &mut c, "news", 20).await;
+    c.subscribe("#server-to-user-u1").await;
 }
 
 // The broker stops and comes back under running nodes: a subscription
