@@ -464,3 +464,94 @@ fn the_adapter_must_match_the_broker() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("rpc.broadcast_adapter"), "{err}");
 }
+
+/// An Action Cable socket past its welcome.
+async fn welcomed(server: &Server) -> Ws {
+    let mut req = format!("ws://127.0.0.1:{}/cable", server.port)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        "actioncable-v1-json".parse().unwrap(),
+    );
+    let (mut ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    assert_eq!(frame(&mut ws).await["type"], "welcome");
+    ws
+}
+
+async fn subscribe_room(ws: &mut Ws) {
+    let id = json!({ "channel": "$pubsub", "stream_name": "room" }).to_string();
+    let cmd = json!({ "command": "subscribe", "identifier": id }).to_string();
+    ws.send(Message::text(cmd)).await.unwrap();
+}
+
+// Issue 33, item 1, on Action Cable: on a node whose broker is not up
+// yet, `confirm_subscription` waits until the broker holds the stream's
+// interest (then every broadcast through another node arrives), and after
+// `broker.confirm_timeout` the client gets Action Cable's one retryable
+// answer, `disconnect` with `reconnect: true` (close 1013), never a
+// confirmation (`reject_subscription` would be final).
+both!(confirmation_waits_for_the_broker);
+async fn confirmation_waits_for_the_broker(kind: Kind) {
+    let mut broker = BrokerServer::start(kind);
+    broker.kill();
+    let url = broker.url();
+    let top = |confirm: u64| {
+        format!(
+            "[broker]\nurl = \"{}\"\nprefix = \"ac-confirm\"\nconfirm_timeout = {confirm}\n[rpc]\npublic_streams = true\n",
+            url
+        )
+    };
+    // The bound.
+    let gives_up = Server::start_serving(&top(1), "").await;
+    let mut ws = welcomed(&gives_up).await;
+    subscribe_room(&mut ws).await;
+    let f = frame(&mut ws).await;
+    assert_eq!(f["type"], "disconnect", "{f}");
+    assert_eq!(f["reason"], "broker_unavailable", "{f}");
+    assert_eq!(f["reconnect"], true, "{f}");
+    match common::next(&mut ws).await {
+        common::Next::Close(code) => assert_eq!(code, Some(1013)),
+        common::Next::Frame(f) => panic!("expected the close, got {f}"),
+    }
+
+    // Held until the broker holds the interest.
+    let waits = Server::start_serving(&top(30), "").await;
+    let mut ws = welcomed(&waits).await;
+    subscribe_room(&mut ws).await;
+    let deadline = Instant::now() + TIMEOUT;
+    while common::metric_in(
+        &waits.scrape().await,
+        "herald_confirmations_held_total",
+        &[],
+    )
+    .unwrap_or(0)
+        < 1
+    {
+        assert!(Instant::now() < deadline, "the confirmation never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Some(f) = frame_within(&mut ws, Duration::from_millis(300)).await {
+        panic!("answered while the broker was away: {f}");
+    }
+    broker.restart();
+    let first = Server::start_with(&top(30), "").await;
+    assert_eq!(frame(&mut ws).await["type"], "confirm_subscription");
+    for i in 0..20 {
+        let body = message("room", json!({ "i": i })).to_string();
+        let resp = reqwest::Client::new()
+            .post(first.url("/_broadcast"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+    }
+    for i in 0..20 {
+        let f = frame(&mut ws).await;
+        assert_eq!(f["message"]["i"], i, "{f}");
+    }
+}

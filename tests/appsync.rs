@@ -1259,3 +1259,94 @@ async fn deeply_nested_or_multiplying_graphql_is_refused_on_both_transports() {
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["data"]["a"]["data"], "[[[[2]]]]", "{reply}");
 }
+
+/// Wait until `s`'s counter `name` is at least `want`.
+async fn until_metric(s: &Server, name: &str, want: u64) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let got = metric_in(&s.scrape().await, name, &[]).unwrap_or(0);
+        if got >= want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} stayed at {got}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+// Issue 33, item 1, on both AppSync APIs: on a node whose broker is not up
+// yet, `subscribe_success` and `start_ack` wait until the broker holds the
+// interest (then everything published through another node arrives), and
+// after `broker.confirm_timeout` the answer is the retryable
+// `ServiceUnavailableException`, never a confirmation.
+#[tokio::test]
+async fn confirmations_wait_for_the_broker_on_both_apis() {
+    use herald_broker::testing::{BrokerServer, Kind};
+    let mut broker = BrokerServer::start(Kind::Redis);
+    broker.kill();
+    let url = broker.url();
+    let top = |confirm: u64| {
+        format!(
+            "[broker]\nurl = \"{}\"\nprefix = \"as-confirm\"\nconfirm_timeout = {confirm}\n",
+            url
+        )
+    };
+    let q = "subscription { subscribe(name: \"news\") { name data } }";
+
+    // The bound: retryable errors.
+    let gives_up = Server::start_serving(&top(1), APP).await;
+    let mut e = events(&gives_up, API_KEY).await;
+    let m = subscribe(&mut e, "e1", "/default/news").await;
+    assert_eq!(m["type"], "subscribe_error", "{m}");
+    assert_eq!(m["errors"][0]["errorType"], "ServiceUnavailableException");
+    let mut g = graphql(&gives_up, "/graphql", API_KEY).await;
+    let m = start(&mut g, "g1", q, json!({})).await;
+    assert_eq!(m["type"], "error", "{m}");
+    assert_eq!(m["id"], "g1");
+    assert_eq!(
+        m["payload"]["errors"][0]["errorType"],
+        "ServiceUnavailableException"
+    );
+
+    // Held until the broker holds the interest.
+    let waits = Server::start_serving(&top(30), APP).await;
+    let mut e = events(&waits, API_KEY).await;
+    e.send(json!({ "type": "subscribe", "id": "e2", "channel": "/default/news", "authorization": auth(API_KEY) }))
+        .await;
+    let mut g = graphql(&waits, "/graphql", API_KEY).await;
+    let data = json!({ "query": q, "variables": {} }).to_string();
+    g.send(json!({
+        "type": "start", "id": "g2",
+        "payload": { "data": data, "extensions": { "authorization": auth(API_KEY) } },
+    }))
+    .await;
+    until_metric(&waits, "herald_confirmations_held_total", 2).await;
+    for s in [&mut e, &mut g] {
+        if let Ok(m) = tokio::time::timeout(std::time::Duration::from_millis(300), s.recv()).await {
+            panic!("answered while the broker was away: {m}");
+        }
+    }
+    broker.restart();
+    let first = Server::start_with(&top(30), APP).await;
+    assert_eq!(e.expect("subscribe_success").await["id"], "e2");
+    assert_eq!(g.expect("start_ack").await["id"], "g2");
+    for i in 0..20 {
+        let (status, reply, _) = post_event(
+            &first,
+            "/default/news",
+            json!([json!({ "i": i }).to_string()]),
+        )
+        .await;
+        assert_eq!(status, 200, "{reply}");
+    }
+    for i in 0..20 {
+        let m = e.expect("data").await;
+        let event: Value = serde_json::from_str(m["event"].as_str().unwrap()).unwrap();
+        assert_eq!(event["i"], i, "{m}");
+    }
+    publish_graphql(&first, "news", "{\"x\":1}").await;
+    let m = g.expect("data").await;
+    assert_eq!(m["id"], "g2", "{m}");
+}

@@ -252,3 +252,139 @@ async fn channel_figures_agree_on_every_node(kind: Kind) {
     users_everywhere(&[&n[0], &n[1], &n[2]], "presence-room", &["u2"], TIMEOUT).await;
     drop((a, b, c, keep));
 }
+
+/// `[broker]` for a node of `broker` whose confirmations wait at most
+/// `confirm` seconds.
+fn waiting_top(broker: &BrokerServer, prefix: &str, confirm: u64) -> String {
+    format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\nttl = 30\nconfirm_timeout = {confirm}\n",
+        broker.url()
+    )
+}
+
+/// Wait until `s`'s counter `name` is at least `want`.
+async fn until_metric(s: &Server, name: &str, want: u64) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let got = common::metric_in(&s.scrape().await, name, &[]).unwrap_or(0);
+        if got >= want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed at {got} (want {want})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Nothing arrives for `c` within a short while.
+async fn nothing_yet(c: &mut Client) {
+    if let Ok(f) = tokio::time::timeout(Duration::from_millis(300), c.recv()).await {
+        panic!("a frame arrived while the broker was away: {f}");
+    }
+}
+
+/// `n` events triggered through `from` right after a confirmation all
+/// reach `c`, in order.
+async fn every_event_arrives(from: &Server, c: &mut Client, channel: &str, n: usize) {
+    for i in 0..n {
+        from.trigger(channel, "e", &i.to_string()).await;
+    }
+    for i in 0..n {
+        let f = c.expect("e", Some(channel)).await;
+        assert_eq!(f["data"], i.to_string(), "{f}");
+    }
+}
+
+// Issue 33, item 1: a node started before its broker is up confirms a
+// subscription only once the broker holds the interest, so events
+// published through another node right after the confirmation all arrive.
+both!(confirmation_waits_for_a_broker_not_up_yet);
+async fn confirmation_waits_for_a_broker_not_up_yet(kind: Kind) {
+    let mut broker = BrokerServer::start(kind);
+    broker.kill();
+    let top = waiting_top(&broker, "late", 30);
+    let late = Server::start_serving(&top, "").await;
+    assert_eq!(ready(&late).await, (503, "BROKER DOWN".to_owned()));
+    let mut c = late.client().await;
+    c.subscribe_raw("news", None, None).await;
+    // The confirmation waits (counted), and nothing is sent meanwhile.
+    until_metric(&late, "herald_confirmations_held_total", 1).await;
+    nothing_yet(&mut c).await;
+
+    broker.restart();
+    let first = Server::start_with(&top, "").await;
+    c.expect("pusher_internal:subscription_succeeded", Some("news"))
+        .await;
+    every_event_arrives(&first, &mut c, "news", 50).await;
+}
+
+// After `broker.confirm_timeout` without a broker the client gets the
+// retryable `pusher:subscription_error` (503), never a confirmation; the
+// same subscribe once the broker is back is confirmed and true.
+both!(confirmation_gives_up_after_the_bound);
+async fn confirmation_gives_up_after_the_bound(kind: Kind) {
+    let mut broker = BrokerServer::start(kind);
+    broker.kill();
+    let top = waiting_top(&broker, "bound", 1);
+    let late = Server::start_serving(&top, "").await;
+    let mut c = late.client().await;
+    let t0 = Instant::now();
+    c.subscribe_raw("news", None, None).await;
+    let f = c.expect("pusher:subscription_error", Some("news")).await;
+    let took = t0.elapsed();
+    assert_eq!(common::data(&f)["status"], 503, "{f}");
+    assert_eq!(common::data(&f)["type"], "ServiceUnavailable", "{f}");
+    assert!(took >= Duration::from_millis(900), "gave up after {took:?}");
+    until_metric(&late, "herald_confirmations_refused_total", 1).await;
+    // A signed-in user's own channel too: events for the user come from
+    // other nodes through the broker.
+    sign_in(&mut c, "u1").await;
+    c.subscribe_raw("#server-to-user-u1", None, None).await;
+    let f = c
+        .expect("pusher:subscription_error", Some("#server-to-user-u1"))
+        .await;
+    assert_eq!(common::data(&f)["status"], 503, "{f}");
+
+    broker.restart();
+    let first = Server::start_with(&top, "").await;
+    wait_ready(&late, 200, TIMEOUT).await;
+    c.subscribe("news").await;
+    every_event_arrives(&first, &mut c, "news", 20).await;
+    c.subscribe("#server-to-user-u1").await;
+}
+
+// The broker stops and comes back under running nodes: a subscription
+// made meanwhile, to a channel new to the node or to one it already
+// receives, is confirmed only once the broker holds it again.
+both!(confirmation_waits_while_the_broker_restarts);
+async fn confirmation_waits_while_the_broker_restarts(kind: Kind) {
+    let mut broker = BrokerServer::start(kind);
+    let top = waiting_top(&broker, "restart", 30);
+    let a = Server::start_with(&top, "").await;
+    let b = Server::start_with(&top, "").await;
+    let mut held = b.client().await;
+    held.subscribe("held").await;
+
+    broker.kill();
+    wait_ready(&b, 503, TIMEOUT).await;
+    let mut fresh = b.client().await;
+    fresh.subscribe_raw("fresh", None, None).await;
+    let mut again = b.client().await;
+    again.subscribe_raw("held", None, None).await;
+    until_metric(&b, "herald_confirmations_held_total", 2).await;
+    nothing_yet(&mut fresh).await;
+    nothing_yet(&mut again).await;
+
+    broker.restart();
+    fresh
+        .expect("pusher_internal:subscription_succeeded", Some("fresh"))
+        .await;
+    again
+        .expect("pusher_internal:subscription_succeeded", Some("held"))
+        .await;
+    wait_ready(&a, 200, TIMEOUT).await;
+    every_event_arrives(&a, &mut fresh, "fresh", 20).await;
+    every_event_arrives(&a, &mut again, "held", 20).await;
+}

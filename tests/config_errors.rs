@@ -309,6 +309,12 @@ fn accepted_past_the_configuration(url: &str) {
 }
 
 #[test]
+fn bad_confirm_timeouts_are_named() {
+    assert_rejected("[broker]\nconfirm_timeout = 0\n", "broker.confirm_timeout");
+    assert_rejected("[broker]\nconfirm_timeout = 61\n", "broker.confirm_timeout");
+}
+
+#[test]
 fn bad_canary_settings_are_named() {
     assert_rejected("[broker]\ncanary_timeout = 0\n", "broker.canary_timeout");
     assert_rejected("[broker]\ncanary_timeout = 61\n", "broker.canary_timeout");

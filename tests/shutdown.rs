@@ -1,5 +1,6 @@
 //! Graceful shutdown on SIGTERM or SIGINT: every client is told to
 //! reconnect (`pusher:error` 4200, then close 4200) and the process exits 0.
+//! SIGHUP never ends it.
 
 mod common;
 
@@ -101,4 +102,39 @@ async fn websocket_upgrades_are_refused_with_503_while_draining() {
     drop(silent);
     let status = server.wait_exit().await;
     assert!(status.success(), "exit status {status:?}\n{}", server.log());
+}
+
+/// SIGHUP reloads what can be reloaded and never ends the server: without
+/// TLS there is nothing to reload, and the process, its clients and its
+/// readiness stay as they were (log rotation and `systemctl reload` habits
+/// send it; docs/deploy.md tells operators to).
+#[tokio::test]
+async fn sighup_without_tls_keeps_serving_and_keeps_its_clients() {
+    let mut server = Server::start().await;
+    let mut a = server.client().await;
+    a.subscribe("news").await;
+    for round in 0..2 {
+        signal(&server, libc::SIGHUP);
+        // The next event reaches the client over the same socket: had the
+        // signal ended the process, this would find it closed instead.
+        server
+            .trigger("news", "after-hup", &round.to_string())
+            .await;
+        let f = a.expect("after-hup", Some("news")).await;
+        assert_eq!(f["data"], round.to_string());
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "SIGHUP ended the server\n{}",
+            server.log()
+        );
+        let (status, body) = server.raw_api("GET", "/ready", "", "").await;
+        assert_eq!((status, body.as_str()), (200, Some("READY")));
+    }
+    // A new client is still let in.
+    let mut b = server.client().await;
+    b.subscribe("news").await;
+    // And SIGTERM still drains as before.
+    sigterm(&server);
+    a.expect_closed_with(4200).await;
+    assert!(server.wait_exit().await.success());
 }

@@ -19,6 +19,7 @@
 
 pub mod admission;
 pub mod dashboard;
+pub mod hangup;
 pub mod listener;
 pub mod shutdown;
 pub mod tls;
@@ -197,6 +198,8 @@ pub async fn serve_with(
     listener: TcpListener,
     signal: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // First: a SIGHUP from here on reloads, never ends the process.
+    let hangup = hangup::Hangup::install();
     node.join_cluster().await;
     let ingress = BrokerIngress(
         node.config.broker.url.clone(),
@@ -238,14 +241,16 @@ pub async fn serve_with(
         }
         None => None,
     };
+    let mut reloads = hangup::Reloads::default();
     let tls = match (&node.config.tls_cert, &node.config.tls_key) {
         (Some(cert), Some(key)) => {
             let acceptor = tls::Reloadable::new(tls::acceptor(cert.as_ref(), key.as_ref())?);
-            reload_on_hangup(acceptor.clone(), cert.into(), key.into());
+            reloads.tls = Some((acceptor.clone(), cert.into(), key.into()));
             Some(acceptor)
         }
         _ => None,
     };
+    hangup.serve(reloads);
     let c = &node.config;
     let table = admission::Table::new(
         c.max_connections_per_address,
@@ -298,29 +303,6 @@ pub async fn serve_with(
         s.abort();
     }
     Ok(())
-}
-
-/// On SIGHUP, read the certificate and key again (renewed certificates
-/// without a restart; established connections stay).
-fn reload_on_hangup(acceptor: tls::Reloadable, cert: std::path::PathBuf, key: std::path::PathBuf) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP: TLS certificates will not reload");
-            return;
-        };
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                match acceptor.reload(&cert, &key) {
-                    Ok(()) => tracing::info!(cert = %cert.display(), "TLS certificate reloaded"),
-                    Err(e) => {
-                        tracing::error!(error = %e, "TLS certificate reload failed; keeping the current one")
-                    }
-                }
-            }
-        });
-    }
 }
 
 /// How often changed subscription counts are sent (coalesced).

@@ -181,12 +181,28 @@ impl Server {
     /// [`Server::start_with`] with these environment variables set too
     /// (e.g. `SSL_CERT_FILE`: the authorities a TLS broker is checked by).
     pub async fn start_with_env(top: &str, app: &str, env: &[(&str, &str)]) -> Server {
-        Server::start_on("127.0.0.1", top, app, env).await
+        Server::start_until("127.0.0.1", top, app, env, "/ready").await
     }
 
     /// [`Server::start_with_env`] listening on `host` (e.g. `::`, which
     /// serves IPv4 too, so [`Server::url`]'s 127.0.0.1 still reaches it).
     pub async fn start_on(host: &str, top: &str, app: &str, env: &[(&str, &str)]) -> Server {
+        Server::start_until(host, top, app, env, "/ready").await
+    }
+
+    /// [`Server::start_with`], returning once `/up` answers 200 rather
+    /// than `/ready`: a node whose broker is not reachable (yet).
+    pub async fn start_serving(top: &str, app: &str) -> Server {
+        Server::start_until("127.0.0.1", top, app, &[], "/up").await
+    }
+
+    async fn start_until(
+        host: &str,
+        top: &str,
+        app: &str,
+        env: &[(&str, &str)],
+        probe: &str,
+    ) -> Server {
         let dir = scratch_dir();
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -218,7 +234,7 @@ impl Server {
                 port,
                 dir: dir.clone(),
             };
-            if server.wait_ready().await {
+            if server.wait_ready(probe).await {
                 return server;
             }
             last_log = server.log();
@@ -227,15 +243,16 @@ impl Server {
         panic!("herald did not become ready; last log:\n{last_log}");
     }
 
-    /// Poll `/ready` until 200; false if the process exits first.
-    async fn wait_ready(&mut self) -> bool {
+    /// Poll `probe` (`/ready`, `/up`) until 200; false if the process
+    /// exits first.
+    async fn wait_ready(&mut self, probe: &str) -> bool {
         let http = reqwest::Client::new();
         let deadline = Instant::now() + TIMEOUT;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Ok(r) = http.get(self.url("/ready")).send().await {
+            if let Ok(r) = http.get(self.url(probe)).send().await {
                 if r.status() == 200 {
                     return true;
                 }

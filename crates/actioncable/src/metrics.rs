@@ -24,6 +24,10 @@ pub static CABLE_RPC_FAILURES: Counter = Counter::new(
     "herald_cable_rpc_failures_total",
     "Action Cable clients disconnected (reconnect: true) or subscriptions rejected because an RPC call failed",
 );
+pub static CABLE_BROKER_AWAY: Counter = Counter::new(
+    "herald_cable_broker_unavailable_total",
+    "Action Cable clients disconnected (reconnect: true) because the cluster's broker did not take a stream in time",
+);
 pub static CABLE_UNAUTHORIZED: Counter = Counter::new(
     "herald_cable_unauthorized_total",
     "Action Cable connections the app refused (Connect answered FAILURE)",
@@ -90,6 +94,7 @@ pub fn register_all() {
         &RPC_TIMEOUTS,
         &RPC_APP_ERRORS,
         &CABLE_RPC_FAILURES,
+        &CABLE_BROKER_AWAY,
         &CABLE_UNAUTHORIZED,
         &DISCONNECTS_QUEUED,
         &DISCONNECTS_DROPPED,

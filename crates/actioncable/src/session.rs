@@ -391,6 +391,7 @@ async fn open(
         hold: false,
         rare: None,
         indexed,
+        broker_away: false,
     };
     if let Some(snap) = restored {
         // Boxed: the restore's state would otherwise size the opening.
@@ -513,6 +514,22 @@ struct CableSession {
     /// In the index remote disconnects look in, by `identifiers` and
     /// `conn.id`: taken out when dropped.
     indexed: bool,
+    /// A stream could not be followed: the cluster's broker did not hold
+    /// its interest within `broker.confirm_timeout`. Nothing is confirmed
+    /// any more; the session ends with a `disconnect` that asks the client
+    /// to reconnect (Action Cable's one retryable answer: its
+    /// `reject_subscription` is final).
+    broker_away: bool,
+}
+
+/// The close "reason" of a session whose stream the broker did not hold
+/// in time (see `broker_away`); mapped to a `disconnect` with
+/// `reconnect: true` and close 1013, the number never leaves the process.
+const CLOSE_BROKER_AWAY: u16 = 4002;
+
+fn broker_away() -> Next {
+    metrics::count(&m::CABLE_BROKER_AWAY);
+    Next::Close(Why::Reason(Reason::Code(CLOSE_BROKER_AWAY)))
 }
 
 impl Handler for CableSession {
@@ -521,6 +538,9 @@ impl Handler for CableSession {
     }
 
     async fn on_text(&mut self, text: String) -> Next {
+        if self.broker_away {
+            return broker_away();
+        }
         let command = match wire::parse(&text) {
             Ok(c) => c,
             Err(e) => {
@@ -568,6 +588,9 @@ impl Handler for CableSession {
         if mutates {
             self.save();
         }
+        if self.broker_away {
+            return broker_away();
+        }
         next
     }
 
@@ -614,6 +637,13 @@ impl Handler for CableSession {
             Why::Reason(Reason::Code(crate::remote::CLOSE_REMOTE_RECONNECT)) => {
                 (reason::REMOTE, true, 1000, "Closed remotely".into())
             }
+            // 1013: "try again later".
+            Why::Reason(Reason::Code(CLOSE_BROKER_AWAY)) => (
+                reason::BROKER_UNAVAILABLE,
+                true,
+                1013,
+                "Broker unavailable".into(),
+            ),
             Why::Reason(Reason::Code(c)) => (reason::REMOTE, false, *c, "Closed".into()),
             Why::Protocol(e) => (
                 reason::INVALID_REQUEST,
@@ -769,6 +799,10 @@ impl CableSession {
         );
         self.pubsub_state(&identifier, &stream, public);
         self.add_stream(&identifier, stream).await;
+        if self.broker_away {
+            // Not confirmed: the session ends, the client reconnects.
+            return;
+        }
         self.send(&wire::confirm(&identifier));
     }
 
@@ -907,6 +941,11 @@ impl CableSession {
             for s in &res.streams {
                 self.add_stream(identifier, s.clone()).await;
             }
+            if self.broker_away {
+                // The app's confirmation would not be true: it is not
+                // sent; the session ends, the client reconnects.
+                return broker_away();
+            }
             if let Some(EnvResponse { istate, .. }) = &res.env {
                 if !istate.is_empty() && self.find(identifier).is_some() {
                     self.env.merge_istate(identifier, istate);
@@ -937,6 +976,9 @@ impl CableSession {
     }
 
     async fn add_stream(&mut self, identifier: &str, stream: String) {
+        if self.broker_away {
+            return;
+        }
         let Some(at) = self.find(identifier) else {
             return;
         };
@@ -975,6 +1017,9 @@ impl CableSession {
                 if let Some(g) = self.conn.gate() {
                     g.forget(&channel, &tag);
                     self.cable.reliable.unfollow(&channel);
+                }
+                if matches!(e, herald_core::hub::Refused::Unavailable(_)) {
+                    self.broker_away = true;
                 }
                 tracing::warn!(sid = %self.conn.socket_id, error = %e, "stream refused")
             }

@@ -21,7 +21,7 @@ pub const PROTOCOLS: &[&str] = &[
 pub const MAX_IDENTIFIER: usize = 1024;
 
 /// Disconnect reasons (Rails' and AnyCable's words, plus Herald's own
-/// `rpc_error` and `over_capacity`).
+/// `rpc_error`, `over_capacity` and `broker_unavailable`).
 pub mod reason {
     pub const UNAUTHORIZED: &str = "unauthorized";
     pub const INVALID_REQUEST: &str = "invalid_request";
@@ -33,6 +33,9 @@ pub mod reason {
     pub const RPC_ERROR: &str = "rpc_error";
     /// The app is at its connection quota, or the client sent too much.
     pub const OVER_CAPACITY: &str = "over_capacity";
+    /// The cluster's broker did not take a stream of this connection in
+    /// time (`broker.confirm_timeout`): reconnect, perhaps to another node.
+    pub const BROKER_UNAVAILABLE: &str = "broker_unavailable";
 }
 
 /// A command from a client.

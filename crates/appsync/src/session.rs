@@ -29,6 +29,11 @@ use tokio::io::AsyncReadExt;
 /// (clients send UUIDs).
 pub const MAX_ID_BYTES: usize = 128;
 
+/// The error type of a subscription the node could not confirm in time
+/// because the cluster's broker did not hold its interest: temporary,
+/// subscribe again (`subscribe_error` on Events, `error` on GraphQL).
+pub const UNAVAILABLE: &str = "ServiceUnavailableException";
+
 /// How long a refused connection waits for the client's first message
 /// before answering: clients send `connection_init` first and listen for
 /// the answer only then.
@@ -285,6 +290,8 @@ impl Base {
                 error_type: match e {
                     Refused::Unauthorized(_) => auth::UNAUTHORIZED,
                     Refused::OverLimit(_) => "LimitExceededException",
+                    // Retryable: subscribe again.
+                    Refused::Unavailable(_) => UNAVAILABLE,
                     _ => "BadRequestException",
                 },
                 message: e.to_string(),

@@ -14,6 +14,7 @@
 //!   liveness    heartbeats, the leader, burying silent nodes, reconnects
 //!   queries     request/reply: figures, members, a cache's last event
 //!   inbound     messages from the transport, dispatched by kind
+//!   interest    when the broker holds the node's interest (confirmations wait)
 //! subject     subject / Redis channel names (namespace included)
 //! msg         the messages on the wire
 //! tally       cluster-wide first/last holders (occupied, member added)

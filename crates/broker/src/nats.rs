@@ -131,8 +131,24 @@ async fn run(
                         }
                     }
                     apply_dirty(&shared, &client, &in_tx, &mut subs).await;
-                    let _ = client.flush().await;
+                    // The client restored its SUBs on the new connection;
+                    // a round trip shows the server has read them.
+                    let n = shared.next_connection();
+                    let _ = tokio::time::timeout(Duration::from_secs(5), round_trip(&client)).await;
                     shared.set_up(true, "");
+                    if clustered(&client, several) {
+                        // The other servers learn of them over their routes
+                        // (engine/reach.rs): held once every node heard a
+                        // probe sent after them. In a task: the answers come
+                        // in through this loop.
+                        let sh = shared.clone();
+                        tokio::spawn(async move {
+                            sh.reach_peers().await;
+                            sh.holds_interest(n);
+                        });
+                    } else {
+                        shared.holds_interest(n);
+                    }
                 }
                 Some(false) => shared.set_up(false, "disconnected"),
                 None => return,

@@ -128,7 +128,10 @@ async fn session(
         patterns.extend(names.iter().map(|s| s.to_string()));
     }
     *connected = true;
+    let n = shared.next_connection();
     shared.set_up(true, "");
+    // Every SUBSCRIBE above was answered: the interest is in effect.
+    shared.holds_interest(n);
     let mut batch: Vec<Out> = Vec::with_capacity(BATCH);
     let sentinel = matches!(master, Master::Sentinel(_));
     let mut role_check =

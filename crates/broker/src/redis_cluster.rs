@@ -266,7 +266,10 @@ async fn session(
         }
     }
     *connected = true;
+    let n = shared.next_connection();
     shared.set_up(true, "");
+    // Every SSUBSCRIBE above was answered: the interest is in effect.
+    shared.holds_interest(n);
     let mut batch: Vec<Out> = Vec::with_capacity(BATCH);
     // The check runs beside the loop (a call to a frozen node must not
     // hold up the messages), for this session only.

@@ -160,6 +160,10 @@ pub struct BrokerConfig {
     /// Seconds a canary may take to come back before the node reports
     /// itself not ready and reconnects.
     pub canary_timeout: u64,
+    /// Seconds a subscription's confirmation may wait for the broker to
+    /// hold its interest (no connection yet, or one being restored) before
+    /// the client gets its protocol's retryable error instead.
+    pub confirm_timeout: u64,
     /// Copies JetStream keeps of the history stream and the sessions
     /// bucket (NATS only): 1 keeps them on one server of a NATS cluster,
     /// 3 lets them survive a server's loss.
@@ -184,6 +188,7 @@ impl Default for BrokerConfig {
             ready_needs_broker: true,
             canary_interval: 5,
             canary_timeout: 2,
+            confirm_timeout: 5,
             jetstream_replicas: 1,
             tls_ca: None,
             tls_cert: None,
@@ -218,6 +223,12 @@ impl BrokerConfig {
             Duration::from_secs(self.canary_interval),
             Duration::from_secs(self.canary_timeout),
         )
+    }
+
+    /// The longest a confirmation waits for the broker to hold its
+    /// interest (`confirm_timeout`).
+    pub fn confirm_timeout(&self) -> Duration {
+        Duration::from_secs(self.confirm_timeout)
     }
 
     /// The URL without its password or token, for logs.
@@ -745,6 +756,12 @@ impl Config {
         if b.canary_timeout == 0 || b.canary_timeout > 60 {
             return Err(invalid(
                 "broker.canary_timeout",
+                "must be 1 to 60 (seconds)",
+            ));
+        }
+        if b.confirm_timeout == 0 || b.confirm_timeout > 60 {
+            return Err(invalid(
+                "broker.confirm_timeout",
                 "must be 1 to 60 (seconds)",
             ));
         }

@@ -36,7 +36,9 @@
 //! routes, tasks), `history` (positions, bounded stream history and each
 //! connection's gate, for protocols that resume), `sessions` (snapshots of
 //! sessions a client restores), `metrics`, `observer` (what the node decided
-//! about channels and members, for webhooks and the dashboard), and
+//! about channels and members, for webhooks and the dashboard), `confirm`
+//! (subscribers waiting for the broker to hold their channel's interest
+//! before they are confirmed), and
 //! `testing` (wires for tests; only with the `testing` feature, which
 //! dev-dependencies enable).
 
@@ -44,6 +46,7 @@ pub mod adapter;
 pub mod broker;
 pub mod commands;
 pub mod config;
+pub mod confirm;
 pub mod connection;
 pub mod fanout;
 pub mod frame;

@@ -170,6 +170,14 @@ pub static BROKER_OUTAGES: Counter = Counter::new(
     "herald_broker_outages_total",
     "Times the connection to the broker was lost",
 );
+pub static CONFIRMATIONS_HELD: Counter = Counter::new(
+    "herald_confirmations_held_total",
+    "Subscription confirmations that waited for the broker to hold the channel's interest",
+);
+pub static CONFIRMATIONS_REFUSED: Counter = Counter::new(
+    "herald_confirmations_refused_total",
+    "Subscriptions answered with a retryable error: the broker did not hold their interest within broker.confirm_timeout",
+);
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
     "HTTP API requests answered with an error",
@@ -214,7 +222,7 @@ pub static CLUSTER_NODES: Gauge = Gauge::new(
 
 static GAUGES: [&Gauge; 2] = [&CLUSTER_TALLY_KEYS, &CLUSTER_NODES];
 
-static ALL: [&Counter; 18] = [
+static ALL: [&Counter; 20] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
     &RATE_LIMITED,
@@ -232,6 +240,8 @@ static ALL: [&Counter; 18] = [
     &FANOUT_OVERFLOW,
     &BROKER_DROPPED,
     &BROKER_OUTAGES,
+    &CONFIRMATIONS_HELD,
+    &CONFIRMATIONS_REFUSED,
     &API_ERRORS,
 ];
 

@@ -63,6 +63,9 @@ pub struct Node {
     /// Where sessions whose clients went away are torn down, in batches
     /// behind new connections (see [`crate::reaper`]).
     pub reaper: crate::reaper::Reaper,
+    /// Subscribers waiting for the broker to hold their channel's
+    /// interest ([`crate::confirm`]).
+    waiting: crate::confirm::Waiting,
 }
 
 impl Node {
@@ -100,6 +103,7 @@ impl Node {
             commands: Default::default(),
             tasks: TaskTracker::new(),
             reaper: Default::default(),
+            waiting: Default::default(),
         });
         broker.attach(id, Arc::new(NodeInbox(Arc::downgrade(&node))));
         node
@@ -351,32 +355,77 @@ impl Node {
                 }
             }
         }
-        // A channel new to this node: its interest is in effect at the
-        // broker before the subscriber is confirmed, so it receives
-        // everything published anywhere after its confirmation.
+        // A channel new to this node registers its interest here.
         let mut registered = false;
         if !seeded && !hub.has_subscribers(ns, channel, pattern) {
             self.broker
                 .interest(self.id, app, ns, channel, pattern, true);
-            self.broker.flush().await;
             registered = true;
+        }
+        // A confirmation is true: the subscriber is confirmed (the hub
+        // queues it below) only once the broker holds the interest, so it
+        // receives everything published anywhere after its confirmation.
+        // New interest waits for the engine's subscribe; interest held
+        // already waits only while the broker connection is away (an
+        // atomic load otherwise: the subscribe storms' path).
+        let mut waiter = None;
+        if registered || seeded || !self.broker.holding() {
+            let mut held = self.broker.held(self.config.broker.confirm_timeout());
+            let ok = match (&mut held).now_or_never() {
+                Some(ok) => ok,
+                None => {
+                    metrics::count(&metrics::CONFIRMATIONS_HELD);
+                    waiter = Some(self.waiting.enter(app, ns, channel, pattern));
+                    held.await
+                }
+            };
+            if !ok {
+                drop(waiter);
+                metrics::count(&metrics::CONFIRMATIONS_REFUSED);
+                self.forget_interest(hub, ns, channel, pattern, seeded);
+                return Err(Refused::Unavailable(format!(
+                    "The cluster's broker is not reachable from this node; \
+                     subscribe again (waited {} s)",
+                    self.config.broker.confirm_timeout
+                )));
+            }
         }
         let joined = match hub.subscribe(conn, ns, channel, opts) {
             Ok(j) => j,
             Err(e) => {
-                if seeded && hub.drop_if_unused(ns, channel) {
-                    self.broker
-                        .interest(self.id, app, ns, channel, false, false);
-                }
-                if registered && !hub.has_subscribers(ns, channel, pattern) {
-                    self.broker
-                        .interest(self.id, app, ns, channel, pattern, false);
-                }
+                drop(waiter);
+                self.forget_interest(hub, ns, channel, pattern, seeded);
                 return Err(e);
             }
         };
+        drop(waiter);
         self.joined(hub, ns, channel, pattern, &joined).await;
         Ok(joined)
+    }
+
+    /// A subscribe that did not happen: drop the interest it registered
+    /// (`seeded`: a presence channel's, with its seeded members) unless the
+    /// channel has subscribers here or another subscriber waits for it.
+    fn forget_interest(
+        &self,
+        hub: &Hub,
+        ns: Namespace,
+        channel: &str,
+        pattern: bool,
+        seeded: bool,
+    ) {
+        let app = &hub.app.id;
+        if self.waiting.any(app, ns, channel, pattern) {
+            return;
+        }
+        if seeded && hub.drop_if_unused(ns, channel) {
+            self.broker
+                .interest(self.id, app, ns, channel, false, false);
+        }
+        if !hub.has_subscribers(ns, channel, pattern) {
+            self.broker
+                .interest(self.id, app, ns, channel, pattern, false);
+        }
     }
 
     /// Tell the cluster (and observers) what a subscribe changed.
@@ -472,8 +521,11 @@ impl Node {
             );
         }
         if left.last_here {
-            self.broker
-                .interest(self.id, app, ns, channel, pattern, false);
+            // A subscriber waiting to be confirmed keeps the interest.
+            if !self.waiting.any(app, ns, channel, pattern) {
+                self.broker
+                    .interest(self.id, app, ns, channel, pattern, false);
+            }
             if !pattern && observed {
                 let answer = self.broker.occupancy(self.id, app, ns, channel, false);
                 self.report_if(hub, answer, ns, channel, None);

@@ -277,6 +277,18 @@ impl PusherSession {
         // this only needs confirming, and only for the signed-in user.
         if let Some(user) = channel.strip_prefix(SERVER_TO_USER_PREFIX) {
             if self.user.as_ref().is_some_and(|u| u.0 == user) {
+                // Events for the user from other nodes come through the
+                // broker: confirmed, like any subscription, only while it
+                // holds the node's interest (bounded wait, then retryable).
+                let broker = &self.node.broker;
+                if !broker.holding()
+                    && !broker.held(self.node.config.broker.confirm_timeout()).await
+                {
+                    metrics::count(&metrics::CONFIRMATIONS_REFUSED);
+                    let msg =
+                        "The cluster's broker is not reachable from this node; subscribe again";
+                    return self.subscription_error(channel, "ServiceUnavailable", msg, 503);
+                }
                 self.conn
                     .send(Frame::text(&wire::subscription_succeeded(channel, None)));
             } else {
@@ -313,6 +325,9 @@ impl PusherSession {
                     Refused::Unauthorized(_) => ("AuthError", 401),
                     Refused::Invalid(_) | Refused::NotFound(_) => ("InvalidChannel", 400),
                     Refused::OverLimit(_) => ("LimitReached", 403),
+                    // Retryable: subscribe again (pusher-js does on its
+                    // next connection; an app may at once).
+                    Refused::Unavailable(_) => ("ServiceUnavailable", 503),
                 };
                 self.subscription_error(channel, kind, &e.to_string(), status);
             }

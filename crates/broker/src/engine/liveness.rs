@@ -9,8 +9,13 @@
 use super::*;
 
 impl Shared {
-    /// The connection is up (subscriptions in place) or down.
+    /// The connection is up (subscriptions in place) or down. A transport
+    /// then says when the connection holds the node's interest
+    /// ([`Shared::holds_interest`]).
     pub fn set_up(self: &Arc<Self>, up: bool, why: &str) {
+        if !up {
+            self.release();
+        }
         let was = self.up.swap(up, Ordering::AcqRel);
         if was == up {
             return;

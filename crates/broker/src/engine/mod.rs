@@ -35,11 +35,14 @@
 //! members, a cache channel's last event), [`inbound`] (what arrives
 //! from the transport, dispatched by kind), [`canary`] (noticing a
 //! broker that silently stopped delivering) and [`reach`] (a new
-//! subscription known across a NATS cluster before it is confirmed). This file holds the shared
+//! subscription known across a NATS cluster before it is confirmed), and
+//! [`interest`] (when the broker holds what the node subscribed to, which
+//! confirmations wait for). This file holds the shared
 //! state and the engine handle.
 
 mod canary;
 mod inbound;
+mod interest;
 mod liveness;
 mod presence;
 mod pubsub;
@@ -172,6 +175,14 @@ pub struct Shared {
     me: OnceLock<NodeId>,
     inbox: OnceLock<Arc<dyn Inbox>>,
     up: AtomicBool,
+    /// Interest in effect: the connection's number (counted from 1) once
+    /// its subscriptions are in place at the broker, 0 while there is none
+    /// ([`interest`]).
+    holding: AtomicU64,
+    /// Connections made so far (numbers for `holding`).
+    connections: AtomicU64,
+    /// Poked when `holding` changes.
+    held_changed: Notify,
     /// When the node has heard from the others after (re)connecting.
     settled: Mutex<Instant>,
     left: AtomicBool,
@@ -330,6 +341,9 @@ impl Engine {
                 me: OnceLock::new(),
                 inbox: OnceLock::new(),
                 up: AtomicBool::new(false),
+                holding: AtomicU64::new(0),
+                connections: AtomicU64::new(0),
+                held_changed: Notify::new(),
                 settled: Mutex::new(Instant::now()),
                 left: AtomicBool::new(false),
                 born: AtomicU64::new(now_ms()),

@@ -88,6 +88,14 @@ impl PubSub for Engine {
         }
         sh.wake.notify_one();
     }
+
+    fn holding(&self) -> bool {
+        self.shared.is_holding()
+    }
+
+    fn held(&self, within: Duration) -> BoxFuture<bool> {
+        super::interest::held(&self.shared, within)
+    }
 }
 
 impl Counts for Engine {

@@ -52,6 +52,23 @@ pub trait PubSub: Send + Sync {
         pattern: bool,
         on: bool,
     );
+    /// Whether the interest the engine was handed is in effect at the
+    /// broker now: connected, and the connection's subscriptions restored.
+    /// Asked by every subscribe to a channel this node already receives,
+    /// so it must cost an atomic load at most. An in-process engine always
+    /// holds.
+    fn holding(&self) -> bool {
+        true
+    }
+    /// Resolves to `true` once every interest handed to the engine before
+    /// the call is in effect at the broker (its subscribe answered; on a
+    /// cluster of brokers, known to every node's server), or to `false` if
+    /// that did not happen within `within` (no connection meanwhile). A
+    /// subscription is confirmed only after `true`: a confirmation is true.
+    fn held(&self, within: Duration) -> BoxFuture<bool> {
+        let _ = within;
+        Box::pin(std::future::ready(true))
+    }
 }
 
 /// Presence: members joining and leaving per node, kept by the engine so a

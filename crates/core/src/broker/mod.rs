@@ -29,7 +29,10 @@
 //! and NATS engines live in their own crate behind the same traits. What
 //! only networked engines need has a default the local one keeps: whether
 //! the engine is connected ([`Cluster::connected`]), waiting until what was
-//! sent has gone out ([`Cluster::flush`]), [`LastEvent::cached`],
+//! sent has gone out ([`Cluster::flush`]), whether the broker holds the
+//! node's interest now and waiting until it does ([`PubSub::holding`],
+//! [`PubSub::held`]: a subscription is confirmed only then),
+//! [`LastEvent::cached`],
 //! [`Counts::counts`], and per-app connection counts (asked of the
 //! [`Inbox`] with each heartbeat).
 

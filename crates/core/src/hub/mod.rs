@@ -55,6 +55,12 @@ pub enum Refused {
     OverLimit(String),
     #[error("{0}")]
     NotFound(String),
+    /// Not now, try again: the cluster's broker did not hold the
+    /// subscription's interest within `broker.confirm_timeout` (a
+    /// confirmation would not be true). Each adapter answers with its
+    /// protocol's retryable error.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// What a subscription is, decided by the adapter.
