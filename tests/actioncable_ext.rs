@@ -1,7 +1,8 @@
 //! `actioncable-v1-ext-json` (issue 19) over real sockets against a real
 //! herald: bad history requests get `reject_history` and leave the client
 //! connected and served; a forged or used `sid` gets a normal welcome; a
-//! closed session restores once, with what it missed.
+//! closed session restores once, with what it missed, and never over a
+//! token naming another user (issue 32).
 
 #[macro_use]
 mod common;
@@ -191,6 +192,20 @@ async fn a_session_restores_once_with_what_it_missed_and_a_forged_sid_connects_a
         server.metric("herald_cable_sessions_restored_total").await,
         1
     );
+}
+
+/// Issue 32 in process: a session is restored only once its connection
+/// closed, never over another user's token, and once.
+#[tokio::test]
+async fn a_session_restores_only_once_its_connection_is_gone_in_process() {
+    let top = format!("[rpc]\n{}", common::ext::RESTORE_RPC);
+    let server = Server::start_with(&top, "").await;
+    // Only closed sessions are kept in process: nothing to look at.
+    common::ext::a_session_restores_only_once_its_connection_is_gone(
+        &[&server],
+        async |_: &str| Some(String::new()),
+    )
+    .await;
 }
 
 /// A restored client that never asks for its history still gets its live

@@ -22,8 +22,20 @@ fn prefix(name: &str) -> String {
 
 /// `n` nodes on `broker` under `prefix`, with `extra` TOML.
 async fn nodes(broker: &BrokerServer, prefix: &str, extra: &str, n: usize) -> Vec<Server> {
+    nodes_ttl(broker, prefix, extra, n, "").await
+}
+
+/// [`nodes`] with `ttl` TOML in `[broker]` (`"ttl = 2\n"`: a killed node
+/// is declared gone within about 3 s).
+async fn nodes_ttl(
+    broker: &BrokerServer,
+    prefix: &str,
+    extra: &str,
+    n: usize,
+    ttl: &str,
+) -> Vec<Server> {
     let top = format!(
-        "[broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\n[rpc]\n{extra}\n",
+        "[broker]\nurl = \"{}\"\nprefix = \"{prefix}\"\n{ttl}[rpc]\n{extra}\n",
         broker.url()
     );
     let mut v = Vec::new();
@@ -146,11 +158,13 @@ async fn a_session_of_a_killed_node_restores_on_another_without_connect() {
     let broker = BrokerServer::start_jetstream();
     let rpc_port = free_port();
     let pre = prefix("sess");
-    let mut n = nodes(
+    // Its session restores once the others declared it gone (issue 32).
+    let mut n = nodes_ttl(
         &broker,
         &pre,
         &format!("host = \"127.0.0.1:{rpc_port}\"\ntimeout_ms = 5000"),
         3,
+        "ttl = 2\n",
     )
     .await;
     let _app = common::ext::rpc_app(rpc_port, &n[0].url("/_broadcast")).await;

@@ -111,3 +111,197 @@ pub async fn rpc_app(port: u16, broadcast_url: &str) -> App {
     }
     app
 }
+
+/// Issue 32: the JWT key of the nodes in the restore scenarios below
+/// (`rpc.jwt_secret`; tokens in `?jid=`).
+pub const JWT_KEY: &str = "restore-key";
+
+/// The `[rpc]` lines those nodes need.
+pub const RESTORE_RPC: &str = "public_streams = true\njwt_secret = \"restore-key\"";
+
+/// A token naming `user`, valid for ten minutes.
+pub fn token(user: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    herald_actioncable::jwt::sign(JWT_KEY, &json!({ "user": user }).to_string(), now + 600)
+}
+
+/// `herald_cable_restores_refused_total` on `server` (0 where absent).
+async fn refused(server: &Server) -> u64 {
+    let scrape = server.scrape().await;
+    super::metric_in(&scrape, "herald_cable_restores_refused_total", &[]).unwrap_or(0)
+}
+
+/// A welcome on `server` for `query`, asserted not to restore anything.
+async fn not_restored(server: &Server, query: &str, why: &str) {
+    let mut ws = cable(server, query).await;
+    let welcome = frame(&mut ws).await;
+    assert_eq!(welcome["type"], "welcome", "{why}: {welcome}");
+    assert!(welcome.get("restored").is_none(), "{why}: {welcome}");
+}
+
+/// Wait until `stored(marker)` (the engine's kept snapshot whose text holds
+/// `marker`) satisfies `ok`.
+pub async fn until_stored(
+    stored: &impl AsyncFn(&str) -> Option<String>,
+    marker: &str,
+    ok: impl Fn(&Option<String>) -> bool,
+    what: &str,
+) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if ok(&stored(marker).await) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{marker}: never {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 32, on every engine: alice's session (made on `nodes[0]` with
+/// her token) is not restored on the last node while she is connected (by
+/// its sid alone, or with another user's token), nor after she left with
+/// another user's token; then she restores it with her own, once: the same
+/// sid again restores nothing. `stored(marker)` is the engine's snapshot
+/// holding `marker` (engines that keep only closed sessions: any text).
+pub async fn a_session_restores_only_once_its_connection_is_gone(
+    nodes: &[&Server],
+    stored: impl AsyncFn(&str) -> Option<String>,
+) {
+    let (a, b) = (nodes[0], nodes[nodes.len() - 1]);
+    let room = format!("alice-room-{}", std::process::id());
+    let mut alice = cable(a, &format!("?jid={}", token("alice"))).await;
+    let welcome = frame(&mut alice).await;
+    assert_eq!(welcome["type"], "welcome", "{welcome}");
+    let sid = welcome["sid"].as_str().unwrap().to_owned();
+    send(
+        &mut alice,
+        json!({ "command": "subscribe", "identifier": ident(&room) }),
+    )
+    .await;
+    assert_eq!(frame(&mut alice).await["type"], "confirm_subscription");
+    // The engine holds her live session (a cluster engine writes it now).
+    until_stored(&stored, &room, |v| v.is_some(), "kept").await;
+    // While she is connected: nothing is restored, by any token or none.
+    let mallory = format!("?sid={sid}&jid={}", token("mallory"));
+    not_restored(b, &mallory, "live, another user's token").await;
+    not_restored(b, &format!("?sid={sid}"), "live, the sid alone").await;
+    // She is still served.
+    broadcast(b, &room, json!({ "n": 1 })).await;
+    assert_eq!(frame(&mut alice).await["message"], json!({ "n": 1 }));
+    alice.close(None).await.unwrap();
+    drop(alice);
+    // Closed (no longer marked live): another identity's token still
+    // restores nothing, and leaves the session to her.
+    until_stored(
+        &stored,
+        &room,
+        |v| v.as_ref().is_some_and(|v| !v.contains("\"live\"")),
+        "closed",
+    )
+    .await;
+    // (Until one such try found the session: on one node its close may
+    // still be on its way to the cache; each try is refused.)
+    let before = refused(b).await;
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        not_restored(b, &mallory, "closed, another user's token").await;
+        if refused(b).await > before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed session was never found"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mine = format!("?sid={sid}&jid={}", token("alice"));
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let mut ws = cable(b, &mine).await;
+        let welcome = frame(&mut ws).await;
+        if welcome["restored"] == true {
+            assert_eq!(welcome["restored_ids"], json!([ident(&room)]), "{welcome}");
+            break;
+        }
+        // (One node: the close may still be on its way to the cache.)
+        assert!(Instant::now() < deadline, "never restored: {welcome}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // At most once: the same sid again, with her token or none.
+    not_restored(b, &mine, "restored already, her token").await;
+    not_restored(b, &format!("?sid={sid}"), "restored already, the sid alone").await;
+    let mut restored = 0;
+    for n in nodes.iter().take(if a.port == b.port { 1 } else { 2 }) {
+        restored += n.metric("herald_cable_sessions_restored_total").await;
+    }
+    assert_eq!(restored, 1);
+    assert!(refused(b).await >= 1);
+}
+
+/// Issue 32, on the cluster engines: a session whose node is frozen
+/// (SIGSTOP, the way a killed node looks to the others) restores on
+/// `b` once `b` has declared the node gone (its `broker.ttl` short); the
+/// node, thawed, does not write the session back when it changes (the
+/// compare-and-set on its last write), so the sid restores once.
+pub async fn a_frozen_nodes_session_restores_elsewhere_once(
+    a: &Server,
+    b: &Server,
+    stored: impl AsyncFn(&str) -> Option<String>,
+) {
+    let tag = std::process::id();
+    let (first, second, barrier) = (
+        format!("first-{tag}"),
+        format!("second-{tag}"),
+        format!("barrier-{tag}"),
+    );
+    let mut old = cable(a, "").await;
+    let sid = frame(&mut old).await["sid"].as_str().unwrap().to_owned();
+    send(
+        &mut old,
+        json!({ "command": "subscribe", "identifier": ident(&first) }),
+    )
+    .await;
+    assert_eq!(frame(&mut old).await["type"], "confirm_subscription");
+    until_stored(&stored, &first, |v| v.is_some(), "kept").await;
+    let pid = a.child.id().to_string();
+    let signal = |s: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([s, pid.as_str()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {s} {pid}");
+    };
+    signal("-STOP");
+    // `b` waits for its verdict on the silent node, then restores.
+    let mut taker = cable(b, &format!("?sid={sid}")).await;
+    let welcome = frame(&mut taker).await;
+    signal("-CONT");
+    assert_eq!(welcome["restored"], true, "{welcome}");
+    assert_eq!(welcome["restored_ids"], json!([ident(&first)]), "{welcome}");
+    // The thawed node's session changes: it writes its snapshot again
+    // (refused now).
+    send(
+        &mut old,
+        json!({ "command": "subscribe", "identifier": ident(&second) }),
+    )
+    .await;
+    assert_eq!(frame(&mut old).await["type"], "confirm_subscription");
+    // It writes in order: once a session made after that write is kept,
+    // the write was tried.
+    let mut later = cable(a, "").await;
+    frame(&mut later).await;
+    send(
+        &mut later,
+        json!({ "command": "subscribe", "identifier": ident(&barrier) }),
+    )
+    .await;
+    assert_eq!(frame(&mut later).await["type"], "confirm_subscription");
+    until_stored(&stored, &barrier, |v| v.is_some(), "kept").await;
+    // (The session `b` restored is kept too, but never with `second`.)
+    assert_eq!(stored(&second).await, None, "the taken session came back");
+    not_restored(b, &format!("?sid={sid}"), "restored already").await;
+}

@@ -18,7 +18,9 @@ pub const MAX_TOKEN: usize = 8 * 1024;
 pub enum Identity {
     /// The connection identifiers from `ext`.
     Valid(String),
-    Expired,
+    /// Signed by us but past its `exp`: the identifiers it names, if any
+    /// (a restore compares them with the session's, issue 32).
+    Expired(Option<String>),
     Invalid(&'static str),
 }
 
@@ -94,15 +96,19 @@ pub fn identify(secret: &str, token: &str, now: u64) -> Identity {
         return Identity::Invalid("bad claims");
     };
     let now = now as f64;
+    let ids = match claims.ext {
+        Some(serde_json::Value::String(ids)) => Some(ids),
+        _ => None,
+    };
     if claims.exp.is_some_and(|exp| exp <= now) {
-        return Identity::Expired;
+        return Identity::Expired(ids);
     }
     if claims.nbf.is_some_and(|nbf| nbf > now) {
         return Identity::Invalid("not valid yet");
     }
-    match claims.ext {
-        Some(serde_json::Value::String(ids)) => Identity::Valid(ids),
-        _ => Identity::Invalid("no identifiers (ext)"),
+    match ids {
+        Some(ids) => Identity::Valid(ids),
+        None => Identity::Invalid("no identifiers (ext)"),
     }
 }
 
@@ -128,7 +134,10 @@ mod tests {
             identify("k", &t, 1000),
             Identity::Valid(r#"{"user":"a"}"#.into())
         );
-        assert_eq!(identify("k", &t, 2000), Identity::Expired);
+        assert_eq!(
+            identify("k", &t, 2000),
+            Identity::Expired(Some(r#"{"user":"a"}"#.into()))
+        );
         assert!(matches!(identify("other", &t, 1000), Identity::Invalid(_)));
         let mut bad = t.clone();
         bad.push('A');

@@ -57,6 +57,10 @@ pub static CABLE_SESSIONS_RESTORED: Counter = Counter::new(
     "herald_cable_sessions_restored_total",
     "actioncable-v1-ext-json sessions restored from the sessions cache (no Connect call)",
 );
+pub static CABLE_RESTORES_REFUSED: Counter = Counter::new(
+    "herald_cable_restores_refused_total",
+    "Restore requests (?sid=) of a kept session refused: its connection still live, or the request's token names another identity",
+);
 pub static CABLE_HISTORY_REJECTED: Counter = Counter::new(
     "herald_cable_history_rejected_total",
     "History requests answered reject_history, every one whatever the reason: malformed or asking nothing, over rpc.history_rate, an unknown stream or epoch, an offset evicted or ahead, an answer over the connection's room",
@@ -102,6 +106,7 @@ pub fn register_all() {
         &BROADCASTS,
         &BROADCAST_ERRORS,
         &CABLE_SESSIONS_RESTORED,
+        &CABLE_RESTORES_REFUSED,
         &CABLE_HISTORY_REJECTED,
         &CABLE_HISTORY_LIMITED,
         &CABLE_GAPS_FILLED,

@@ -154,7 +154,8 @@ impl Reliable {
         send(node, hub, p, here).await;
     }
 
-    /// Keep `snap` for its client to restore under `sid`.
+    /// Keep `snap` for its client to restore under `sid` (marked live, with
+    /// its node, while its connection lives: see [`Reliable::restore`]).
     pub fn keep(&self, sid: &str, snap: &Snapshot) {
         if self.sessions.enabled() {
             if let Ok(json) = serde_json::to_string(snap) {
@@ -163,16 +164,83 @@ impl Reliable {
         }
     }
 
-    /// The session kept under `sid`, taken (it restores once).
-    pub async fn restore(&self, sid: &str) -> Option<Snapshot> {
+    /// The session kept under `sid`, taken (it restores once), for a
+    /// client whose token names `claim` (its identifiers; None: no token).
+    ///
+    /// Issue 32: a session restores only once its connection is gone: a
+    /// snapshot marked live restores only once its node is gone from the
+    /// cluster (killed: it never wrote the close). A live one is read
+    /// again for [`CLOSING_WAIT`] (its close may be on its way), then
+    /// refused: the client starts a new session. A client whose token
+    /// names another identity never gets it, and leaves it in place.
+    pub async fn restore(&self, node: &Node, sid: &str, claim: Option<&str>) -> Option<Snapshot> {
         if !self.sessions.enabled() {
             return None;
         }
-        let json = self.sessions.take(sid).await?;
-        let snap: Snapshot = serde_json::from_str(&json).ok()?;
-        // A snapshot from the engine is checked like client input: a
-        // session never holds more streams than a live one may.
-        (snap.subs.iter().map(|s| s.1.len()).sum::<usize>() <= MAX_STREAMS).then_some(snap)
+        let deadline = std::time::Instant::now() + CLOSING_WAIT;
+        // How long a silent node is waited for its missed heartbeats'
+        // verdict (it is buried within a third of the TTL after it).
+        let ttl = node.broker.ttl();
+        let verdict = (ttl + ttl / 3 + Duration::from_millis(500)).min(MAX_VERDICT_WAIT);
+        let mut alive = None;
+        loop {
+            let kept = self.sessions.read(sid).await?;
+            let snap: Snapshot = serde_json::from_str(&kept.snapshot).ok()?;
+            // A snapshot from the engine is checked like client input: a
+            // session never holds more streams than a live one may.
+            if snap.subs.iter().map(|s| s.1.len()).sum::<usize>() > MAX_STREAMS {
+                return None;
+            }
+            if claim.is_some_and(|c| !same_identity(c, &snap.identifiers)) {
+                herald_core::metrics::count(&crate::metrics::CABLE_RESTORES_REFUSED);
+                tracing::debug!("restore refused: the token names another identity");
+                return None;
+            }
+            let gone = match snap.live {
+                None => true,
+                Some(owner) if alive == Some(owner) => false,
+                Some(owner) => {
+                    let gone = node.broker.gone(owner, verdict).await;
+                    if !gone {
+                        alive = Some(owner);
+                    }
+                    gone
+                }
+            };
+            if gone && self.sessions.take(sid, &kept).await {
+                let mut snap = snap;
+                snap.live = None;
+                return Some(snap);
+            }
+            if std::time::Instant::now() >= deadline {
+                herald_core::metrics::count(&crate::metrics::CABLE_RESTORES_REFUSED);
+                tracing::debug!("restore refused: the session's connection is live");
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// How long a restore waits for a live session's close to be written.
+pub const CLOSING_WAIT: Duration = Duration::from_secs(1);
+
+/// Longest wait for the verdict on a silent node holding a live session.
+pub const MAX_VERDICT_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether two identifiers strings name the same identity: equal as JSON
+/// (an app's token may order its keys otherwise than its `Connect`), or
+/// as text.
+fn same_identity(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    match (
+        serde_json::from_str::<serde_json::Value>(a),
+        serde_json::from_str::<serde_json::Value>(b),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
     }
 }
 
@@ -194,4 +262,8 @@ pub struct Snapshot {
     pub subs: Vec<(String, Vec<String>)>,
     /// The app connected it (it hears of the restored one's disconnect).
     pub authenticated: bool,
+    /// Issue 32: while its connection lives, the node holding it (absent
+    /// once the connection closed, and in snapshots of older nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<u64>,
 }

@@ -211,6 +211,30 @@ fn request_info(
     }
 }
 
+/// Issue 32: who a restore request's own token says the client is. The
+/// `sid` alone restores, as in AnyCable (no token: `Ok(None)`); a token
+/// signed with the secret, even expired (a restore is what spares the
+/// client a fresh one), must name the session's identity
+/// (`Ok(Some(identifiers))`); a token that does not verify restores
+/// nothing (`Err`): the connection then goes the token's usual way.
+fn restore_claim(cable: &Cable, token: Option<&str>) -> Result<Option<String>, ()> {
+    let (Some(j), Some(token)) = (&cable.jwt, token) else {
+        return Ok(None);
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    match crate::jwt::identify(&j.secret, token, now) {
+        crate::jwt::Identity::Valid(ids) | crate::jwt::Identity::Expired(Some(ids)) => {
+            Ok(Some(ids))
+        }
+        _ => {
+            metrics::count(&m::CABLE_RESTORES_REFUSED);
+            Err(())
+        }
+    }
+}
+
 /// Write `frames` and a close, give the client a moment to read them, and
 /// drop the socket (a connection refused before its session started).
 /// Refuse the connection; nothing is left to run. Boxed: the opening's
@@ -261,7 +285,10 @@ async fn open(
     let mut identified = false;
     // Issue 19: a session restored from the cache skips JWT and Connect.
     let restored = match info.restore.as_deref() {
-        Some(prev) if ext => cable.reliable.restore(prev).await,
+        Some(prev) if ext => match restore_claim(&cable, info.token.as_deref()) {
+            Ok(claim) => cable.reliable.restore(&node, prev, claim.as_deref()).await,
+            Err(()) => None,
+        },
         _ => None,
     };
     if let Some(snap) = &restored {
@@ -293,7 +320,7 @@ async fn open(
                 hub.release();
                 metrics::count(&m::CABLE_UNAUTHORIZED);
                 let why = match other {
-                    Some(crate::jwt::Identity::Expired) => "token_expired",
+                    Some(crate::jwt::Identity::Expired(_)) => "token_expired",
                     _ => reason::UNAUTHORIZED,
                 };
                 tracing::debug!(sid, ?other, "JWT refused");
@@ -1069,6 +1096,7 @@ impl CableSession {
                 })
                 .collect(),
             authenticated: self.authenticated,
+            live: None,
         }
     }
 
@@ -1077,7 +1105,9 @@ impl CableSession {
     fn save(&self) {
         let sessions = &self.cable.reliable.sessions;
         if self.ext && sessions.enabled() && sessions.durable() {
-            let snap = self.snapshot(&self.subs);
+            let mut snap = self.snapshot(&self.subs);
+            // Issue 32: not restorable while this node holds it.
+            snap.live = Some(self.cable.node.id);
             self.cable.reliable.keep(&self.conn.socket_id, &snap);
         }
     }

@@ -1,14 +1,17 @@
 //! Resumable Action Cable sessions on the Redis server (issue 19): a
 //! session's snapshot at `<prefix>:sess:<h>` (`<h>` the hashed `sid`),
 //! written whenever it changes and at the close, expiring `sessions_ttl`
-//! after the last write (`PX`), taken with `GETDEL` (Redis 6.2+): a
-//! snapshot restores once, on any node.
+//! after the last write (`PX`). A restore reads it (`GET`) and, once its
+//! adapter decided it may be restored, takes it with the [`TAKE`] script:
+//! deleted only if it still carries the token read, so a snapshot
+//! restores once, on any node, and one rewritten meanwhile (its session
+//! closing) is read again.
 //!
 //! Every write is a compare-and-set (the [`SAVE`] script): the value is
 //! `<token>\n<snapshot>`, the token unique to the write, and a node writes
 //! only where it finds the token of its own last write of that sid (the
 //! first write: where there is nothing). Why: once another node took the
-//! session (`GETDEL`), a snapshot of it this node writes late (its client
+//! session ([`TAKE`]), a snapshot of it this node writes late (its client
 //! closing just as it restored elsewhere, or changing meanwhile) would
 //! otherwise bring the session back, and it would restore twice. Refused,
 //! the sid's later writes are skipped. The tokens are kept per sid for
@@ -20,7 +23,7 @@
 
 use crate::redis_streams::{hashed, Link, CALL_TIMEOUT};
 use herald_core::broker::BoxFuture;
-use herald_core::sessions::SessionStore;
+use herald_core::sessions::{Kept, SessionStore};
 use redis::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +45,18 @@ local t = ''
 if cur then t = string.match(cur, '^([^\n]*)\n') or '?' end
 if t ~= ARGV[1] and t ~= ARGV[2] then return 0 end
 redis.call('SET', KEYS[1], ARGV[3] .. '\n' .. ARGV[4], 'PX', ARGV[5])
+return 1
+";
+
+/// `KEYS[1]` the session; `ARGV[1]` the token it was read with (a value
+/// without one: the whole value). 1 when deleted, 0 when it changed or
+/// is gone.
+pub(crate) const TAKE: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local t = string.match(cur, '^([^\n]*)\n') or cur
+if t ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
 return 1
 ";
 
@@ -237,21 +252,37 @@ impl SessionStore for RedisSessions {
         }
     }
 
-    fn take(&self, sid: &str) -> BoxFuture<Option<String>> {
+    fn read(&self, sid: &str) -> BoxFuture<Option<Kept>> {
         let key = self.key(sid);
         let link = self.link.clone();
         Box::pin(async move {
             let v = link
                 .call("restore session", |_| {
-                    let mut c = redis::cmd("GETDEL");
+                    let mut c = redis::cmd("GET");
                     c.arg(key);
                     c
                 })
                 .await?;
             match v {
-                Value::BulkString(b) => snapshot_of(String::from_utf8(b).ok()?),
+                Value::BulkString(b) => kept_of(String::from_utf8(b).ok()?),
                 _ => None,
             }
+        })
+    }
+
+    fn take(&self, sid: &str, kept: &Kept) -> BoxFuture<bool> {
+        let key = self.key(sid);
+        let link = self.link.clone();
+        let version = kept.version.clone();
+        Box::pin(async move {
+            let v = link
+                .call("restore session", |s| {
+                    let mut c = redis::cmd("EVALSHA");
+                    c.arg(&s.take).arg(1).arg(key).arg(version);
+                    c
+                })
+                .await;
+            matches!(v, Some(Value::Int(1)))
         })
     }
 
@@ -263,14 +294,24 @@ impl SessionStore for RedisSessions {
     }
 }
 
-/// The snapshot in a stored value (`<token>\n<snapshot>`; a value without
-/// a token, from a node before tokens, is the snapshot itself: a JSON
-/// snapshot has no raw newline).
-fn snapshot_of(mut value: String) -> Option<String> {
-    match value.find('\n') {
-        Some(i) => Some(value.split_off(i + 1)),
-        None => Some(value),
-    }
+/// The snapshot in a stored value (`<token>\n<snapshot>`) and its token
+/// (a value without a token, from a node before tokens, is the snapshot
+/// itself, its own token: a JSON snapshot has no raw newline).
+fn kept_of(mut value: String) -> Option<Kept> {
+    Some(match value.find('\n') {
+        Some(i) => {
+            let snapshot = value.split_off(i + 1);
+            value.pop();
+            Kept {
+                snapshot,
+                version: value,
+            }
+        }
+        None => Kept {
+            version: value.clone(),
+            snapshot: value,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -279,8 +320,16 @@ mod tests {
 
     #[test]
     fn the_token_is_cut_from_a_stored_value() {
-        assert_eq!(snapshot_of("ab.1\n{\"x\":1}".into()).unwrap(), "{\"x\":1}");
-        assert_eq!(snapshot_of("{\"x\":1}".into()).unwrap(), "{\"x\":1}");
+        let k = kept_of("ab.1\n{\"x\":1}".into()).unwrap();
+        assert_eq!(
+            (k.snapshot.as_str(), k.version.as_str()),
+            ("{\"x\":1}", "ab.1")
+        );
+        let k = kept_of("{\"x\":1}".into()).unwrap();
+        assert_eq!(
+            (k.snapshot.as_str(), k.version.as_str()),
+            ("{\"x\":1}", "{\"x\":1}")
+        );
     }
 
     #[test]

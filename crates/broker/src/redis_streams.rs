@@ -157,6 +157,8 @@ pub(crate) struct Scripts {
     read: String,
     /// [`crate::redis_sessions::SAVE`].
     pub(crate) save: String,
+    /// [`crate::redis_sessions::TAKE`].
+    pub(crate) take: String,
 }
 
 /// The command connection: made on first use, dropped on any error, made
@@ -212,6 +214,7 @@ impl Link {
             append: load(APPEND).await?,
             read: load(READ).await?,
             save: load(crate::redis_sessions::SAVE).await?,
+            take: load(crate::redis_sessions::TAKE).await?,
         };
         *slot = Some((conn.clone(), scripts.clone()));
         Ok((conn, scripts))

@@ -2,8 +2,9 @@
 //! (issue 19), two stores in one process standing for two nodes: a burst
 //! of snapshots as large as a node's share of a reconnect storm is
 //! written whole (none dropped), only the newest snapshot of a session is
-//! kept, and a session taken by another node is not written back by the
-//! node that had it (the compare-and-set on its last revision).
+//! kept, a session taken by another node is not written back by the
+//! node that had it (the compare-and-set on its last revision), and a
+//! take of a snapshot rewritten since it was read takes nothing.
 
 use herald_broker::jetstream::{metrics as m, JetStream};
 use herald_broker::testing::BrokerServer;
@@ -24,8 +25,9 @@ fn store(broker: &BrokerServer, prefix: &str) -> Arc<dyn SessionStore> {
 async fn taken(s: &Arc<dyn SessionStore>, sid: &str) -> String {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        if let Some(v) = s.take(sid).await {
-            return v;
+        if let Some(k) = s.read(sid).await {
+            assert!(s.take(sid, &k).await, "{sid} read but not taken");
+            return k.snapshot;
         }
         assert!(Instant::now() < deadline, "{sid} never written");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -64,10 +66,38 @@ async fn a_storm_of_snapshots_is_written_whole_newest_only_and_restores_once() {
     for i in 0..200 {
         assert_eq!(taken(&b, &format!("fresh-{i}")).await, format!("fresh-{i}"));
     }
-    assert_eq!(b.take("sid-0").await, None);
+    assert_eq!(b.read("sid-0").await, None);
     assert_eq!(
         m::SESSIONS_WRITTEN.get() - written,
         200,
         "the late one refused"
     );
+}
+
+#[tokio::test]
+async fn a_snapshot_rewritten_after_its_read_is_not_taken() {
+    let broker = BrokerServer::start_jetstream();
+    let prefix = format!("jr-{}", std::process::id());
+    let (a, b) = (store(&broker, &prefix), store(&broker, &prefix));
+    a.store("s", "live".into());
+    let deadline = Instant::now() + TIMEOUT;
+    let read = loop {
+        if let Some(k) = b.read("s").await {
+            break k;
+        }
+        assert!(Instant::now() < deadline, "never written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(read.snapshot, "live");
+    a.store("s", "closed".into());
+    let deadline = Instant::now() + TIMEOUT;
+    while b.read("s").await.map(|k| k.snapshot).as_deref() != Some("closed") {
+        assert!(Instant::now() < deadline, "never rewritten");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!b.take("s", &read).await, "a stale read took the session");
+    let now = b.read("s").await.unwrap();
+    assert!(b.take("s", &now).await);
+    assert!(!b.take("s", &now).await, "taken twice");
+    assert_eq!(b.read("s").await, None);
 }

@@ -7,7 +7,10 @@
 //!
 //! On a cluster engine a snapshot is written while the session lives (each
 //! time what it would restore changes), not only when it closes: a node
-//! that dies without closing its sessions leaves them restorable.
+//! that dies without closing its sessions leaves them restorable. Whether
+//! a snapshot may be restored (its connection gone) is its adapter's
+//! decision, between a [`SessionStore::read`] and a [`SessionStore::take`]
+//! of exactly what it read (issue 32: a live session is never restored).
 
 use crate::broker::BoxFuture;
 use parking_lot::Mutex;
@@ -23,9 +26,13 @@ pub trait SessionStore: Send + Sync {
     /// Keep `snapshot` under `sid` for the ttl from now (replacing what
     /// was there). Does not wait: a cluster engine writes in the background.
     fn store(&self, sid: &str, snapshot: String);
-    /// Take the snapshot kept under `sid`, if any and not expired: a
-    /// snapshot restores once.
-    fn take(&self, sid: &str) -> BoxFuture<Option<String>>;
+    /// The snapshot kept under `sid`, if any and not expired, left in
+    /// place.
+    fn read(&self, sid: &str) -> BoxFuture<Option<Kept>>;
+    /// Remove what [`SessionStore::read`] gave, only if the store still
+    /// holds that very write of it: true for the one caller that has it (a
+    /// snapshot restores once; one rewritten meanwhile is read again).
+    fn take(&self, sid: &str, kept: &Kept) -> BoxFuture<bool>;
     /// Expire old snapshots (called about once a second).
     fn sweep(&self) {}
     /// Whether snapshots outlive this process (kept on a server): then an
@@ -37,11 +44,21 @@ pub trait SessionStore: Send + Sync {
     }
 }
 
+/// A snapshot as read, and which write of it that was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub snapshot: String,
+    /// The engine's mark of the write (a counter, a token, a revision).
+    pub version: String,
+}
+
 /// Snapshots in this process, bounded by count (`sessions_max`).
 pub struct MemorySessions {
     ttl: Duration,
     max: usize,
-    map: Mutex<HashMap<String, (Instant, String)>>,
+    /// sid → (written at, write number, snapshot).
+    map: Mutex<HashMap<String, (Instant, u64, String)>>,
+    writes: std::sync::atomic::AtomicU64,
 }
 
 impl MemorySessions {
@@ -50,6 +67,7 @@ impl MemorySessions {
             ttl,
             max,
             map: Mutex::new(HashMap::new()),
+            writes: Default::default(),
         }
     }
 
@@ -61,9 +79,24 @@ impl MemorySessions {
         self.len() == 0
     }
 
-    fn take_now(&self, sid: &str) -> Option<String> {
-        let (at, snap) = self.map.lock().remove(sid)?;
-        (at.elapsed() < self.ttl).then_some(snap)
+    fn read_now(&self, sid: &str) -> Option<Kept> {
+        let map = self.map.lock();
+        let (at, n, snap) = map.get(sid)?;
+        (at.elapsed() < self.ttl).then(|| Kept {
+            snapshot: snap.clone(),
+            version: n.to_string(),
+        })
+    }
+
+    fn take_now(&self, sid: &str, kept: &Kept) -> bool {
+        let mut map = self.map.lock();
+        match map.get(sid) {
+            Some((at, n, _)) if at.elapsed() < self.ttl && n.to_string() == kept.version => {
+                map.remove(sid);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -85,24 +118,31 @@ impl SessionStore for MemorySessions {
         let mut map = self.map.lock();
         if map.len() >= self.max && !map.contains_key(sid) {
             let now = Instant::now();
-            map.retain(|_, (at, _)| now.duration_since(*at) < self.ttl);
+            map.retain(|_, (at, _, _)| now.duration_since(*at) < self.ttl);
             if map.len() >= self.max {
                 tracing::debug!("sessions cache full (sessions_max): session not kept");
                 return;
             }
         }
-        map.insert(sid.to_owned(), (Instant::now(), snapshot));
+        let n = self
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        map.insert(sid.to_owned(), (Instant::now(), n, snapshot));
     }
 
-    fn take(&self, sid: &str) -> BoxFuture<Option<String>> {
-        Box::pin(std::future::ready(self.take_now(sid)))
+    fn read(&self, sid: &str) -> BoxFuture<Option<Kept>> {
+        Box::pin(std::future::ready(self.read_now(sid)))
+    }
+
+    fn take(&self, sid: &str, kept: &Kept) -> BoxFuture<bool> {
+        Box::pin(std::future::ready(self.take_now(sid, kept)))
     }
 
     fn sweep(&self) {
         let now = Instant::now();
         self.map
             .lock()
-            .retain(|_, (at, _)| now.duration_since(*at) < self.ttl);
+            .retain(|_, (at, _, _)| now.duration_since(*at) < self.ttl);
     }
 }
 
@@ -118,9 +158,16 @@ mod tests {
         s.store("b", "3".into());
         s.store("c", "4".into());
         assert_eq!(s.len(), 2);
-        assert_eq!(s.take_now("a").as_deref(), Some("2"));
-        assert_eq!(s.take_now("a"), None);
-        assert_eq!(s.take_now("c"), None);
+        let a = s.read_now("a").unwrap();
+        assert_eq!(a.snapshot, "2");
+        // Rewritten after the read: the read one is not taken.
+        s.store("a", "5".into());
+        assert!(!s.take_now("a", &a));
+        let a = s.read_now("a").unwrap();
+        assert!(s.take_now("a", &a));
+        assert!(!s.take_now("a", &a));
+        assert_eq!(s.read_now("a"), None);
+        assert_eq!(s.read_now("c"), None);
         let off = MemorySessions::new(Duration::ZERO, 2);
         off.store("a", "1".into());
         assert!(!off.enabled() && off.is_empty());

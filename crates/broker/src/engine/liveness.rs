@@ -447,6 +447,71 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Whether node `n` is gone from the cluster (issue 32: a session it
+    /// holds may then be restored elsewhere): it left or was declared gone,
+    /// or it is unknown to this settled node. A node known alive is asked
+    /// directly ([`reach::PROBE_TIMEOUT`]): one that answers is alive; one
+    /// that does not (killed, but not yet declared gone) is waited for, at
+    /// most `wait`, until its missed heartbeats bury it.
+    pub async fn node_gone(self: &Arc<Self>, n: NodeId, wait: Duration) -> bool {
+        if n == self.me() || !self.is_up() {
+            return false;
+        }
+        let settled = *self.settled.lock();
+        if Instant::now() < settled {
+            tokio::time::sleep_until(settled.into()).await;
+        }
+        let known = |sh: &Shared| {
+            let s = sh.state.lock();
+            s.peers.contains_key(&n) && !s.gone.contains_key(&n)
+        };
+        if !known(self) {
+            return true;
+        }
+        if self.answers(n).await {
+            return false;
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            if !known(self) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether node `n` answers a probe sent to it alone in time.
+    async fn answers(self: &Arc<Self>, n: NodeId) -> bool {
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(
+            id,
+            Pending {
+                waiting: HashSet::from([n]),
+                answers: Vec::new(),
+                done: Some(tx),
+            },
+        );
+        let msg = Msg::Request {
+            n: self.me(),
+            id,
+            a: String::new(),
+            q: Query::Probe,
+        };
+        if self.send_msg(subject::node(&self.prefix, n), &msg) {
+            let _ = tokio::time::timeout(super::reach::PROBE_TIMEOUT, rx).await;
+        }
+        self.pending
+            .lock()
+            .remove(&id)
+            .is_some_and(|p| !p.answers.is_empty())
+    }
+}
+
 /// The other nodes' connections per app, summed.
 pub(super) fn connection_sums(s: &State) -> Vec<Act> {
     let mut sums: HashMap<&str, u32> = HashMap::new();
@@ -500,6 +565,11 @@ impl Cluster for Engine {
 
     fn ttl(&self) -> Duration {
         self.shared.ttl
+    }
+
+    fn gone(&self, node: NodeId, wait: Duration) -> BoxFuture<bool> {
+        let sh = self.shared.clone();
+        Box::pin(async move { sh.node_gone(node, wait).await })
     }
 
     fn connected(&self) -> bool {

@@ -9,9 +9,10 @@
 //! that a snapshot is dropped, counted in
 //! `herald_jetstream_sessions_dropped_total` and logged once per interval:
 //! its client connects anew). One write at a time went too slowly for a
-//! reconnect storm's closing sessions (issue 19). A take reads the entry
-//! and deletes it expecting that revision, so of two nodes taking one sid
-//! at once one gets it.
+//! reconnect storm's closing sessions (issue 19). A restore reads the
+//! entry and, once its adapter decided it may be restored, deletes it
+//! expecting that revision: of two nodes taking one sid at once one gets
+//! it, and one rewritten meanwhile (its session closing) is read again.
 //!
 //! Every write is a compare-and-set on the revision this node last wrote
 //! for the sid (the first on "no entry at all"): once another node took
@@ -37,7 +38,7 @@ use async_nats::jetstream::{
 use base64::Engine as _;
 use herald_core::broker::BoxFuture;
 use herald_core::metrics::count;
-use herald_core::sessions::{MemorySessions, SessionStore};
+use herald_core::sessions::{Kept, MemorySessions, SessionStore};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -371,9 +372,9 @@ impl SessionStore for NatsSessions {
         }
     }
 
-    fn take(&self, sid: &str) -> BoxFuture<Option<String>> {
+    fn read(&self, sid: &str) -> BoxFuture<Option<Kept>> {
         if self.local_mode() {
-            return self.local.take(sid);
+            return self.local.read(sid);
         }
         let (conn, bucket, local, sid) = (
             self.conn.clone(),
@@ -384,27 +385,59 @@ impl SessionStore for NatsSessions {
         Box::pin(async move {
             let ctx = match conn?.ready().await {
                 Ok(c) => c,
-                Err(true) => return local.take(&sid).await,
+                Err(true) => return local.read(&sid).await,
                 Err(false) => return None,
             };
             let k = key(&sid)?;
-            let take = async {
+            let read = async {
                 let store = bucket.get(&ctx).await?;
-                let entry = store.entry(k.clone()).await.ok()??;
+                let entry = store.entry(k).await.ok()??;
                 if entry.operation != Operation::Put {
                     return None;
                 }
+                Some(Kept {
+                    snapshot: String::from_utf8(entry.value.to_vec()).ok()?,
+                    version: entry.revision.to_string(),
+                })
+            };
+            tokio::time::timeout(CALL_TIMEOUT, read)
+                .await
+                .ok()
+                .flatten()
+        })
+    }
+
+    fn take(&self, sid: &str, kept: &Kept) -> BoxFuture<bool> {
+        if self.local_mode() {
+            return self.local.take(sid, kept);
+        }
+        let (conn, bucket, local, sid, kept) = (
+            self.conn.clone(),
+            self.bucket.clone(),
+            self.local.clone(),
+            sid.to_owned(),
+            kept.clone(),
+        );
+        Box::pin(async move {
+            let Some(conn) = conn else { return false };
+            let ctx = match conn.ready().await {
+                Ok(c) => c,
+                Err(true) => return local.take(&sid, &kept).await,
+                Err(false) => return false,
+            };
+            let (Some(k), Ok(rev)) = (key(&sid), kept.version.parse::<u64>()) else {
+                return false;
+            };
+            let take = async {
+                let store = bucket.get(&ctx).await?;
                 // Only the node whose delete lands on this revision has it.
-                store
-                    .delete_expect_revision(&k, Some(entry.revision))
-                    .await
-                    .ok()?;
-                String::from_utf8(entry.value.to_vec()).ok()
+                store.delete_expect_revision(&k, Some(rev)).await.ok()
             };
             tokio::time::timeout(CALL_TIMEOUT, take)
                 .await
                 .ok()
                 .flatten()
+                .is_some()
         })
     }
 

@@ -24,6 +24,13 @@ pub trait Cluster: Send + Sync {
     /// are declared gone and their members removed everywhere.
     fn heartbeat(&self, node: NodeId);
     fn ttl(&self) -> Duration;
+    /// Whether node `node` is gone from the cluster (left, or declared
+    /// gone by its missed heartbeats); a node silent now but not yet
+    /// declared gone is waited for, at most `wait`. In process every node
+    /// shares the process: none is gone while one asks.
+    fn gone(&self, _node: NodeId, _wait: Duration) -> BoxFuture<bool> {
+        Box::pin(std::future::ready(false))
+    }
     /// Whether the engine reaches the rest of the cluster now
     /// (`herald_broker_up`, `/ready`); an in-process engine always does.
     fn connected(&self) -> bool {
