@@ -4,7 +4,7 @@
 /// large history answers, a burst of connections) glibc's malloc kept the
 /// peak resident with nothing left using it; jemalloc's background thread
 /// hands freed pages back to the system within seconds, idle or not
-/// (bench/RESULTS.md, "Memory after a spike"). The settings: purge dirty
+/// (bench/RESULTS.md, "Memory after a history spike"). The settings: purge dirty
 /// pages a second after they are freed, without a second "muzzy" stage,
 /// from a background thread rather than on the next allocation (an idle
 /// server allocates nothing). `_RJEM_MALLOC_CONF` overrides them.
