@@ -87,6 +87,9 @@ pub struct RpcConfig {
     pub history_ttl: u64,
     /// Most bytes all streams' histories hold together.
     pub history_max_bytes: usize,
+    /// Most bytes of history answers the whole node may have waiting past
+    /// its connections' outbound bounds (`herald_core::history::budget`).
+    pub history_answers_max_bytes: usize,
     /// Seconds a closed session can be restored (0: no resumption).
     pub sessions_ttl: u64,
     /// Most sessions kept for restoring.
@@ -145,6 +148,7 @@ impl Default for RpcConfig {
             history_limit: 100,
             history_ttl: 300,
             history_max_bytes: 64 * 1024 * 1024,
+            history_answers_max_bytes: 256 * 1024 * 1024,
             sessions_ttl: 300,
             sessions_max: 100_000,
             history_rate: 100,
@@ -226,6 +230,9 @@ impl RpcConfig {
         }
         if self.history_rate == 0 {
             return Err(invalid("rpc.history_rate", "must be positive"));
+        }
+        if self.history_answers_max_bytes == 0 {
+            return Err(invalid("rpc.history_answers_max_bytes", "must be positive"));
         }
         for (key, v) in [
             ("rpc.presence_max_members", self.presence_max_members),

@@ -119,9 +119,25 @@ pub fn positioned(
     s
 }
 
-/// A history entry as the client gets it.
+/// A history entry as the client gets it: the members of a live message
+/// ([`positioned`]) with the message last, so the frame ends with the
+/// stored bytes ([`herald_core::history::Data::closing`]), shared by every
+/// client's answer instead of copied into each.
 pub fn entry_frame(identifier: &str, stream: &str, epoch: &str, e: &Entry) -> Frame {
-    Frame::text(&positioned(identifier, &e.data, stream, epoch, e.offset))
+    let id = json_string(identifier);
+    let stream = json_string(stream);
+    let epoch = json_string(epoch);
+    let mut head = String::with_capacity(80 + id.len() + stream.len() + epoch.len());
+    head.push_str(r#"{"identifier":"#);
+    head.push_str(&id);
+    head.push_str(r#","stream_id":"#);
+    head.push_str(&stream);
+    head.push_str(r#","epoch":"#);
+    head.push_str(&epoch);
+    head.push_str(r#","offset":"#);
+    head.push_str(&e.offset.to_string());
+    head.push_str(r#","message":"#);
+    Frame::text_with_prefix(head.as_bytes(), e.data.closing())
 }
 
 /// The core's encoder for `actioncable-v1-ext-json` connections: like
@@ -176,6 +192,24 @@ mod tests {
             welcome_restored("s", &["a"]),
             r#"{"type":"welcome","sid":"s","restored":true,"restored_ids":["a"]}"#
         );
+    }
+
+    #[test]
+    fn history_frames_share_the_stored_message() {
+        let e = Entry {
+            offset: 7,
+            at_ms: 0,
+            data: r#"{"n":"é"}"#.into(),
+        };
+        let a = entry_frame("i\"1", "chat", "ep", &e);
+        let b = entry_frame("i2", "chat", "ep", &e);
+        let live = positioned("i\"1", &e.data, "chat", "ep", 7);
+        let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        assert_eq!(parse(&a.payload_text()), parse(&live));
+        assert_eq!(parse(&b.payload_text())["message"]["n"], "é");
+        // One copy of the message, whoever asks.
+        assert_eq!(a.parts()[1].as_ptr(), e.data.closing().as_ptr());
+        assert_eq!(b.parts()[1].as_ptr(), e.data.closing().as_ptr());
     }
 
     #[test]

@@ -69,6 +69,10 @@ pub static CABLE_HISTORY_LIMITED: Counter = Counter::new(
     "herald_cable_history_limited_total",
     "History requests answered reject_history because the connection was over rpc.history_rate",
 );
+pub static CABLE_HISTORY_OVER_BUDGET: Counter = Counter::new(
+    "herald_cable_history_over_budget_total",
+    "History requests answered reject_history because the node's answers waiting past outbound bounds would pass rpc.history_answers_max_bytes",
+);
 pub static CABLE_GAPS_FILLED: Counter = Counter::new(
     "herald_cable_gaps_filled_total",
     "Gaps in a reliable stream's live offsets (publications from several nodes crossed, or lost by the broker) read from the shared history",
@@ -109,6 +113,7 @@ pub fn register_all() {
         &CABLE_RESTORES_REFUSED,
         &CABLE_HISTORY_REJECTED,
         &CABLE_HISTORY_LIMITED,
+        &CABLE_HISTORY_OVER_BUDGET,
         &CABLE_GAPS_FILLED,
         &CABLE_GAPS_UNFILLED,
         &CABLE_PRESENCE_REFUSED,

@@ -57,6 +57,8 @@ impl Reliable {
             ttl_ms: config.history_ttl.saturating_mul(1000),
             max_bytes: config.history_max_bytes,
         };
+        // One account for the node's answers, whichever app queues them.
+        herald_core::history::budget::ANSWERS.bound(config.history_answers_max_bytes);
         let history: Arc<dyn History> = if limits.enabled() {
             broker.history(limits)
         } else {

@@ -371,7 +371,7 @@ fn parse_read(v: Value, ttl_ms: u64, most: usize) -> Result<(Arc<str>, u64, Vec<
             entries.push(Entry {
                 offset,
                 at_ms,
-                data: Arc::from(String::from_utf8_lossy(&d).as_ref()),
+                data: String::from_utf8_lossy(&d).as_ref().into(),
             });
         }
     }
@@ -529,7 +529,7 @@ mod tests {
         Entry {
             offset,
             at_ms,
-            data: Arc::from("x"),
+            data: "x".into(),
         }
     }
 

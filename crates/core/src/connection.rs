@@ -41,6 +41,7 @@
 //! descriptor number reused by another connection.
 
 use crate::frame::Frame;
+use crate::history::budget::ANSWERS;
 use crate::metrics;
 use crate::wire::Wire;
 use futures_util::task::AtomicWaker;
@@ -220,6 +221,8 @@ fn send_now(fd: i32, frame: &Frame) -> isize {
 /// The account of burst frames still queued. Sequence numbers count frames
 /// from the front of the queue as it was when the burst began, so taking
 /// `n` frames from the front retires exactly the burst frames among them.
+/// Its bytes also count in the node's account ([`ANSWERS`]) while they
+/// wait, and leave it when taken or when the connection goes.
 #[derive(Default)]
 struct Burst {
     /// (sequence number, length) of each burst frame, oldest first.
@@ -227,6 +230,14 @@ struct Burst {
     bytes: usize,
     pushed: u64,
     taken: u64,
+}
+
+impl Drop for Burst {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            ANSWERS.release(self.bytes);
+        }
+    }
 }
 
 impl Queue {
@@ -525,13 +536,13 @@ impl Connection {
             }
             let front = q.frames.len() as u64;
             let b = q.burst.get_or_insert_with(|| {
-                Box::new(Burst {
-                    pushed: front,
-                    ..Burst::default()
-                })
+                let mut b = Box::<Burst>::default();
+                b.pushed = front;
+                b
             });
             b.frames.push_back((b.pushed, len));
             b.bytes += len;
+            ANSWERS.charge(len);
             q.push(frame);
             q.frames.len() == 1
         };
@@ -544,6 +555,12 @@ impl Connection {
     /// Bytes of burst frames still waiting for the writer.
     pub fn burst_bytes(&self) -> usize {
         self.queue.lock().burst.as_ref().map_or(0, |b| b.bytes)
+    }
+
+    /// Whether burst frames wait for the writer: the session then writes
+    /// before it handles the client's next message (see `session::run`).
+    pub fn bursting(&self) -> bool {
+        self.queue.lock().burst.is_some()
     }
 
     /// Move up to `max` queued frames into `out` (the writer's batch).
@@ -567,12 +584,16 @@ impl Connection {
         }
         if let Some(b) = &mut q.burst {
             b.taken += n as u64;
+            let before = b.bytes;
             while let Some(&(seq, len)) = b.frames.front() {
                 if seq >= b.taken {
                     break;
                 }
                 b.frames.pop_front();
                 b.bytes -= len;
+            }
+            if b.bytes < before {
+                ANSWERS.release(before - b.bytes);
             }
             if b.frames.is_empty() {
                 q.burst = None;

@@ -220,7 +220,11 @@ pub static CLUSTER_NODES: Gauge = Gauge::new(
     "Nodes this node knows to be alive in its cluster, itself included (0 without a broker)",
 );
 
-static GAUGES: [&Gauge; 2] = [&CLUSTER_TALLY_KEYS, &CLUSTER_NODES];
+static GAUGES: [&Gauge; 3] = [
+    &CLUSTER_TALLY_KEYS,
+    &CLUSTER_NODES,
+    &crate::history::budget::ANSWER_BYTES,
+];
 
 static ALL: [&Counter; 20] = [
     &CONNECTIONS_REFUSED,

@@ -294,8 +294,18 @@ where
                 } else if shutdown.is_cancelled() {
                     return Poll::Ready(Wake::Shutdown);
                 }
-                if let Poll::Ready(got) = poll_read(&mut stream, &mut decoder, cx) {
-                    return Poll::Ready(if got { Wake::Read } else { Wake::Eof });
+                // An answer past the queue's bound waits (a history answer):
+                // the client's next messages wait until it is written, so a
+                // client that stops reading gets no second answer (the first
+                // sits in its socket's buffer and the write times out), and
+                // its requests cannot pile answers up in our memory.
+                if !conn.bursting() {
+                    if decoder.has_next() {
+                        return Poll::Ready(Wake::Read);
+                    }
+                    if let Poll::Ready(got) = poll_read(&mut stream, &mut decoder, cx) {
+                        return Poll::Ready(if got { Wake::Read } else { Wake::Eof });
+                    }
                 }
                 // After reads: a busy channel must not starve the client's pongs.
                 if conn.poll_ready(cx).is_ready() {
@@ -484,7 +494,12 @@ where
         let next = match msg {
             Incoming::Text(text) => {
                 traffic.received(text.len());
-                handler.on_text(text).await
+                let next = handler.on_text(text).await;
+                if matches!(next, Next::Continue) && conn.bursting() {
+                    // Written first (see `run`); the rest stays decoded.
+                    return (seen, Read::Continue);
+                }
+                next
             }
             Incoming::Binary(b) => {
                 traffic.received(b.len());

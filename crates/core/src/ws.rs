@@ -94,6 +94,14 @@ impl Decoder {
         }
     }
 
+    /// Whether [`Decoder::next`] has something (a message or the error)
+    /// without reading more.
+    pub fn has_next(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|p| !p.ready.is_empty() || p.error.is_some())
+    }
+
     /// The next complete message, then (once messages are drained) the error
     /// that stopped decoding, if any.
     #[allow(clippy::should_implement_trait)]

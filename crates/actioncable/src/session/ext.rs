@@ -187,11 +187,21 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, size, "history answer over rpc.history_max_bytes");
             return self.reject_history(at, identifier);
         }
+        // The node's answers together stay within their budget: reserved
+        // here, the frames count on their own once queued (see `budget`).
+        let budget = &herald_core::history::budget::ANSWERS;
+        if !budget.try_reserve(size) {
+            metrics::count(&m::CABLE_HISTORY_OVER_BUDGET);
+            tracing::debug!(sid = %self.conn.socket_id, size, "history answer over rpc.history_answers_max_bytes");
+            self.release_all(at);
+            return self.send(&crate::ext::reject_history(identifier));
+        }
         for (stream, channel, backlog) in &answers {
             gate.release(&self.conn, channel, &tag, backlog.as_ref(), |e, epoch| {
                 crate::ext::entry_frame(identifier, stream, epoch, e)
             });
         }
+        budget.release(size);
         self.send(&crate::ext::confirm_history(identifier));
     }
 }

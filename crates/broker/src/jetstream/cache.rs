@@ -174,7 +174,7 @@ mod tests {
         Entry {
             offset,
             at_ms,
-            data: Arc::from("0123456789"),
+            data: "0123456789".into(),
         }
     }
 

@@ -441,7 +441,7 @@ impl Inner {
                     entries.push(Entry {
                         offset,
                         at_ms,
-                        data: Arc::from(String::from_utf8_lossy(data).as_ref()),
+                        data: String::from_utf8_lossy(data).as_ref().into(),
                     });
                 }
             }
@@ -689,7 +689,7 @@ mod tests {
             .map(|offset| Entry {
                 offset,
                 at_ms: 0,
-                data: Arc::from("x"),
+                data: "x".into(),
             })
             .collect()
     }

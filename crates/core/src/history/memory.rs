@@ -128,7 +128,7 @@ impl MemoryHistory {
         s.entries.push_back(Entry {
             offset,
             at_ms: now,
-            data: Arc::from(data),
+            data: data.into(),
         });
         let mut dropped = 0;
         while s.entries.len() > self.limits.per_stream {

@@ -17,13 +17,16 @@
 //!   order), and, where publications of one stream come from several
 //!   nodes, a gap in the offsets is filled from the history.
 
+pub mod budget;
 pub mod gate;
 pub mod memory;
 
+pub use budget::AnswerBudget;
 pub use gate::{Gap, Gate, MAX_HELD};
 pub use memory::{MemoryHistory, ENTRY_OVERHEAD};
 
 use crate::broker::BoxFuture;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -45,7 +48,53 @@ pub struct Entry {
     /// When it was appended, Unix milliseconds.
     pub at_ms: u64,
     /// The message exactly as subscribers got it (JSON text).
-    pub data: Arc<str>,
+    pub data: Data,
+}
+
+/// A retained message's JSON text, stored with one `}` after it (not part
+/// of the message: [`Data`] derefs to the message alone).
+///
+/// Why: a history answer used to copy every message into a frame of its
+/// own per client (100 streams of 100 messages of 6 KB asked for by a
+/// client: 60 MB, per client). A protocol whose frame carries the message
+/// as its JSON object's last member ends that frame with exactly
+/// [`Data::closing`]: the frame's small per-client head and these shared
+/// bytes ([`crate::frame::Frame::text_with_prefix`]), as publications
+/// share theirs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Data(Bytes);
+
+impl Data {
+    /// The message followed by `}`, shared (no copy).
+    pub fn closing(&self) -> &Bytes {
+        &self.0
+    }
+}
+
+impl From<&str> for Data {
+    fn from(text: &str) -> Data {
+        let mut b = Vec::with_capacity(text.len() + 1);
+        b.extend_from_slice(text.as_bytes());
+        b.push(b'}');
+        Data(Bytes::from(b))
+    }
+}
+
+impl std::ops::Deref for Data {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        let text = &self.0[..self.0.len() - 1];
+        // SAFETY: built from a `str` and one ASCII byte after it (`From`),
+        // which is all this slice leaves out.
+        unsafe { std::str::from_utf8_unchecked(text) }
+    }
+}
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
 }
 
 /// What a history read found: the stream's epoch and the publications.
