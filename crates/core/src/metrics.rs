@@ -170,6 +170,23 @@ pub static BROKER_OUTAGES: Counter = Counter::new(
     "herald_broker_outages_total",
     "Times the connection to the broker was lost",
 );
+pub static BROKER_REFUSED: Counter = Counter::new(
+    "herald_broker_refused_total",
+    "Publications refused (HTTP 503) because the outbox for the broker was full",
+);
+pub static BROKER_RECOVERED: Counter = Counter::new(
+    "herald_broker_recovered_total",
+    "Publications of other nodes recovered from their window after an outage",
+);
+pub static BROKER_UNRECOVERED: Counter = Counter::new(
+    "herald_broker_unrecovered_total",
+    "Publications of other nodes that could not be recovered after an outage (gone from the \
+     publishing node's window, or the node gone): an upper bound",
+);
+pub static BROKER_DUPLICATES: Counter = Counter::new(
+    "herald_broker_duplicates_total",
+    "Publications from other nodes received twice (a resend after a reconnect) and dropped",
+);
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
     "HTTP API requests answered with an error",
@@ -212,9 +229,14 @@ pub static CLUSTER_NODES: Gauge = Gauge::new(
     "Nodes this node knows to be alive in its cluster, itself included (0 without a broker)",
 );
 
-static GAUGES: [&Gauge; 2] = [&CLUSTER_TALLY_KEYS, &CLUSTER_NODES];
+pub static BROKER_OUTBOX: Gauge = Gauge::new(
+    "herald_broker_outbox",
+    "Publications for other nodes not yet taken by the broker (held while it is away)",
+);
 
-static ALL: [&Counter; 18] = [
+static GAUGES: [&Gauge; 3] = [&CLUSTER_TALLY_KEYS, &CLUSTER_NODES, &BROKER_OUTBOX];
+
+static ALL: [&Counter; 22] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
     &RATE_LIMITED,
@@ -232,6 +254,10 @@ static ALL: [&Counter; 18] = [
     &FANOUT_OVERFLOW,
     &BROKER_DROPPED,
     &BROKER_OUTAGES,
+    &BROKER_REFUSED,
+    &BROKER_RECOVERED,
+    &BROKER_UNRECOVERED,
+    &BROKER_DUPLICATES,
     &API_ERRORS,
 ];
 
