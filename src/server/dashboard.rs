@@ -309,7 +309,9 @@ async fn send_test_event(
             return error(status, &e.message);
         }
     };
-    herald_pusher::api::publish(&dash.node, &hub, ev).await;
+    if let Err(full) = herald_pusher::api::publish(&dash.node, &hub, ev).await {
+        return error(StatusCode::SERVICE_UNAVAILABLE, &full.to_string());
+    }
     Json(json!({ "ok": true })).into_response()
 }
 

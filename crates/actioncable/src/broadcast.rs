@@ -109,10 +109,20 @@ pub async fn handle(
     for msg in messages {
         let stream = msg.stream.clone();
         let p = publication(msg);
-        cable
+        if let Err(full) = cable
             .reliable
             .publish(&node, &cable.hub, &stream, p, false)
-            .await;
+            .await
+        {
+            // The broker's outbox is full: 503 and retry, never a 201 for
+            // a message that goes nowhere (those before it went out).
+            let mut res = error(StatusCode::SERVICE_UNAVAILABLE, full.to_string());
+            res.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                herald_core::broker::Full::RETRY_AFTER.into(),
+            );
+            return res;
+        }
     }
     StatusCode::CREATED.into_response()
 }
@@ -264,7 +274,9 @@ pub async fn ingest(
                         node.publish_here(&hub, publication(msg)).await;
                     } else {
                         let stream = msg.stream.clone();
-                        reliable
+                        // Refused only while the broker's outbox is full:
+                        // counted (herald_broker_refused_total).
+                        let _ = reliable
                             .publish(&node, &hub, &stream, publication(msg), false)
                             .await;
                     }

@@ -286,7 +286,7 @@ pub fn error_frame(identifier: &str, why: &str) -> String {
 /// Tell every subscriber of `stream`, on every node, of a presence event.
 pub async fn announce(node: &Node, hub: &Hub, stream: &str, message: Box<RawValue>) {
     let p = Publication::new(crate::NAMESPACE, stream.to_owned(), EVENT.into(), message);
-    node.publish(hub, p).await;
+    let _ = node.publish(hub, p).await;
 }
 
 /// Take `conn`'s memberships out of presence, announcing each member no

@@ -10,7 +10,7 @@
 
 use crate::config::RpcConfig;
 use crate::session::MAX_STREAMS;
-use herald_core::broker::Broker;
+use herald_core::broker::{Broker, Full};
 use herald_core::fanout::Publication;
 use herald_core::history::{History, Limits, MemoryHistory};
 use herald_core::hub::Hub;
@@ -137,7 +137,9 @@ impl Reliable {
     /// reliable; `here` delivers on this node only (see `broadcast`).
     /// Publications of one stream are appended and handed on in order: on
     /// one node that is the order subscribers see; in a cluster each
-    /// connection's gate restores it (see `Gate`).
+    /// connection's gate restores it (see `Gate`). `Err(Full)`: the
+    /// broker's outbox is full and nobody got it (though a reliable
+    /// stream's history has it).
     pub async fn publish(
         &self,
         node: &Node,
@@ -145,7 +147,7 @@ impl Reliable {
         stream: &str,
         mut p: Publication,
         here: bool,
-    ) {
+    ) -> Result<(), Full> {
         if !self.history.any_reliable() {
             return send(node, hub, p, here).await;
         }
@@ -153,7 +155,7 @@ impl Reliable {
         stream.hash(&mut h);
         let _order = self.order[h.finish() as usize % ORDER_LOCKS].lock().await;
         p.position = self.history.append(stream, p.data.get()).await;
-        send(node, hub, p, here).await;
+        send(node, hub, p, here).await
     }
 
     /// Keep `snap` for its client to restore under `sid` (marked live, with
@@ -246,9 +248,10 @@ fn same_identity(a: &str, b: &str) -> bool {
     }
 }
 
-async fn send(node: &Node, hub: &Hub, p: Publication, here: bool) {
+async fn send(node: &Node, hub: &Hub, p: Publication, here: bool) -> Result<(), Full> {
     if here {
-        node.publish_here(hub, p).await
+        node.publish_here(hub, p).await;
+        Ok(())
     } else {
         node.publish(hub, p).await
     }

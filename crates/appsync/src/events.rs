@@ -255,6 +255,7 @@ pub fn check_publish(
 
 /// Publish each valid event; returns AppSync's `successful` and `failed`
 /// lists (`identifier`, `index`, and for failures `code` and `message`).
+/// An event the broker's outbox had no room for fails with code 503.
 pub async fn publish(node: &Node, hub: &Hub, req: &PublishRequest) -> (Vec<Value>, Vec<Value>) {
     let mut successful = Vec::new();
     let mut failed = Vec::new();
@@ -268,8 +269,15 @@ pub async fn publish(node: &Node, hub: &Hub, req: &PublishRequest) -> (Vec<Value
                     String::new(),
                     raw.clone(),
                 );
-                node.publish(hub, p).await;
-                successful.push(json!({ "identifier": identifier, "index": index }));
+                match node.publish(hub, p).await {
+                    Ok(()) => successful.push(json!({ "identifier": identifier, "index": index })),
+                    Err(full) => failed.push(json!({
+                        "identifier": identifier,
+                        "index": index,
+                        "code": 503,
+                        "message": full.to_string(),
+                    })),
+                }
             }
             Err(message) => failed.push(json!({
                 "identifier": identifier,

@@ -16,9 +16,10 @@ use crate::graphql::{self, channel_json, Operation, Request, RootField};
 use crate::graphql_ws::NAMESPACE;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use herald_core::broker::Full;
 use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::Hub;
 use herald_core::metrics;
@@ -191,6 +192,17 @@ async fn event_request(
     if !failed.is_empty() {
         metrics::count(&metrics::API_ERRORS);
     }
+    // Nothing went out because the broker's outbox is full: 503, retry.
+    if successful.is_empty() && failed.iter().any(|f| f["code"] == 503) {
+        let mut res = reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "successful": successful, "failed": failed }),
+            Some("ServiceUnavailable"),
+        );
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, Full::RETRY_AFTER.into());
+        return res;
+    }
     reply(
         StatusCode::OK,
         json!({ "successful": successful, "failed": failed }),
@@ -296,7 +308,18 @@ async fn graphql_request(
             } => {
                 let body = json_string(&payload);
                 let p = Publication::new(NAMESPACE, name.clone(), "publish".into(), body);
-                node.publish(&hub, p).await;
+                if let Err(full) = node.publish(&hub, p).await {
+                    let mut res = graphql_errors(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        vec![json!({
+                            "errorType": "ServiceUnavailable",
+                            "message": full.to_string(),
+                        })],
+                    );
+                    res.headers_mut()
+                        .insert(header::RETRY_AFTER, Full::RETRY_AFTER.into());
+                    return res;
+                }
                 data.insert(key, channel_json(&name, &payload, &fields));
             }
         }

@@ -116,8 +116,10 @@ pub(crate) fn backoff(n: u32) -> std::time::Duration {
 }
 
 /// Wait until `until` between two sessions of a transport: what is queued
-/// meanwhile is dropped and counted, never kept (it would arrive late and
-/// out of order with what the others sent since); flushes are answered.
+/// meanwhile is dropped and counted (it would arrive late and out of order
+/// with what the others sent since), except publications, which the
+/// journal sends again in order when the broker is back; flushes are
+/// answered.
 /// `false` once the engine stopped.
 pub(crate) async fn drop_until(
     rx: &mut tokio::sync::mpsc::Receiver<engine::Out>,
@@ -127,8 +129,12 @@ pub(crate) async fn drop_until(
         tokio::select! {
             _ = tokio::time::sleep_until(until) => return true,
             o = rx.recv() => match o {
-                Some(engine::Out::Send(..)) => {
-                    herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED)
+                // A publication stays in the journal and is sent again
+                // when the broker is back; anything else is dropped.
+                Some(engine::Out::Send(_, _, seq)) => {
+                    if seq == 0 {
+                        herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED)
+                    }
                 }
                 Some(engine::Out::Flush(done)) => {
                     let _ = done.send(());

@@ -22,6 +22,10 @@ pub enum Msg {
         n: NodeId,
         a: String,
         p: Publication,
+        /// Its number in node `n`'s sequence (0 from a node that does not
+        /// number them): see engine/journal.rs and engine/recover.rs.
+        #[serde(default)]
+        s: u64,
     },
     /// A member's first socket on node `n` joined (`j`), or its last left.
     #[serde(rename = "M")]
@@ -52,6 +56,9 @@ pub enum Msg {
         /// Nodes the sender buried (sent by the leader only).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         g: Vec<NodeId>,
+        /// The number of the sender's last publication (sent before this).
+        #[serde(default)]
+        s: u64,
     },
     /// Node `n` leaves the cluster (graceful shutdown).
     #[serde(rename = "B")]
@@ -99,6 +106,20 @@ pub enum Msg {
     /// Part of node `n`'s state: keys of the tally it holds.
     #[serde(rename = "K")]
     StateHeld { n: NodeId, k: Vec<Key> },
+    /// Node `n` asks (on the receiver's node subject) for the publications
+    /// it kept numbered above `f`.
+    #[serde(rename = "V")]
+    Recover { n: NodeId, f: u64 },
+    /// Part of node `n`'s answer: `o` is the first number it still held
+    /// above the one asked for, `e` its publications as sent (each a
+    /// [`Msg::Pub`]), `d` the last part.
+    #[serde(rename = "Y")]
+    Replay {
+        n: NodeId,
+        o: u64,
+        d: bool,
+        e: Vec<Box<RawValue>>,
+    },
 }
 
 impl Msg {
@@ -116,7 +137,9 @@ impl Msg {
             | Msg::StatePart { n, .. }
             | Msg::StateEnd { n }
             | Msg::Held { n, .. }
-            | Msg::StateHeld { n, .. } => *n,
+            | Msg::StateHeld { n, .. }
+            | Msg::Recover { n, .. }
+            | Msg::Replay { n, .. } => *n,
         }
     }
 
@@ -133,6 +156,7 @@ pub enum PubRef<'a> {
         n: NodeId,
         a: &'a str,
         p: &'a Publication,
+        s: u64,
     },
 }
 
@@ -175,13 +199,14 @@ mod tests {
             n: 3,
             a: "app",
             p: &p,
+            s: 9,
         })
         .unwrap();
         match serde_json::from_slice::<Msg>(&bytes).unwrap() {
-            Msg::Pub { n, a, p } => {
+            Msg::Pub { n, a, p, s } => {
                 assert_eq!(
-                    (n, a.as_str(), p.channel.as_str(), p.cache),
-                    (3, "app", "c", true)
+                    (n, a.as_str(), p.channel.as_str(), p.cache, s),
+                    (3, "app", "c", true, 9)
                 );
                 assert_eq!(p.data.get(), "\"x\"");
             }

@@ -194,14 +194,25 @@ async fn run(
                         let _ = done.send(());
                     }
                 }
-                Some(Out::Send(subject, payload)) => {
+                Some(Out::Send(subject, payload, seq)) => {
                     apply_dirty(&shared, &client, &in_tx, &mut subs).await;
                     if !shared.is_up() {
-                        herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
+                        // A publication stays in the journal (sent again
+                        // on reconnect); anything else is dropped.
+                        if seq == 0 {
+                            herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
+                        }
                         continue;
                     }
                     if client.publish(subject, payload).await.is_err() {
-                        herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
+                        if seq == 0 {
+                            herald_core::metrics::count(&herald_core::metrics::BROKER_DROPPED);
+                        }
+                    } else {
+                        // In the client's buffer, on its way to the server
+                        // (core NATS has no acknowledgement): a node that
+                        // misses it asks for it by number.
+                        shared.taken(seq);
                     }
                 }
             },

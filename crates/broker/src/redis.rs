@@ -177,11 +177,13 @@ async fn session(
                 let mut pipe = redis::pipe();
                 let mut flushes = Vec::new();
                 let mut any = false;
+                let mut last = 0;
                 for o in batch.drain(..) {
                     match o {
-                        Out::Send(subject, bytes) => {
+                        Out::Send(subject, bytes, seq) => {
                             pipe.cmd("PUBLISH").arg(subject).arg(bytes.as_ref()).ignore();
                             any = true;
+                            last = last.max(seq);
                         }
                         Out::Flush(done) => flushes.push(done),
                     }
@@ -197,6 +199,8 @@ async fn session(
                 if let Err(e) = r {
                     return e.to_string();
                 }
+                // Every PUBLISH answered: the server took them.
+                shared.taken(last);
             }
         }
     }

@@ -306,9 +306,19 @@ async fn session(
                 if let Err(e) = apply_dirty(shared, &mut conn, &mut subscribed).await {
                     return e;
                 }
+                let last = batch
+                    .iter()
+                    .map(|o| match o {
+                        Out::Send(_, _, seq) => *seq,
+                        Out::Flush(_) => 0,
+                    })
+                    .max()
+                    .unwrap_or(0);
                 if let Err(e) = send_batch(shared, &conn, &canary, &mut batch).await {
                     return e;
                 }
+                // Every run answered: the masters took them.
+                shared.taken(last);
             }
         }
     }
@@ -470,9 +480,11 @@ async fn send_batch(
     let mut dropped = 0usize;
     for o in batch.drain(..) {
         match o {
-            Out::Send(subject, payload) => {
+            Out::Send(subject, payload, seq) => {
                 if result.is_err() {
-                    dropped += 1;
+                    // A publication stays in the journal (sent again on
+                    // reconnect); anything else is dropped.
+                    dropped += usize::from(seq == 0);
                     continue;
                 }
                 let control = is_control(prefix, &subject);

@@ -178,6 +178,23 @@ pub static CONFIRMATIONS_REFUSED: Counter = Counter::new(
     "herald_confirmations_refused_total",
     "Subscriptions answered with a retryable error: the broker did not hold their interest within broker.confirm_timeout",
 );
+pub static BROKER_REFUSED: Counter = Counter::new(
+    "herald_broker_refused_total",
+    "Publications refused (HTTP 503) because the outbox for the broker was full",
+);
+pub static BROKER_RECOVERED: Counter = Counter::new(
+    "herald_broker_recovered_total",
+    "Publications of other nodes recovered from their window after an outage",
+);
+pub static BROKER_UNRECOVERED: Counter = Counter::new(
+    "herald_broker_unrecovered_total",
+    "Publications of other nodes that could not be recovered after an outage (gone from the \
+     publishing node's window, or the node gone): an upper bound",
+);
+pub static BROKER_DUPLICATES: Counter = Counter::new(
+    "herald_broker_duplicates_total",
+    "Publications from other nodes received twice (a resend after a reconnect) and dropped",
+);
 pub static API_ERRORS: Counter = Counter::new(
     "herald_api_errors_total",
     "HTTP API requests answered with an error",
@@ -220,13 +237,19 @@ pub static CLUSTER_NODES: Gauge = Gauge::new(
     "Nodes this node knows to be alive in its cluster, itself included (0 without a broker)",
 );
 
-static GAUGES: [&Gauge; 3] = [
+pub static BROKER_OUTBOX: Gauge = Gauge::new(
+    "herald_broker_outbox",
+    "Publications for other nodes not yet taken by the broker (held while it is away)",
+);
+
+static GAUGES: [&Gauge; 4] = [
     &CLUSTER_TALLY_KEYS,
     &CLUSTER_NODES,
     &crate::history::budget::ANSWER_BYTES,
+    &BROKER_OUTBOX,
 ];
 
-static ALL: [&Counter; 20] = [
+static ALL: [&Counter; 24] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
     &RATE_LIMITED,
@@ -246,6 +269,10 @@ static ALL: [&Counter; 20] = [
     &BROKER_OUTAGES,
     &CONFIRMATIONS_HELD,
     &CONFIRMATIONS_REFUSED,
+    &BROKER_REFUSED,
+    &BROKER_RECOVERED,
+    &BROKER_UNRECOVERED,
+    &BROKER_DUPLICATES,
     &API_ERRORS,
 ];
 

@@ -9,7 +9,7 @@
 //! is announced as presence. What other nodes send comes back through the
 //! node's [`Inbox`] and is applied to the hubs.
 
-use crate::broker::{Broker, Control, Inbox, PresenceChange, Scope};
+use crate::broker::{Broker, Control, Full, Inbox, PresenceChange, Scope};
 use crate::config::Config;
 use crate::connection::{ConnId, Connection};
 use crate::fanout::{Fanout, Job, NodeId, Publication, Tag};
@@ -274,9 +274,12 @@ impl Node {
 
     // ----- publishing --------------------------------------------------------
 
-    /// Publish: queue delivery to this node's subscribers (on a fan-out
-    /// worker) and hand the publication to the broker for the other nodes.
-    pub async fn publish(&self, hub: &Hub, publication: Publication) {
+    /// Publish: hand the publication to the broker for the other nodes
+    /// and queue delivery to this node's subscribers (on a fan-out
+    /// worker). `Err(Full)`: the broker's outbox is full (it is away, or
+    /// far behind); the publication went nowhere, not even here, so a
+    /// publisher told to retry (HTTP 503) causes no second copy.
+    pub async fn publish(&self, hub: &Hub, publication: Publication) -> Result<(), Full> {
         self.route(hub, publication, true).await
     }
 
@@ -284,22 +287,31 @@ impl Node {
     /// for publications every node of the cluster receives by itself (an
     /// ingress each node subscribes to), so each subscriber gets one copy.
     pub async fn publish_here(&self, hub: &Hub, publication: Publication) {
-        self.route(hub, publication, false).await
+        let _ = self.route(hub, publication, false).await;
     }
 
-    /// The one publishing path: number the publication, show it to
-    /// watching observers, hand it to the broker (`cluster`), deliver here.
-    async fn route(&self, hub: &Hub, mut publication: Publication, cluster: bool) {
+    /// The one publishing path: number the publication, hand it to the
+    /// broker (`cluster`), show it to watching observers, deliver here.
+    async fn route(
+        &self,
+        hub: &Hub,
+        mut publication: Publication,
+        cluster: bool,
+    ) -> Result<(), Full> {
         publication.origin = self.id;
         publication.id = self.next_message.fetch_add(1, Ordering::Relaxed);
+        if cluster {
+            if let Err(full) = self.broker.publish(&hub.app.id, &publication) {
+                metrics::count(&metrics::BROKER_REFUSED);
+                return Err(full);
+            }
+        }
         if self.publication_watchers.load(Ordering::Relaxed) > 0 {
             self.notify(hub, publication.ns, &Change::Published(&publication));
         }
-        if cluster {
-            self.broker.publish(&hub.app.id, &publication);
-        }
         publication.resolve(self.id);
         self.deliver_local(hub, Arc::new(publication)).await;
+        Ok(())
     }
 
     async fn deliver_local(&self, hub: &Hub, publication: Arc<Publication>) {

@@ -92,10 +92,12 @@ async fn publications_reach_every_node_exactly_once() {
     }
     nodes[0]
         .publish(&app(&nodes[0]), publication("news", "1"))
-        .await;
+        .await
+        .unwrap();
     nodes[2]
         .publish(&app(&nodes[2]), publication("news", "2"))
-        .await;
+        .await
+        .unwrap();
     settle(&nodes).await;
     for c in &subs {
         assert_eq!(
@@ -223,7 +225,7 @@ async fn watchlists_and_user_events_cross_nodes() {
     assert_eq!(frames(&watcher), vec!["|watchlist|u2|"]);
     // An event to the user, published on the other node.
     let p = publication("#server-to-user-u2", "hi").to_user(Some("u2".into()));
-    nodes[0].publish(&app(&nodes[0]), p).await;
+    nodes[0].publish(&app(&nodes[0]), p).await.unwrap();
     settle(&nodes).await;
     assert_eq!(frames(&u2), vec!["|e|#server-to-user-u2|\"hi\""]);
     nodes[1].sign_out(&app(&nodes[1]), &u2, "u2", &[]);
@@ -246,7 +248,8 @@ async fn patterns_match_at_segment_boundaries_across_nodes() {
     for ch in ["/ns/a/b", "/ns/a/b/c", "/ns/ab", "/ns/b/a"] {
         nodes[0]
             .publish(&app(&nodes[0]), publication(ch, "x"))
-            .await;
+            .await
+            .unwrap();
     }
     settle(&nodes).await;
     assert_eq!(frames(&sub), vec!["|e|/ns/a/b|\"x\"", "|e|/ns/a/b/c|\"x\""]);

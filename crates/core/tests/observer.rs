@@ -157,13 +157,13 @@ async fn cache_misses_counts_and_watched_publications() {
     assert_eq!(log.take(), ["app-id:count:cache-x:1"]);
 
     let p = || Publication::new(NS, "cache-x".into(), "e".into(), json_string("d")).cached(true);
-    n.publish(&hub, p()).await;
+    n.publish(&hub, p()).await.unwrap();
     assert!(log.take().is_empty(), "nobody watches publications");
     let watch = n.watch_publications();
-    n.publish(&hub, p()).await;
+    n.publish(&hub, p()).await.unwrap();
     assert_eq!(log.take(), ["app-id:published:cache-x:e"]);
     drop(watch);
-    n.publish(&hub, p()).await;
+    n.publish(&hub, p()).await.unwrap();
     assert!(log.take().is_empty());
 
     // A second subscriber finds the cached event: no miss.

@@ -10,6 +10,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use herald_core::broker::Full;
 use herald_core::config::AppConfig;
 use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::{ChannelStats, Hub, StatsFilter};
@@ -40,11 +41,23 @@ impl ApiError {
     }
 }
 
+impl From<Full> for ApiError {
+    /// The broker's outbox is full: 503, retry (with `Retry-After`).
+    fn from(full: Full) -> ApiError {
+        ApiError::new(503, full.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         metrics::count(&metrics::API_ERRORS);
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
-        (status, Json(json!({ "error": self.message }))).into_response()
+        let mut res = (status, Json(json!({ "error": self.message }))).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            res.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, Full::RETRY_AFTER.into());
+        }
+        res
     }
 }
 
@@ -343,17 +356,19 @@ async fn info(node: &Node, hub: &Hub, name: &str) -> Option<ChannelStats> {
 }
 
 /// Publish a checked event; returns the `info` reply object (per channel).
-pub async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
+/// `Err(Full)`: the broker's outbox is full; the channels before the
+/// refused one got the event (a publisher that retries repeats it there).
+pub async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Result<Value, Full> {
     for c in &ev.channels {
         let user = c.strip_prefix(SERVER_TO_USER_PREFIX).map(str::to_owned);
         let p = Publication::new(NAMESPACE, c.clone(), ev.name.clone(), ev.data.clone())
             .excluding(ev.socket_id.clone())
             .cached(ChannelKind::of(c).cache)
             .to_user(user);
-        node.publish(hub, p).await;
+        node.publish(hub, p).await?;
     }
     if ev.attrs.is_empty() {
-        return json!({});
+        return Ok(json!({}));
     }
     let mut out = Map::new();
     for c in &ev.channels {
@@ -363,7 +378,7 @@ pub async fn publish(node: &Node, hub: &Hub, ev: Checked) -> Value {
             Value::Object(attributes_of(c, stats.as_ref(), &ev.attrs)),
         );
     }
-    Value::Object(out)
+    Ok(Value::Object(out))
 }
 
 /// The `info` attributes of channel `name` from its figures (`None`: not
@@ -405,7 +420,7 @@ async fn events(
 ) -> ApiResult {
     let ev = parse_event(&hub.app, &body)?;
     let has_info = !ev.attrs.is_empty();
-    let info = publish(&node, &hub, ev).await;
+    let info = publish(&node, &hub, ev).await?;
     Ok(Json(if has_info {
         json!({ "channels": info })
     } else {
@@ -428,7 +443,7 @@ async fn batch_events(
     let mut replies = Vec::with_capacity(checked.len());
     for ev in checked {
         let channel = ev.channels[0].clone();
-        let info = publish(&node, &hub, ev).await;
+        let info = publish(&node, &hub, ev).await?;
         replies.push(info.get(&channel).cloned().unwrap_or_else(|| json!({})));
     }
     Ok(Json(if any_info {

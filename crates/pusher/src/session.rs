@@ -451,7 +451,9 @@ impl PusherSession {
             .cached(kind.cache);
         self.node
             .notify(&self.hub, NAMESPACE, &Change::ClientEvent(&p));
-        self.node.publish(&self.hub, p).await;
+        // A client event has no acknowledgement: refused (the broker's
+        // outbox full), it is counted (herald_broker_refused_total).
+        let _ = self.node.publish(&self.hub, p).await;
     }
 
     fn signin(&mut self, auth: &str, user_data: &str) -> Next {

@@ -163,7 +163,7 @@ struct Session {
 impl session::Handler for Session {
     async fn on_text(&mut self, text: String) -> Next {
         let p = Publication::new(NAMESPACE, CHANNEL.into(), String::new(), json_string(&text));
-        self.node.publish(&self.hub, p).await;
+        let _ = self.node.publish(&self.hub, p).await;
         Next::Continue
     }
 

@@ -268,7 +268,7 @@ impl CableSession {
         let publication =
             herald_core::fanout::Publication::new(crate::NAMESPACE, stream, String::new(), data)
                 .sent_by(self.conn.socket_id.to_string());
-        self.cable.node.publish(&self.cable.hub, publication).await;
+        let _ = self.cable.node.publish(&self.cable.hub, publication).await;
         Next::Continue
     }
 

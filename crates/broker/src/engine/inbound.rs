@@ -31,9 +31,15 @@ impl Shared {
         if !self.heard_from(&mut s, from, &msg) {
             return;
         }
+        self.track(&mut s, from, &msg);
         match msg {
-            Msg::Pub { a, p, .. } => {
+            Msg::Pub { a, p, s: seq, .. } => {
                 if p.to_user.is_none() && !self.canonical(&s, via, &a, p.ns, &p.channel) {
+                    return;
+                }
+                // After the canonical check: the copy through the other
+                // subscription (dropped above) must not count as the first.
+                if !self.fresh_pub(&mut s, from, seq) {
                     return;
                 }
                 drop(s);
@@ -64,6 +70,12 @@ impl Shared {
                 self.answered(n, id, r);
                 return;
             }
+            Msg::Recover { n, f } => {
+                drop(s);
+                self.on_recover(n, f);
+                return;
+            }
+            Msg::Replay { n, o, d, e } => return self.on_replay(s, n, o, d, e, &inbox),
             Msg::Count { n, a, ns, ch, c } => {
                 if !s.wanted.contains_key(&self.channel_subject(&a, ns, &ch)) {
                     return;
@@ -99,6 +111,7 @@ impl Shared {
                     r: true,
                     t: self.born(),
                     g: Vec::new(),
+                    s: self.journal.last(),
                 };
                 self.send_msg(subject::node(&self.prefix, from), &ask);
             }
@@ -187,6 +200,7 @@ impl Shared {
                 r: false,
                 t: self.born(),
                 g: Vec::new(),
+                s: self.journal.last(),
             };
             self.send_msg(subject::node(&self.prefix, n), &reply);
         }

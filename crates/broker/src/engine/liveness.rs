@@ -22,6 +22,11 @@ impl Shared {
         }
         if up {
             tracing::info!(engine = self.name, "broker connected; announcing this node");
+            // The outbox first, in order, then the hello: a node that
+            // hears the hello and asks for what it missed finds the
+            // resent ones on their way already.
+            self.journal.resume(&self.out);
+            self.resync_all();
             if let Some(since) = self.down_since.lock().take() {
                 if since.elapsed() > self.ttl {
                     // The others have declared us gone: we come back as a
@@ -52,6 +57,7 @@ impl Shared {
                 me.settle_check();
             });
         } else {
+            self.journal.pause();
             *self.down_since.lock() = Some(Instant::now());
             metrics::count(&metrics::BROKER_OUTAGES);
             tracing::warn!(
@@ -90,6 +96,7 @@ impl Shared {
             r: hello,
             t: self.born(),
             g,
+            s: self.journal.last(),
         };
         self.send_msg(self.all(), &msg);
     }
@@ -209,6 +216,7 @@ impl Shared {
                 r: true,
                 t: self.born(),
                 g: g.clone(),
+                s: self.journal.last(),
             };
             self.send_msg(subject::node(&self.prefix, *n), &ask);
         }
@@ -338,6 +346,7 @@ impl Shared {
     /// Forget node `n`: its members leave, its counts are dropped.
     pub(super) fn bury(&self, s: &mut State, n: NodeId, acts: &mut Vec<Act>) {
         s.peers.remove(&n);
+        self.forget_recv(s, n);
         s.count_nodes();
         s.incoming.remove(&n);
         s.incoming_held.remove(&n);
@@ -560,6 +569,7 @@ impl Cluster for Engine {
         if self.shared.is_up() {
             self.shared.beat(false);
             self.shared.judge();
+            self.shared.recover_tick();
         }
     }
 

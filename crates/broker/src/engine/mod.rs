@@ -43,11 +43,13 @@
 mod canary;
 mod inbound;
 mod interest;
+pub mod journal;
 mod liveness;
 mod presence;
 mod pubsub;
 mod queries;
 mod reach;
+mod recover;
 
 use liveness::connection_sums;
 use presence::{reconcile, wants_scope};
@@ -57,8 +59,8 @@ use crate::subject;
 use crate::tally::{Flip, Key, Tally};
 use bytes::Bytes;
 use herald_core::broker::{
-    BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
-    PubSub, Queries, RemoteMember, Scope,
+    BoxFuture, Cluster, Control, Counts, Full, Inbox, LastEvent, Occupancy, Presence,
+    PresenceChange, PubSub, Queries, RemoteMember, Scope,
 };
 use herald_core::fanout::{NodeId, Publication};
 use herald_core::hub::{prefixes, ChannelStats, StatsFilter};
@@ -72,8 +74,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-/// Messages waiting for the transport before more are dropped.
+/// Messages waiting for the transport before more are dropped (besides
+/// publications, which the journal holds and which always find room:
+/// [`RESERVED`]).
 pub const QUEUE: usize = 16 * 1024;
+
+/// Queue slots only publications take: a whole outbox sent again, and one
+/// more outbox of new ones.
+const RESERVED: usize = 2 * journal::OUTBOX;
 
 /// Longest wait for the other nodes' answers to a request.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(1);
@@ -87,7 +95,10 @@ const STATE_CHUNK: usize = 500;
 
 /// What the transport's task sends.
 pub enum Out {
-    Send(String, Bytes),
+    /// A message for a subject; the publication's number in this node's
+    /// journal, or 0 (not a publication). Once the broker has taken it the
+    /// transport calls [`Shared::taken`].
+    Send(String, Bytes, u64),
     /// Answer once everything queued before has been sent.
     Flush(oneshot::Sender<()>),
 }
@@ -142,6 +153,9 @@ struct State {
     last_judged: Option<Instant>,
     /// The nodes the leader says it buried, from its last heartbeat.
     leader_buried: HashSet<NodeId>,
+    /// Per publishing node, what arrived and what to ask for
+    /// ([`recover`]).
+    recv: HashMap<NodeId, recover::Recv>,
 }
 
 impl State {
@@ -192,6 +206,8 @@ pub struct Shared {
     /// Since when the broker has been away.
     down_since: Mutex<Option<Instant>>,
     out: mpsc::Sender<Out>,
+    /// This node's publications: the outbox and the window ([`journal`]).
+    pub journal: journal::Journal,
     /// Poked when the wanted set changes.
     pub wake: Notify,
     state: Mutex<State>,
@@ -241,13 +257,18 @@ impl Shared {
     }
 
     /// Queue a message for the broker; dropped (and counted) while the
-    /// broker is away or the queue is full. Returns whether it was queued.
+    /// broker is away or the queue is full (publications go through the
+    /// journal instead). Returns whether it was queued.
     fn send(&self, subject: String, bytes: Vec<u8>) -> bool {
         if !self.is_up() {
             metrics::count(&metrics::BROKER_DROPPED);
             return false;
         }
-        match self.out.try_send(Out::Send(subject, Bytes::from(bytes))) {
+        if self.out.capacity() <= RESERVED {
+            metrics::count(&metrics::BROKER_DROPPED);
+            return false;
+        }
+        match self.out.try_send(Out::Send(subject, Bytes::from(bytes), 0)) {
             Ok(()) => true,
             Err(_) => {
                 metrics::count(&metrics::BROKER_DROPPED);
@@ -261,6 +282,14 @@ impl Shared {
     }
 
     // ----- for the transports ---------------------------------------------------
+
+    /// The broker answered every message queued up to publication `seq`
+    /// (the highest number of what it just took).
+    pub fn taken(&self, seq: u64) {
+        if seq != 0 {
+            self.journal.taken(seq);
+        }
+    }
 
     /// Every wanted subject (with whether it is a pattern); clears the
     /// dirty set, as a fresh connection subscribes to all of them.
@@ -331,7 +360,7 @@ impl Engine {
         wildcard: &'static str,
         start: Starter,
     ) -> Engine {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = mpsc::channel(QUEUE + RESERVED);
         Engine {
             shared: Arc::new(Shared {
                 name,
@@ -349,6 +378,7 @@ impl Engine {
                 born: AtomicU64::new(now_ms()),
                 down_since: Mutex::new(None),
                 out: tx,
+                journal: journal::Journal::default(),
                 wake: Notify::new(),
                 state: Mutex::new(State::default()),
                 pending: Mutex::new(HashMap::new()),

@@ -26,24 +26,29 @@ impl Shared {
 }
 
 impl PubSub for Engine {
-    fn publish(&self, app_id: &str, p: &Publication) {
+    /// Kept in the journal (numbered, held until the broker takes it, then
+    /// for the window), queued at once while the broker is up.
+    fn publish(&self, app_id: &str, p: &Publication) -> Result<(), Full> {
         let sh = &self.shared;
-        if !sh.is_up() {
-            metrics::count(&metrics::BROKER_DROPPED);
-            return;
-        }
         let subject = if p.to_user.is_some() {
             sh.all()
         } else {
             sh.channel_subject(app_id, p.ns, &p.channel)
         };
-        let bytes = serde_json::to_vec(&PubRef::Pub {
-            n: sh.me(),
-            a: app_id,
-            p,
-        })
-        .unwrap_or_default();
-        sh.send(subject, bytes);
+        let me = sh.me();
+        sh.journal.publish(
+            subject,
+            |s| {
+                serde_json::to_vec(&PubRef::Pub {
+                    n: me,
+                    a: app_id,
+                    p,
+                    s,
+                })
+                .unwrap_or_default()
+            },
+            &sh.out,
+        )
     }
 
     fn interest(

@@ -2,7 +2,7 @@
 //! implements them all; [`Broker`] names the whole set, which is what a
 //! node holds (`Arc<dyn Broker>`).
 
-use super::{BoxFuture, Control, Inbox, PresenceChange, RemoteMember, Scope};
+use super::{BoxFuture, Control, Full, Inbox, PresenceChange, RemoteMember, Scope};
 use crate::fanout::{NodeId, Publication};
 use crate::history::{History, Limits, MemoryHistory};
 use crate::hub::{ChannelStats, StatsFilter};
@@ -45,9 +45,13 @@ pub trait Cluster: Send + Sync {
 
 /// Publications, and the interest that decides which nodes receive them.
 pub trait PubSub: Send + Sync {
-    /// Send `publication` (already delivered on its origin node) to every
-    /// other node interested in its channel (of its namespace).
-    fn publish(&self, app_id: &str, publication: &Publication);
+    /// Send `publication` (delivered on its origin node once this returns
+    /// `Ok`) to every other node interested in its channel (of its
+    /// namespace). `Ok` means the engine took it: sent, or held in its
+    /// bounded outbox until the broker is back, never dropped. `Err(Full)`
+    /// when that outbox is full: the caller refuses the publication.
+    /// Never waits on the network.
+    fn publish(&self, app_id: &str, publication: &Publication) -> Result<(), Full>;
     /// Node `node` starts (`on`) or stops receiving `channel`'s
     /// publications; `pattern` marks a prefix subscription.
     fn interest(

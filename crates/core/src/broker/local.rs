@@ -8,8 +8,8 @@
 //! into hubs, which may call the broker again.
 
 use super::{
-    BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
-    PubSub, Queries, RemoteMember, Scope, Streams,
+    BoxFuture, Cluster, Control, Counts, Full, Inbox, LastEvent, Occupancy, Presence,
+    PresenceChange, PubSub, Queries, RemoteMember, Scope, Streams,
 };
 use crate::fanout::{NodeId, Publication};
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
@@ -250,11 +250,11 @@ impl Cluster for LocalBroker {
 }
 
 impl PubSub for LocalBroker {
-    fn publish(&self, app_id: &str, p: &Publication) {
+    fn publish(&self, app_id: &str, p: &Publication) -> Result<(), Full> {
         let to: Vec<Arc<dyn Inbox>> = {
             let s = self.state.lock();
             if s.inboxes.len() < 2 {
-                return;
+                return Ok(());
             }
             let nodes: HashSet<NodeId> = if p.to_user.is_some() {
                 s.inboxes.keys().copied().collect()
@@ -276,7 +276,7 @@ impl PubSub for LocalBroker {
                 .collect()
         };
         if to.is_empty() {
-            return;
+            return Ok(());
         }
         // Bytes, as a networked engine would carry them.
         let bytes = p.to_bytes();
@@ -285,6 +285,7 @@ impl PubSub for LocalBroker {
                 inbox.publication(app_id, copy);
             }
         }
+        Ok(())
     }
 
     fn interest(

@@ -54,6 +54,24 @@ use std::time::Duration;
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A publication for the other nodes was refused: the engine's outbox
+/// (what it holds while the broker is away or behind) is full. Nothing
+/// was delivered anywhere; an HTTP endpoint answers 503 with
+/// `Retry-After` ([`Full::RETRY_AFTER`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
+
+impl Full {
+    /// Seconds a refused publisher is told to wait.
+    pub const RETRY_AFTER: u64 = 1;
+}
+
+impl std::fmt::Display for Full {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the broker is unavailable and this node's outbox is full; retry later")
+    }
+}
+
 /// What a presence change is about: a channel's members, or the app's
 /// signed-in users.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
