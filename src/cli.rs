@@ -98,6 +98,11 @@ struct ServeArgs {
     /// 50 ms (quiet connections write at once).
     #[arg(long, env = "HERALD_WRITE_DELAY_BUSY_ONLY")]
     write_delay_busy_only: Option<bool>,
+    /// Apply --write-delay-ms only while the fan-out delivers at least
+    /// this many frames a second (0 = at any rate; see
+    /// docs/configuration.md).
+    #[arg(long, env = "HERALD_WRITE_DELAY_MIN_RATE")]
+    write_delay_min_rate: Option<u32>,
     /// Let the fan-out write quiet connections' frames to their sockets
     /// itself (default true; see docs/configuration.md).
     #[arg(long, env = "HERALD_DIRECT_WRITES")]
@@ -512,6 +517,7 @@ fn overrides(args: ServeArgs) -> Overrides {
         shutdown_grace: args.shutdown_grace,
         write_delay_ms: args.write_delay_ms,
         write_delay_busy_only: args.write_delay_busy_only,
+        write_delay_min_rate: args.write_delay_min_rate,
         direct_writes: args.direct_writes,
         allow_development_credentials: args.allow_development_credentials,
         log: args.log,

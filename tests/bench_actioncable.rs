@@ -100,3 +100,22 @@ async fn action_cable_preflight_names_the_missing_app() {
     };
     assert!(e.0.contains("rpc-server"), "{e}");
 }
+
+/// `latency --protocol actioncable`: echo performs, subscriptions and
+/// broadcasts, each timed, through a real `herald bench rpc-server`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_over_action_cable_times_each_kind() {
+    use herald_bench::latency::{self, Kind, LatencyParams};
+    let (server, _app) = herald_with_bench_app("", "").await;
+    let mut p = LatencyParams::new(bench_target(&server));
+    p.protocol = Proto::ActionCable;
+    p.rounds = 5;
+    p.interval = Duration::from_millis(5);
+    let r = latency::run(&p).await.unwrap();
+    let text = r.summary();
+    assert_eq!(r.count("round_trips_failed"), 0, "{text}");
+    for kind in Kind::of(Proto::ActionCable) {
+        let name = format!("latency_{}", kind.name());
+        assert_eq!(r.latency(&name).map(|t| t.count), Some(5), "{name}: {text}");
+    }
+}

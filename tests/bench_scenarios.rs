@@ -949,3 +949,43 @@ async fn broadcast_users_count_as_connected_until_closed() {
         r.timeline
     );
 }
+
+/// `latency` over Pusher and both AppSync APIs: every round trip of every
+/// kind the protocol has is made and timed, none fails (counts, never
+/// speeds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_times_each_kind_of_round_trip() {
+    use herald_bench::latency::{self, Kind, LatencyParams};
+    use herald_bench::proto::Proto;
+    let server = start_server().await;
+    for protocol in [Proto::Pusher, Proto::AppsyncGraphql, Proto::AppsyncEvents] {
+        let mut p = LatencyParams::new(
+            Target::new(
+                &format!("ws://127.0.0.1:{}", server.port),
+                "app-id",
+                "app-key",
+                "app-secret",
+                false,
+            )
+            .unwrap(),
+        );
+        p.protocol = protocol;
+        p.clients = 2;
+        p.rounds = 5;
+        p.interval = Duration::from_millis(5);
+        p.server_pid = Some(server.child.id());
+        let r = latency::run(&p).await.unwrap();
+        let text = r.summary();
+        let kinds = Kind::of(protocol);
+        assert_eq!(r.count("round_trips_failed"), 0, "{text}");
+        assert_eq!(r.count("round_trips"), 2 * 5 * kinds.len() as u64, "{text}");
+        for kind in kinds {
+            let name = format!("latency_{}", kind.name());
+            assert_eq!(
+                r.latency(&name).map(|t| t.count),
+                Some(10),
+                "{name}: {text}"
+            );
+        }
+    }
+}

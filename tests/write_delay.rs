@@ -1,6 +1,9 @@
 //! `write_delay_ms`: a connection's writer keeps collecting frames for that
 //! long after the first, so frames that come close together share one
 //! write, in order; a lone frame still goes out once the delay is over.
+//! Only busy connections (`write_delay_busy_only`) on a node whose fan-out
+//! delivers at least `write_delay_min_rate` frames a second wait; at light
+//! load every reply and message goes out at once.
 
 mod common;
 
@@ -18,7 +21,12 @@ async fn trigger_each(s: &Server, channel: &str, n: usize) {
 async fn frames_close_together_share_one_write_in_order() {
     // The longest delay allowed, so five HTTP calls fit easily inside it
     // even on a loaded machine.
-    let s = Server::start_with("write_delay_ms = 1000\nwrite_delay_busy_only = false", "").await;
+    // At any delivery rate (the behaviour before `write_delay_min_rate`).
+    let s = Server::start_with(
+        "write_delay_ms = 1000\nwrite_delay_busy_only = false\nwrite_delay_min_rate = 0",
+        "",
+    )
+    .await;
     let mut c = s.client().await;
     c.subscribe("busy").await;
     let before = s.metric("herald_socket_writes_total").await;
@@ -52,7 +60,11 @@ async fn without_a_delay_frames_are_written_as_they_come() {
 
 #[tokio::test]
 async fn a_lone_frame_is_delivered_and_the_connection_keeps_working() {
-    let s = Server::start_with("write_delay_ms = 200\nwrite_delay_busy_only = false", "").await;
+    let s = Server::start_with(
+        "write_delay_ms = 200\nwrite_delay_busy_only = false\nwrite_delay_min_rate = 0",
+        "",
+    )
+    .await;
     let mut c = s.client().await;
     c.subscribe("quiet").await;
     let before = s.metric("herald_socket_writes_total").await;
@@ -82,5 +94,66 @@ async fn busy_only_lets_quiet_connections_write_at_once() {
     assert!(
         took < std::time::Duration::from_millis(900),
         "a quiet connection waited {took:?}: the delay applied"
+    );
+}
+
+/// At light load a busy connection writes at once too: a client pinging
+/// back to back (each ping right after the last pong, well within the busy
+/// window) and a subscriber getting publications back to back see no
+/// delay, even the longest one, because the node delivers far fewer
+/// frames a second than `write_delay_min_rate` (default 10,000). Before,
+/// each of these replies waited the whole delay.
+#[tokio::test]
+async fn at_light_load_busy_connections_write_at_once() {
+    // The longest delay: a round trip that waited for it took at least a
+    // second, however fast or slow the machine.
+    let delay = std::time::Duration::from_millis(1000);
+    let s = Server::start_with("write_delay_ms = 1000", "").await;
+    let mut c = s.client().await;
+    c.subscribe("light").await;
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let at = std::time::Instant::now();
+        c.send(serde_json::json!({"event": "pusher:ping", "data": {}}))
+            .await;
+        c.expect("pusher:pong", None).await;
+        took.push(at.elapsed());
+    }
+    for i in 0..3 {
+        let at = std::time::Instant::now();
+        s.trigger("light", "tick", &i.to_string()).await;
+        assert_eq!(c.expect("tick", Some("light")).await["data"], i.to_string());
+        took.push(at.elapsed());
+    }
+    assert!(
+        took.iter().all(|t| *t < delay),
+        "round trips on a busy connection took {took:?}: the delay applied"
+    );
+}
+
+/// Once the fan-out delivers at least `write_delay_min_rate` frames a
+/// second, busy connections coalesce again: with the lowest rate (any
+/// delivery counts) frames close together share writes.
+#[tokio::test]
+async fn at_the_min_rate_frames_close_together_share_writes() {
+    let s = Server::start_with(
+        "write_delay_ms = 1000\nwrite_delay_busy_only = false\nwrite_delay_min_rate = 1",
+        "",
+    )
+    .await;
+    let mut c = s.client().await;
+    c.subscribe("loaded").await;
+    let before = s.metric("herald_socket_writes_total").await;
+    trigger_each(&s, "loaded", 5).await;
+    for i in 0..5 {
+        let f = c.expect("tick", Some("loaded")).await;
+        assert_eq!(f["data"], i.to_string(), "frames out of order");
+    }
+    let writes = s.metric("herald_socket_writes_total").await - before;
+    // One, or two where a stalled session saw the first frame after the
+    // rate's tick had passed; never one each.
+    assert!(
+        writes <= 2,
+        "five frames within the delay under load took {writes} writes"
     );
 }

@@ -72,6 +72,28 @@ enum BenchScenario {
     /// latency against a clean run, 4100 closes, server memory (default
     /// --clients 2000, --duration 30s per phase).
     Slow(SlowArgs),
+    /// Light load: a few clients (default --clients 1), one request at a
+    /// time, paced; round trips per kind (ping, perform, subscribe, and an
+    /// HTTP publish to the client's own channel).
+    Latency(LatencyArgs),
+}
+
+#[derive(Args)]
+struct LatencyArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// Round trips of each kind per client.
+    #[arg(long, default_value_t = 90)]
+    rounds: usize,
+    /// From one round trip's start to the next one's, per client.
+    #[arg(long, default_value = "15ms", value_parser = super::parse_duration)]
+    interval: std::time::Duration,
+    /// The protocol the clients speak (actioncable needs `herald bench
+    /// rpc-server` as the server's app).
+    #[arg(long, default_value = "pusher", value_parser = protocol(LATENCY))]
+    protocol: Proto,
+    #[command(flatten)]
+    broadcast: BroadcastTo,
 }
 
 #[derive(Args)]
@@ -310,6 +332,21 @@ const WORST_DAY: &[(Proto, &str)] = &[
     APPSYNC_EVENTS,
 ];
 
+/// `latency` (its `PROTOCOLS`).
+const LATENCY: &[(Proto, &str)] = &[
+    (
+        Proto::Pusher,
+        "Pusher at /app/{key}: pusher:ping, subscribe, and Pusher HTTP API publishes",
+    ),
+    (
+        Proto::ActionCable,
+        "Action Cable at /cable with `herald bench rpc-server` as the app: BenchmarkChannel's \
+         echo, subscribe, and publishes through the HTTP broadcast API (--broadcast-url)",
+    ),
+    APPSYNC_GRAPHQL,
+    APPSYNC_EVENTS,
+];
+
 /// `storm`: every protocol ([`Proto::ALL`]).
 const STORM: &[(Proto, &str)] = &[
     WORST_DAY[0],
@@ -515,6 +552,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         BenchScenario::Soak(a) => ("soak", a.common.clone()),
         BenchScenario::Storm(a) => ("storm", a.common.clone()),
         BenchScenario::Slow(a) => ("slow", a.common.clone()),
+        BenchScenario::Latency(a) => ("latency", a.common.clone()),
     };
     let sweep = matches!(&args.scenario, BenchScenario::Connect(a) if a.sweep.is_some());
     let spread = common.processes > 1 || common.server_pid.len() > 1;
@@ -570,6 +608,13 @@ pub fn run(args: BenchArgs) -> ExitCode {
     if common.clients == Some(0) {
         // Zero clients would run the whole duration measuring nothing.
         eprintln!("herald bench: --clients must be at least 1");
+        return ExitCode::from(2);
+    }
+    if matches!(args.scenario, BenchScenario::Latency(_)) && common.duration.is_some() {
+        eprintln!(
+            "herald bench: latency has no --duration: each client makes --rounds round trips of \
+             each kind, --interval apart"
+        );
         return ExitCode::from(2);
     }
     if matches!(args.scenario, BenchScenario::Connect(_)) && common.duration.is_some() {
@@ -814,6 +859,17 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.server_pid = server_pid;
                 super::slow::run(&p).await
             }
+            BenchScenario::Latency(a) => {
+                let mut p = super::latency::LatencyParams::new(target);
+                p.protocol = a.protocol;
+                p.broadcast = a.broadcast.get();
+                p.clients = common.clients.unwrap_or(p.clients);
+                p.rounds = a.rounds;
+                p.interval = a.interval;
+                p.timeout = common.timeout;
+                p.server_pid = server_pid;
+                super::latency::run(&p).await
+            }
         }
     });
     let mut report = match result {
@@ -873,6 +929,7 @@ mod tests {
             Scenario::Pusher(BenchScenario::Soak(a)) => a.protocol,
             Scenario::Pusher(BenchScenario::Storm(a)) => a.protocol,
             Scenario::Pusher(BenchScenario::Slow(a)) => a.protocol,
+            Scenario::Pusher(BenchScenario::Latency(a)) => a.protocol,
             _ => panic!("{argv:?} has no --protocol"),
         })
     }
@@ -890,6 +947,7 @@ mod tests {
             ("storm", &Proto::ALL[..]),
             ("slow", &Proto::WORST_DAY[..]),
             ("soak", &Proto::WORST_DAY[..]),
+            ("latency", crate::latency::PROTOCOLS),
         ] {
             assert_eq!(
                 protocol_of(&[scenario]).unwrap(),

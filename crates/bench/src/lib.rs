@@ -16,6 +16,8 @@
 //! connect     connection avalanche, and `--sweep` over increasing N
 //! fanout      HTTP publishers to many subscribers over several channels
 //! idle        many idle subscribed connections; server memory per connection
+//! latency     light load: a few clients, one paced request at a time;
+//!             round trips per kind and protocol
 //! rpc         AnyCable RPC: a gRPC BenchmarkChannel server (`rpc-server`)
 //!             and a throughput scenario against any such server (`rpc`)
 //! soak        hours of mixed load; growth of the server's memory,
@@ -62,6 +64,7 @@ pub mod fanout;
 pub mod fault;
 pub mod gap;
 pub mod idle;
+pub mod latency;
 pub mod ledger;
 pub mod merge;
 pub mod metrics;

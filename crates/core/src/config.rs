@@ -62,6 +62,10 @@ pub struct Config {
     /// Apply `write_delay_ms` only to connections written to within the
     /// last 50 ms: busy connections coalesce, quiet ones write at once.
     pub write_delay_busy_only: bool,
+    /// Apply `write_delay_ms` only while the node's fan-out delivers at
+    /// least this many frames a second (0: whatever the rate); below it
+    /// every frame goes out at once. See [`crate::load`].
+    pub write_delay_min_rate: u32,
     /// Let senders write a quiet plain-TCP connection's frames to its
     /// socket themselves (the fan-out in batches on an io_uring where the
     /// kernel allows one), instead of waking its session for each.
@@ -258,6 +262,7 @@ impl Default for Config {
             // connections pay nothing.
             write_delay_ms: 2,
             write_delay_busy_only: true,
+            write_delay_min_rate: crate::load::DEFAULT_MIN_RATE,
             direct_writes: true,
             allow_development_credentials: false,
             log: "info".into(),
@@ -384,6 +389,7 @@ pub struct Overrides {
     pub shutdown_grace: Option<u64>,
     pub write_delay_ms: Option<u64>,
     pub write_delay_busy_only: Option<bool>,
+    pub write_delay_min_rate: Option<u32>,
     pub direct_writes: Option<bool>,
     pub allow_development_credentials: Option<bool>,
     pub log: Option<String>,
@@ -552,6 +558,9 @@ impl Config {
         }
         if let Some(v) = o.write_delay_busy_only {
             self.write_delay_busy_only = v;
+        }
+        if let Some(v) = o.write_delay_min_rate {
+            self.write_delay_min_rate = v;
         }
         if let Some(v) = o.direct_writes {
             self.direct_writes = v;

@@ -132,9 +132,6 @@ struct Queue {
     /// by wrapping difference, so the clock's wrap (every 49.7 days) costs
     /// nothing.
     written_at: u32,
-    /// Direct writes only while the connection is not busy (the session
-    /// coalesces busy connections' frames); otherwise whenever possible.
-    quiet_only: bool,
     /// Who is writing to the socket now, if anyone.
     writer: Writer,
     /// The front frame is the rest of a direct write: its start is on the
@@ -165,7 +162,6 @@ impl Default for Queue {
             fd: -1,
             // Quiet from the start.
             written_at: now_ms().wrapping_sub(BUSY_MS),
-            quiet_only: false,
             writer: Writer::Nobody,
             partial: false,
             traffic: None,
@@ -176,8 +172,9 @@ impl Default for Queue {
 /// [`BUSY_WINDOW`] in [`now_ms`] units.
 const BUSY_MS: u32 = BUSY_WINDOW.as_millis() as u32;
 
-/// A coarse process clock in milliseconds, for the busy window.
-fn now_ms() -> u32 {
+/// A coarse process clock in milliseconds, for the busy window (and the
+/// delivery rate's ticks, [`crate::load`]).
+pub(crate) fn now_ms() -> u32 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u32
 }
@@ -300,12 +297,20 @@ impl Queue {
 
     /// Whether a frame may be written to the socket directly now: a
     /// socket attached, nothing queued before it, nobody writing, and the
-    /// connection quiet where only quiet ones are written directly.
-    fn direct_now(&self) -> bool {
-        self.fd >= 0
-            && self.frames.is_empty()
-            && self.writer == Writer::Nobody
-            && (!self.quiet_only || !self.busy())
+    /// connection quiet unless the node delivers too few frames for its
+    /// session to coalesce them (`coalesce_from`, see
+    /// [`Connection::attach`] and [`crate::load`]).
+    fn direct_now(&self, coalesce_from: u32) -> bool {
+        if self.fd < 0 || !self.frames.is_empty() || self.writer != Writer::Nobody {
+            return false;
+        }
+        if coalesce_from == u32::MAX {
+            return true;
+        }
+        // One clock read for both (this runs for every delivery).
+        let now = now_ms();
+        now.wrapping_sub(self.written_at) >= BUSY_MS
+            || !crate::load::coalescing_at(coalesce_from, now)
     }
 }
 
@@ -322,6 +327,11 @@ pub struct Connection {
     waker: AtomicWaker,
     /// 0 while open; otherwise the packed [`Reason`] asked for (first wins).
     close: AtomicU32,
+    /// The node's delivery rate from which a busy connection's frames
+    /// wait for its session, to share a write, instead of going out
+    /// directly ([`Connection::attach`]). Beside `close`, in what was its
+    /// padding.
+    coalesce_from: AtomicU32,
     /// Reliable streams (issue 19): set once for connections whose
     /// protocol resumes streams; fan-out consults it for positioned
     /// publications only.
@@ -346,6 +356,7 @@ impl Connection {
             ),
             waker: AtomicWaker::new(),
             close: AtomicU32::new(0),
+            coalesce_from: AtomicU32::new(u32::MAX),
             gate: std::sync::OnceLock::new(),
         }
     }
@@ -378,7 +389,7 @@ impl Connection {
                 self.too_slow();
                 return false;
             }
-            if q.direct_now() {
+            if q.direct_now(self.coalesce_from.load(Ordering::Relaxed)) {
                 let n = send_now(q.fd, &frame);
                 return self.sent_direct(q, frame, n);
             }
@@ -442,7 +453,7 @@ impl Connection {
             return None;
         }
         let mut q = self.queue.lock();
-        if !q.direct_now() {
+        if !q.direct_now(self.coalesce_from.load(Ordering::Relaxed)) {
             return None;
         }
         q.writer = Writer::Batch;
@@ -478,12 +489,15 @@ impl Connection {
     }
 
     /// Let frames be written to socket `fd` directly (see the module's
-    /// doc), always or (`quiet_only`) only while the connection is quiet;
+    /// doc): whenever possible while the node delivers fewer than
+    /// `coalesce_from` frames a second ([`crate::load::coalescing`]: 0
+    /// always coalesces, `u32::MAX` never), and past that only while the
+    /// connection is quiet, its session coalescing a busy one's frames.
     /// `traffic` counts what they send.
-    pub fn attach(&self, fd: i32, quiet_only: bool, traffic: Arc<metrics::Traffic>) {
+    pub fn attach(&self, fd: i32, coalesce_from: u32, traffic: Arc<metrics::Traffic>) {
+        self.coalesce_from.store(coalesce_from, Ordering::Relaxed);
         let mut q = self.queue.lock();
         q.fd = fd;
-        q.quiet_only = quiet_only;
         q.traffic = Some(traffic);
     }
 
@@ -748,12 +762,18 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
-    fn attached(quiet_only: bool) -> (Connection, UnixStream, UnixStream) {
+    /// A connection attached to one end of a socket pair, its busy frames
+    /// coalesced from `coalesce_from` frames a second (see `attach`).
+    fn attached(coalesce_from: u32) -> (Connection, UnixStream, UnixStream) {
         let (ours, theirs) = UnixStream::pair().expect("socketpair");
         ours.set_nonblocking(true).unwrap();
         theirs.set_nonblocking(true).unwrap();
         let c = conn(1000, 64 << 20);
-        c.attach(ours.as_raw_fd(), quiet_only, metrics::traffic("t", "test"));
+        c.attach(
+            ours.as_raw_fd(),
+            coalesce_from,
+            metrics::traffic("t", "test"),
+        );
         (c, ours, theirs)
     }
 
@@ -775,7 +795,8 @@ mod tests {
 
     #[test]
     fn a_quiet_connection_is_written_directly_and_a_busy_one_queues() {
-        let (c, _ours, mut theirs) = attached(true);
+        // Coalescing at any rate (`write_delay_min_rate = 0`).
+        let (c, _ours, mut theirs) = attached(0);
         let first = frame(10);
         let at = Instant::now();
         assert!(c.send(first.clone()));
@@ -801,9 +822,33 @@ mod tests {
         }
     }
 
+    /// Below the rate from which busy connections coalesce, a busy
+    /// connection is written directly too: nothing waits for company
+    /// where company is not coming.
+    #[test]
+    fn below_the_coalescing_rate_a_busy_connection_is_written_directly() {
+        // A rate no node delivers (the process's fan-out counts for every
+        // test in it; this one must not depend on the others).
+        let (c, _ours, mut theirs) = attached(1_000_000_000);
+        let first = frame(10);
+        assert!(c.send(first.clone()));
+        assert_eq!(read_all(&mut theirs), bytes(&first), "written at once");
+        let second = frame(20);
+        assert!(c.send(second.clone()));
+        assert!(c.busy(), "written to just now");
+        assert_eq!(
+            read_all(&mut theirs),
+            bytes(&second),
+            "busy, and still at once"
+        );
+        let mut out = Vec::new();
+        c.take(&mut out, 64);
+        assert!(out.is_empty(), "nothing left for the session");
+    }
+
     #[test]
     fn a_cut_write_leaves_its_rest_first_and_nothing_passes_it() {
-        let (c, _ours, mut theirs) = attached(false);
+        let (c, _ours, mut theirs) = attached(u32::MAX);
         // Far more than a socket pair's buffer: the write is cut.
         let big = frame(4 << 20);
         assert!(c.send(big.clone()));
@@ -825,7 +870,7 @@ mod tests {
 
     #[test]
     fn a_batched_write_holds_the_socket_until_its_result() {
-        let (c, _ours, mut theirs) = attached(false);
+        let (c, _ours, mut theirs) = attached(u32::MAX);
         let fd = c.begin_direct().expect("quiet and attached");
         assert!(c.begin_direct().is_none(), "reserved once");
         // Meanwhile frames queue, and the session neither sees nor takes

@@ -513,6 +513,9 @@ impl Fanout {
 /// Deliver a job; `false` if its batch's ring failed.
 fn run(job: &Job, mut sends: Option<&mut Sends>) -> bool {
     let started = std::time::Instant::now();
+    // Counted before delivering: a publication to many subscribers is
+    // itself the load under which their sessions should coalesce.
+    crate::load::note(job.targets.iter().map(|t| t.len() as u64).sum());
     let mut delivered = 0;
     for targets in &job.targets {
         delivered += deliver_with(&job.publication, targets, sends.as_deref_mut());

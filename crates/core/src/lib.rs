@@ -52,6 +52,7 @@ pub mod fanout;
 pub mod frame;
 pub mod history;
 pub mod hub;
+pub mod load;
 pub mod metrics;
 pub mod namespace;
 pub mod node;

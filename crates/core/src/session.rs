@@ -143,6 +143,8 @@ pub struct Settings {
     pub write_delay: Duration,
     /// See the server's `write_delay_busy_only`.
     pub write_delay_busy_only: bool,
+    /// See the server's `write_delay_min_rate`.
+    pub write_delay_min_rate: u32,
     /// See the server's `direct_writes`.
     pub direct_writes: bool,
     /// How long a session whose handler is [`Handler::idle`] may stay
@@ -161,6 +163,7 @@ impl Settings {
             max_messages_per_second: app.max_messages_per_second,
             write_delay: config.write_delay(),
             write_delay_busy_only: config.write_delay_busy_only,
+            write_delay_min_rate: config.write_delay_min_rate,
             direct_writes: config.direct_writes,
             idle_timeout: config.ws_idle_timeout(),
             reaper: node.reaper.clone(),
@@ -268,7 +271,14 @@ where
             if let Some(socket) =
                 (&mut stream as &mut dyn std::any::Any).downcast_mut::<crate::ws::Socket>()
             {
-                socket.attach(&conn, !settings.write_delay.is_zero(), traffic.clone());
+                // Busy connections' frames wait for the session only
+                // where it would hold them for company.
+                let coalesce_from = if settings.write_delay.is_zero() {
+                    u32::MAX
+                } else {
+                    settings.write_delay_min_rate
+                };
+                socket.attach(&conn, coalesce_from, traffic.clone());
             }
         }
         let mut write_failed = false;
@@ -359,8 +369,12 @@ where
                     // early it re-arms itself from `last_seen`.
                 }
                 Wake::Frames => {
+                    // Held for company only where that saves writes worth
+                    // the wait: a busy connection on a node delivering
+                    // many frames (`crate::load`). Otherwise at once.
                     let coalesce = !settings.write_delay.is_zero()
-                        && (!settings.write_delay_busy_only || conn.busy());
+                        && (!settings.write_delay_busy_only || conn.busy())
+                        && crate::load::coalescing(settings.write_delay_min_rate);
                     if coalesce {
                         // Sleep, then take what came: waiting on the queue
                         // instead would wake this task once per frame.

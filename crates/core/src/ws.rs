@@ -409,13 +409,13 @@ impl Socket {
     pub fn attach(
         &mut self,
         conn: &std::sync::Arc<crate::connection::Connection>,
-        quiet_only: bool,
+        coalesce_from: u32,
         traffic: std::sync::Arc<crate::metrics::Traffic>,
     ) -> bool {
         if self.fd < 0 {
             return false;
         }
-        conn.attach(self.fd, quiet_only, traffic);
+        conn.attach(self.fd, coalesce_from, traffic);
         self.attached = Some(conn.clone());
         true
     }
