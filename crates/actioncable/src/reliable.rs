@@ -82,7 +82,7 @@ impl Reliable {
     /// An extended-protocol connection follows `stream`: it is reliable
     /// once the returned future resolves (on a cluster engine, once the
     /// server marked it), which the subscription's confirmation waits for.
-    pub fn follow(&self, stream: &str) -> herald_core::broker::BoxFuture<()> {
+    pub fn follow(&self, stream: &str) -> herald_core::future::BoxFuture<()> {
         *self.followed.lock().entry(stream.into()).or_default() += 1;
         self.history.retain_now(stream)
     }

@@ -47,6 +47,7 @@ pub mod config;
 pub mod connection;
 pub mod fanout;
 pub mod frame;
+pub mod future;
 pub mod history;
 pub mod hub;
 pub mod metrics;

@@ -489,7 +489,7 @@ impl Node {
     fn report_if(
         &self,
         hub: &Hub,
-        mut answer: crate::broker::BoxFuture<bool>,
+        mut answer: crate::future::BoxFuture<bool>,
         ns: Namespace,
         channel: &str,
         user: Option<&str>,

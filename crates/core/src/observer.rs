@@ -27,8 +27,8 @@
 //! Observers are called on the task that made the change: they must not
 //! block (queue the work and return).
 
-use crate::broker::BoxFuture;
 use crate::fanout::Publication;
+use crate::future::BoxFuture;
 use crate::namespace::Namespace;
 use std::time::Instant;
 

@@ -9,7 +9,7 @@
 //! time what it would restore changes), not only when it closes: a node
 //! that dies without closing its sessions leaves them restorable.
 
-use crate::broker::BoxFuture;
+use crate::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

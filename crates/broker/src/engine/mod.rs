@@ -54,10 +54,11 @@ use crate::subject;
 use crate::tally::{Flip, Key, Tally};
 use bytes::Bytes;
 use herald_core::broker::{
-    BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
-    PubSub, Queries, RemoteMember, Scope,
+    Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange, PubSub,
+    Queries, RemoteMember, Scope,
 };
 use herald_core::fanout::{NodeId, Publication};
+use herald_core::future::BoxFuture;
 use herald_core::hub::{prefixes, ChannelStats, StatsFilter};
 use herald_core::metrics;
 use herald_core::namespace::{ChannelId, Namespace};

@@ -49,7 +49,7 @@ use async_nats::jetstream::stream::{
 use async_nats::jetstream::{self};
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
-use herald_core::broker::BoxFuture;
+use herald_core::future::BoxFuture;
 use herald_core::history::{Backlog, Entry, History, Limits, MemoryHistory, Miss, Position};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};

@@ -2,8 +2,9 @@
 //! implements them all; [`Broker`] names the whole set, which is what a
 //! node holds (`Arc<dyn Broker>`).
 
-use super::{BoxFuture, Control, Inbox, PresenceChange, RemoteMember, Scope};
+use super::{Control, Inbox, PresenceChange, RemoteMember, Scope};
 use crate::fanout::{NodeId, Publication};
+use crate::future::BoxFuture;
 use crate::history::{History, Limits, MemoryHistory};
 use crate::hub::{ChannelStats, StatsFilter};
 use crate::namespace::Namespace;

@@ -8,10 +8,11 @@
 //! into hubs, which may call the broker again.
 
 use super::{
-    BoxFuture, Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange,
-    PubSub, Queries, RemoteMember, Scope, Streams,
+    Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange, PubSub,
+    Queries, RemoteMember, Scope, Streams,
 };
 use crate::fanout::{NodeId, Publication};
+use crate::future::BoxFuture;
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;

@@ -45,11 +45,7 @@ use crate::hub::{ChannelStats, StatsFilter};
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
 use serde_json::value::RawValue;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
-
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// What a presence change is about: a channel's members, or the app's
 /// signed-in users.

@@ -3,7 +3,7 @@
 //! hands out, and what a cluster node uses when its engine keeps none.
 
 use super::{now_ms, Backlog, Entry, History, Limits, Miss, Position};
-use crate::broker::BoxFuture;
+use crate::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

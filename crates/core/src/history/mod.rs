@@ -23,7 +23,7 @@ pub mod memory;
 pub use gate::{Gap, Gate, MAX_HELD};
 pub use memory::{MemoryHistory, ENTRY_OVERHEAD};
 
-use crate::broker::BoxFuture;
+use crate::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
