@@ -11,10 +11,10 @@
 use crate::config::RpcConfig;
 use crate::session::MAX_STREAMS;
 use herald_core::broker::Broker;
-use herald_core::fanout::Publication;
 use herald_core::history::{History, Limits, MemoryHistory};
 use herald_core::hub::Hub;
 use herald_core::node::Node;
+use herald_core::publication::Publication;
 use herald_core::sessions::SessionStore;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};

@@ -358,7 +358,7 @@ async fn open(
     } else {
         welcome.push(Frame::text(&wire::welcome(&sid)));
     }
-    let wire: &'static dyn herald_core::wire::Wire =
+    let wire: &'static dyn herald_core::publication::Wire =
         if ext { &crate::ext::EXT_WIRE } else { &WIRE };
     let session::Opened {
         conn,

@@ -42,7 +42,7 @@
 
 use crate::frame::Frame;
 use crate::metrics;
-use crate::wire::Wire;
+use crate::publication::{ConnId, Wire};
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -54,9 +54,6 @@ use std::time::{Duration, Instant};
 /// A connection written to within this long counts as busy: its frames
 /// wait in the queue, to share writes, rather than go out directly.
 pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
-
-/// Process-unique connection number; the key in every registry.
-pub type ConnId = u64;
 
 /// How much may wait in one connection's outbound queue.
 #[derive(Debug, Clone, Copy)]

@@ -54,6 +54,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod observer;
+pub mod publication;
 pub mod reaper;
 pub mod session;
 pub mod sessions;
@@ -61,5 +62,4 @@ pub mod sessions;
 /// the crate's own unit tests.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod wire;
 pub mod ws;

@@ -3,11 +3,11 @@
 //! node holds (`Arc<dyn Broker>`).
 
 use super::{Control, Inbox, PresenceChange, RemoteMember, Scope};
-use crate::fanout::{NodeId, Publication};
 use crate::future::BoxFuture;
 use crate::history::{History, Limits, MemoryHistory};
 use crate::hub::{ChannelStats, StatsFilter};
 use crate::namespace::Namespace;
+use crate::publication::{NodeId, Publication};
 use crate::sessions::{MemorySessions, SessionStore};
 use std::sync::Arc;
 use std::time::Duration;

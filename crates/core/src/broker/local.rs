@@ -11,11 +11,11 @@ use super::{
     Cluster, Control, Counts, Inbox, LastEvent, Occupancy, Presence, PresenceChange, PubSub,
     Queries, RemoteMember, Scope, Streams,
 };
-use crate::fanout::{NodeId, Publication};
 use crate::future::BoxFuture;
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
+use crate::publication::{NodeId, Publication};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, HashSet};

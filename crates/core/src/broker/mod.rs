@@ -40,10 +40,10 @@ pub use concerns::{
     Broker, Cluster, Counts, LastEvent, Occupancy, Presence, PubSub, Queries, Streams,
 };
 
-use crate::fanout::{NodeId, Publication};
 use crate::hub::{ChannelStats, StatsFilter};
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
+use crate::publication::{NodeId, Publication};
 use serde_json::value::RawValue;
 use std::time::Duration;
 

@@ -24,19 +24,9 @@ pub use gate::{Gap, Gate, MAX_HELD};
 pub use memory::{MemoryHistory, ENTRY_OVERHEAD};
 
 use crate::future::BoxFuture;
-use serde::{Deserialize, Serialize};
+use crate::publication::Position;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Where a publication sits in its stream's history. Carried between
-/// nodes with the publication (`{"e":epoch,"o":offset}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Position {
-    #[serde(rename = "e")]
-    pub epoch: Arc<str>,
-    #[serde(rename = "o")]
-    pub offset: u64,
-}
 
 /// One retained publication.
 #[derive(Debug, Clone)]
