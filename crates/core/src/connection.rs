@@ -40,6 +40,8 @@
 //! same lock, before the socket closes, so a write never reaches a
 //! descriptor number reused by another connection.
 
+pub mod gate;
+
 use crate::frame::Frame;
 use crate::metrics;
 use crate::publication::{ConnId, Wire};
@@ -311,7 +313,7 @@ pub struct Connection {
     /// Reliable streams (issue 19): set once for connections whose
     /// protocol resumes streams; fan-out consults it for positioned
     /// publications only.
-    gate: std::sync::OnceLock<Box<crate::history::Gate>>,
+    gate: std::sync::OnceLock<Box<gate::Gate>>,
 }
 
 impl Connection {
@@ -337,12 +339,12 @@ impl Connection {
     }
 
     /// This connection's history gate, if it has one.
-    pub fn gate(&self) -> Option<&crate::history::Gate> {
+    pub fn gate(&self) -> Option<&gate::Gate> {
         self.gate.get().map(|g| &**g)
     }
 
     /// Give this connection a history gate (once; later calls return it).
-    pub fn with_gate(&self) -> &crate::history::Gate {
+    pub fn with_gate(&self) -> &gate::Gate {
         self.gate.get_or_init(Box::default)
     }
 

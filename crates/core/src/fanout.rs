@@ -188,8 +188,8 @@ impl Sends {
 }
 
 /// [`deliver`] for a publication with a position: a connection with a
-/// [`crate::history::Gate`] decides whether the frame goes now, waits, or
-/// was already sent in a history answer.
+/// [`crate::connection::gate::Gate`] decides whether the frame goes now,
+/// waits, or was already sent in a history answer.
 fn deliver_positioned(p: &Publication, pos: &Position, targets: &[Target]) -> u64 {
     let mut delivered = 0;
     for t in targets {

@@ -1,9 +1,9 @@
 //! The per-connection gate of reliable streams: each publication once, in
 //! order, whether it comes live, in a history answer, or both.
 
-use super::{Backlog, Entry};
 use crate::connection::Connection;
 use crate::frame::Frame;
+use crate::history::{Backlog, Entry};
 use crate::publication::{Position, Tag};
 use parking_lot::Mutex;
 use std::collections::HashMap;
