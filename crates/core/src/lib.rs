@@ -22,19 +22,24 @@
 //! fanout       a worker builds each frame once per (wire, tag) and queues
 //!   │          the same bytes to every subscriber
 //!   ▼
-//! connection   a subscriber's bounded queue; full means too slow → closed
+//! connection   a subscriber's bounded queue; full means too slow → closed;
+//!   │          its gate orders reliable streams' live and history frames
 //!   ▼
 //! session      the one loop for every protocol: reads (ws), keep-alive,
 //!              vectored writes of queued frames, close handshake
 //! ```
 //!
-//! Around them: `namespace` (each protocol's own space of channel names),
-//! `frame` (finished WebSocket frames, shared), `ws` (the upgrade and the
-//! client-frame decoder), `wire` (what an adapter implements to encode),
-//! `config` (the core's settings; adapters' keys kept raw for them),
-//! `adapter` (the seam: what a protocol crate hands the server: its keys,
-//! routes, tasks), `history` (positions, bounded stream history and each
-//! connection's gate, for protocols that resume), `sessions` (snapshots of
+//! On the ground floor, what all of them name: `publication` (the
+//! publication, its ids, its position, its frames built once per (wire,
+//! tag), and the `Wire` an adapter implements to encode it), `future` (the
+//! boxed future of the async interfaces), `namespace` (each protocol's own
+//! space of channel names) and `frame` (finished WebSocket frames, shared).
+//!
+//! Around them: `ws` (the upgrade and the client-frame decoder), `config`
+//! (the core's settings; adapters' keys kept raw for them), `adapter` (the
+//! seam: what a protocol crate hands the server: its keys, routes, tasks),
+//! `history` (bounded stream history, for protocols that resume; each
+//! connection's gate is `connection::gate`), `sessions` (snapshots of
 //! sessions a client restores), `metrics`, `observer` (what the node decided
 //! about channels and members, for webhooks and the dashboard), and
 //! `testing` (wires for tests; only with the `testing` feature, which
