@@ -10,8 +10,9 @@ const NS: herald_core::namespace::Namespace = herald_pusher::names::NAMESPACE;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use herald::config::AppConfig;
 use herald::connection::{Connection, QueueLimit};
-use herald::fanout::{deliver, json_string, Publication};
+use herald::fanout::deliver;
 use herald::hub::{Hub, SubscribeOptions};
+use herald::publication::{json_string, Publication};
 use herald::wire::{self as pusher, WIRE};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -38,7 +39,7 @@ fn hub_with_subscribers(n: usize) -> (Hub, Vec<Arc<Connection>>) {
 /// `tag(i)` (AppSync: each its own subscription id).
 fn hub_with(
     n: usize,
-    wire: &'static dyn herald_core::wire::Wire,
+    wire: &'static dyn herald_core::publication::Wire,
     tag: impl Fn(u64) -> Option<String>,
 ) -> (Hub, Vec<Arc<Connection>>) {
     let hub = Hub::new(AppConfig::development());

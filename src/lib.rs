@@ -61,7 +61,8 @@ pub fn adapters() -> Adapters {
 }
 
 pub use herald_core::{
-    adapter, broker, config, connection, fanout, frame, hub, metrics, node, session, ws,
+    adapter, broker, config, connection, fanout, frame, hub, metrics, node, publication, session,
+    ws,
 };
 pub use herald_pusher::{names, presence_data, signing, wire};
 

@@ -361,7 +361,6 @@ async fn acknowledged_publishes_survive_broker_restarts(kind: Kind) {
     );
 }
 
-
 /// `[broker]` for a node of `broker` whose confirmations wait at most
 /// `confirm` seconds.
 fn waiting_top(broker: &BrokerServer, prefix: &str, confirm: u64) -> String {

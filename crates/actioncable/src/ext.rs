@@ -5,10 +5,9 @@
 //! anycable-go 1.6.16 sends (docs/actioncable.md, "Extended protocol").
 
 use crate::wire::json_string;
-use herald_core::fanout::Publication;
 use herald_core::frame::Frame;
 use herald_core::history::Entry;
-use herald_core::wire::{Event, Wire};
+use herald_core::publication::{Event, Publication, Wire};
 use serde::Deserialize;
 use std::collections::HashMap;
 

@@ -29,11 +29,11 @@
 use crate::config::RpcConfig;
 use crate::wire::json_string;
 use herald_core::connection::Connection;
-use herald_core::fanout::Publication;
 use herald_core::hub::Hub;
 use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::observer::{Change, Observer};
+use herald_core::publication::Publication;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::sync::{Arc, Weak};

@@ -11,10 +11,10 @@
 use crate::config::RpcConfig;
 use crate::session::MAX_STREAMS;
 use herald_core::broker::{Broker, Full};
-use herald_core::fanout::Publication;
 use herald_core::history::{History, Limits, MemoryHistory};
 use herald_core::hub::Hub;
 use herald_core::node::Node;
+use herald_core::publication::Publication;
 use herald_core::sessions::SessionStore;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -84,7 +84,7 @@ impl Reliable {
     /// An extended-protocol connection follows `stream`: it is reliable
     /// once the returned future resolves (on a cluster engine, once the
     /// server marked it), which the subscription's confirmation waits for.
-    pub fn follow(&self, stream: &str) -> herald_core::broker::BoxFuture<()> {
+    pub fn follow(&self, stream: &str) -> herald_core::future::BoxFuture<()> {
         *self.followed.lock().entry(stream.into()).or_default() += 1;
         self.history.retain_now(stream)
     }

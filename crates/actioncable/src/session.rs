@@ -385,7 +385,7 @@ async fn open(
     } else {
         welcome.push(Frame::text(&wire::welcome(&sid)));
     }
-    let wire: &'static dyn herald_core::wire::Wire =
+    let wire: &'static dyn herald_core::publication::Wire =
         if ext { &crate::ext::EXT_WIRE } else { &WIRE };
     let session::Opened {
         conn,
@@ -438,11 +438,11 @@ async fn open(
 
 /// Fills a gap in a reliable stream's live offsets (publications from
 /// several nodes crossed, or the broker lost one) from the shared history,
-/// off the fan-out worker. See `herald_core::history::Gate`.
+/// off the fan-out worker. See `herald_core::connection::gate::Gate`.
 fn healer(
     history: &Arc<dyn herald_core::history::History>,
     conn: &Arc<Connection>,
-) -> herald_core::history::gate::Healer {
+) -> herald_core::connection::gate::Healer {
     let history = history.clone();
     let conn = Arc::downgrade(conn);
     Box::new(move |gap| {
@@ -533,7 +533,7 @@ struct CableSession {
     /// Speaks the extended protocol: positions, history, resumption.
     ext: bool,
     /// Hold live publications of streams added now (a history answer
-    /// follows): see `herald_core::history::Gate`.
+    /// follows): see `herald_core::connection::gate::Gate`.
     hold: bool,
     /// Presence memberships and the buckets of whispers, presence
     /// commands and history requests, once the client uses one of them.

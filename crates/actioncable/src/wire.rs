@@ -4,9 +4,8 @@
 //! subscription identifier (the subscription's tag) and shared by every
 //! subscriber with that identifier.
 
-use herald_core::fanout::Publication;
 use herald_core::frame::Frame;
-use herald_core::wire::{Event, Wire};
+use herald_core::publication::{Event, Publication, Wire};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -139,7 +138,7 @@ pub fn parse(text: &str) -> Result<Command, String> {
 }
 
 /// `s` as a JSON string literal.
-pub use herald_core::fanout::quote as json_string;
+pub use herald_core::publication::quote as json_string;
 
 pub fn welcome(sid: &str) -> String {
     format!(r#"{{"type":"welcome","sid":{}}}"#, json_string(sid))
@@ -176,7 +175,7 @@ pub fn disconnect(reason: &str, reconnect: bool) -> String {
 pub fn message_value(data: &str) -> Box<RawValue> {
     match serde_json::from_str::<Box<RawValue>>(data) {
         Ok(v) if v.get() != "null" => v,
-        _ => herald_core::fanout::json_string(data),
+        _ => herald_core::publication::json_string(data),
     }
 }
 

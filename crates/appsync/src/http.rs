@@ -20,11 +20,10 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use herald_core::broker::Full;
-use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::Hub;
 use herald_core::metrics;
 use herald_core::node::Node;
-use herald_core::wire::Wire;
+use herald_core::publication::{json_string, Publication, Wire};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

@@ -26,9 +26,8 @@
 //! ([`Event::Subscribed`]), which the hub queues before any data for the
 //! subscription.
 
-use herald_core::fanout::{json_string, Publication};
 use herald_core::frame::Frame;
-use herald_core::wire::{Event, Wire};
+use herald_core::publication::{json_string, Event, Publication, Wire};
 use serde_json::{json, Value};
 
 /// Milliseconds a client may go without a `ka` before it gives up; the
@@ -38,7 +37,7 @@ pub const CONNECTION_TIMEOUT_MS: u64 = 300_000;
 const DATA_HEAD: &str = r#"{"type":"data","id":"#;
 
 /// A JSON string literal (with its quotes).
-pub use herald_core::fanout::quote;
+pub use herald_core::publication::quote;
 
 /// The Events API tag (and frame prefix) for subscription `id`.
 pub fn events_tag(id: &str) -> String {

@@ -3,9 +3,9 @@
 
 use crate::tally::Key;
 use herald_core::broker::{Control, Scope};
-use herald_core::fanout::{NodeId, Publication};
 use herald_core::hub::{ChannelStats, StatsFilter};
 use herald_core::namespace::{ChannelId, Namespace};
+use herald_core::publication::{NodeId, Publication};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -184,7 +184,7 @@ pub enum Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use herald_core::fanout::json_string;
+    use herald_core::publication::json_string;
 
     #[test]
     fn publication_roundtrip_borrowed_and_owned() {

@@ -22,7 +22,7 @@
 //! (`crate::jetstream::sessions`).
 
 use crate::redis_streams::{hashed, Link, CALL_TIMEOUT};
-use herald_core::broker::BoxFuture;
+use herald_core::future::BoxFuture;
 use herald_core::sessions::{Kept, SessionStore};
 use redis::Value;
 use std::collections::HashMap;

@@ -39,8 +39,10 @@
 
 use crate::redis_conn::{Conn, Connector};
 use futures_util::future::{FutureExt, Shared};
-use herald_core::broker::{BoxFuture, Streams};
-use herald_core::history::{Backlog, Entry, History, Limits, Miss, Position};
+use herald_core::broker::Streams;
+use herald_core::future::BoxFuture;
+use herald_core::history::{Backlog, Entry, History, Limits, Miss};
+use herald_core::publication::Position;
 use herald_core::sessions::SessionStore;
 use parking_lot::Mutex;
 use redis::Value;

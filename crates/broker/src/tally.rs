@@ -33,8 +33,8 @@
 //! back after an outage), it reports the net change of each journaled key:
 //! what the old leader may not have lived to report.
 
-use herald_core::fanout::NodeId;
 use herald_core::namespace::ChannelId;
+use herald_core::publication::NodeId;
 use std::collections::{HashMap, HashSet};
 
 /// App, channel, and the user for a member (`None`: the channel itself).

@@ -8,7 +8,8 @@
 use herald_broker::jetstream::{metrics as m, JetStream};
 use herald_broker::testing::BrokerServer;
 use herald_core::broker::Streams as _;
-use herald_core::history::{Backlog, History, Limits, Miss, Position};
+use herald_core::history::{Backlog, History, Limits, Miss};
+use herald_core::publication::Position;
 use std::sync::Arc;
 
 fn engine(broker: &BrokerServer, prefix: &str) -> Arc<dyn History> {

@@ -40,10 +40,12 @@
 //! same lock, before the socket closes, so a write never reaches a
 //! descriptor number reused by another connection.
 
+pub mod gate;
+
 use crate::frame::Frame;
 use crate::history::budget::ANSWERS;
 use crate::metrics;
-use crate::wire::Wire;
+use crate::publication::{ConnId, Wire};
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -55,9 +57,6 @@ use std::time::{Duration, Instant};
 /// A connection written to within this long counts as busy: its frames
 /// wait in the queue, to share writes, rather than go out directly.
 pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
-
-/// Process-unique connection number; the key in every registry.
-pub type ConnId = u64;
 
 /// How much may wait in one connection's outbound queue.
 #[derive(Debug, Clone, Copy)]
@@ -335,7 +334,7 @@ pub struct Connection {
     /// Reliable streams (issue 19): set once for connections whose
     /// protocol resumes streams; fan-out consults it for positioned
     /// publications only.
-    gate: std::sync::OnceLock<Box<crate::history::Gate>>,
+    gate: std::sync::OnceLock<Box<gate::Gate>>,
 }
 
 impl Connection {
@@ -362,12 +361,12 @@ impl Connection {
     }
 
     /// This connection's history gate, if it has one.
-    pub fn gate(&self) -> Option<&crate::history::Gate> {
+    pub fn gate(&self) -> Option<&gate::Gate> {
         self.gate.get().map(|g| &**g)
     }
 
     /// Give this connection a history gate (once; later calls return it).
-    pub fn with_gate(&self) -> &crate::history::Gate {
+    pub fn with_gate(&self) -> &gate::Gate {
         self.gate.get_or_init(Box::default)
     }
 

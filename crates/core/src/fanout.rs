@@ -1,10 +1,6 @@
 //! Fan-out: a published message, encoded once per (protocol, tag) and
 //! queued to every subscriber as the same bytes, off the publisher's task.
 //!
-//! [`Publication`] is what travels from a publisher through the node and
-//! the broker. Its frames are built lazily: on the first subscriber of each
-//! (wire, tag), then cloned (a reference count) into every other queue.
-//!
 //! Delivery runs on a small pool of fan-out workers, not on the task that
 //! published: a publish to 100 channels of 10,000 subscribers must not run a
 //! million queue pushes on an HTTP handler's thread. A channel always goes
@@ -18,207 +14,14 @@
 //! and little else. Where the kernel refuses io_uring (old kernels,
 //! container seccomp profiles), each direct write is its own `send`.
 
-use crate::connection::{ConnId, Connection};
+use crate::connection::Connection;
 use crate::frame::Frame;
 use crate::metrics;
 use crate::namespace::Namespace;
-use crate::wire::{same, Wire};
-use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+use crate::publication::{json_string, same, Position, Publication, Tag, Wire};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use tokio::sync::mpsc;
-
-/// Identifies a node (one `herald serve` process) in a cluster.
-pub type NodeId = u64;
-
-/// A subscription's tag: what makes its frames differ from other
-/// subscribers' of the same channel (`None`: the empty tag).
-pub type Tag = Option<Arc<str>>;
-
-/// An event published on a channel.
-#[derive(Serialize, Deserialize)]
-pub struct Publication {
-    /// The namespace of the protocol whose channel this is.
-    #[serde(rename = "n")]
-    pub ns: Namespace,
-    #[serde(rename = "c")]
-    pub channel: String,
-    /// The event's name (protocols without names leave it empty).
-    #[serde(rename = "e")]
-    pub event: String,
-    /// The payload as JSON, relayed exactly as the publisher gave it.
-    #[serde(rename = "d")]
-    pub data: Box<RawValue>,
-    /// Public id of a socket that must not receive it (its sender).
-    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
-    pub exclude: Option<String>,
-    /// The sender's user id, where the protocol shows it.
-    #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
-    pub user_id: Option<String>,
-    /// Deliver to this signed-in user's sockets instead of the channel's
-    /// subscribers (the channel name is kept for the frame).
-    #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
-    pub to_user: Option<String>,
-    /// Keep as the channel's last event, replayed to new subscribers.
-    #[serde(rename = "k", default)]
-    pub cache: bool,
-    /// The node it was first published on, and its id there: a node never
-    /// delivers again what it published itself.
-    #[serde(rename = "o", default)]
-    pub origin: NodeId,
-    #[serde(rename = "i", default)]
-    pub id: u64,
-    /// `exclude` resolved on the delivering node: the connection it names
-    /// there, if it names one of that node's (see [`Publication::resolve`]).
-    #[serde(skip)]
-    exclude_conn: Option<ConnId>,
-    /// Reliable streams (issue 19): the publication's place in its
-    /// stream's history, set by the adapter that appended it; carried to
-    /// the other nodes with it.
-    #[serde(rename = "q", default, skip_serializing_if = "Option::is_none")]
-    pub position: Option<crate::history::Position>,
-    #[serde(skip)]
-    frames: Frames,
-}
-
-impl std::fmt::Debug for Publication {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Publication")
-            .field("ns", &self.ns)
-            .field("channel", &self.channel)
-            .field("event", &self.event)
-            .field("origin", &self.origin)
-            .field("id", &self.id)
-            .finish()
-    }
-}
-
-/// Frames built so far: the first (wire, tag) pair lock-free, the rest
-/// behind a lock only protocols with several tags per channel touch.
-#[derive(Default)]
-struct Frames {
-    first: OnceLock<(&'static str, Tag, Frame)>,
-    more: Mutex<Vec<(&'static str, Tag, Frame)>>,
-}
-
-impl Publication {
-    pub fn new(ns: Namespace, channel: String, event: String, data: Box<RawValue>) -> Publication {
-        Publication {
-            ns,
-            channel,
-            event,
-            data,
-            exclude: None,
-            user_id: None,
-            to_user: None,
-            cache: false,
-            origin: 0,
-            id: 0,
-            exclude_conn: None,
-            position: None,
-            frames: Frames::default(),
-        }
-    }
-
-    pub fn excluding(mut self, socket_id: Option<String>) -> Self {
-        self.exclude = socket_id;
-        self
-    }
-
-    /// A client's own event, sent by the socket `socket_id` (excluded from
-    /// its delivery).
-    pub fn sent_by(self, socket_id: String) -> Self {
-        self.excluding(Some(socket_id))
-    }
-
-    pub fn from_user(mut self, user_id: Option<String>) -> Self {
-        self.user_id = user_id;
-        self
-    }
-
-    pub fn to_user(mut self, user_id: Option<String>) -> Self {
-        self.to_user = user_id;
-        self
-    }
-
-    pub fn cached(mut self, cache: bool) -> Self {
-        self.cache = cache;
-        self
-    }
-
-    /// The frame for subscribers speaking `wire` with `tag`, built on first
-    /// use and shared afterwards.
-    pub fn frame(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
-        if wire.per_subscriber() {
-            let shared = self.shared(wire, &None);
-            return wire.personalize(&shared, tag.as_deref().unwrap_or(""));
-        }
-        self.shared(wire, tag)
-    }
-
-    fn shared(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
-        let name = wire.name();
-        let first = self
-            .frames
-            .first
-            .get_or_init(|| (name, tag.clone(), self.encode(wire, tag)));
-        if first.0 == name && first.1 == *tag {
-            return first.2.clone();
-        }
-        let mut more = self.frames.more.lock();
-        if let Some((_, _, f)) = more.iter().find(|(n, t, _)| *n == name && t == tag) {
-            return f.clone();
-        }
-        let f = self.encode(wire, tag);
-        more.push((name, tag.clone(), f.clone()));
-        f
-    }
-
-    fn encode(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
-        metrics::count(&metrics::FRAMES_ENCODED);
-        wire.publication(self, tag.as_deref().unwrap_or(""))
-    }
-
-    /// Resolve `exclude` for delivery on node `node`: public socket ids are
-    /// `"{node}.{connection}"`, so fan-out compares connection numbers, not
-    /// strings, and a socket of another node excludes nobody here.
-    pub fn resolve(&mut self, node: NodeId) {
-        self.exclude_conn = self.exclude.as_deref().and_then(|sid| {
-            let (n, c) = sid.split_once('.')?;
-            // "node.conn" or, for resumable sessions, "node.conn.secret".
-            let c = c.split('.').next()?;
-            (n.parse::<NodeId>().ok()? == node).then(|| c.parse().ok())?
-        });
-    }
-
-    /// Whether the connection with this number should skip the message.
-    pub fn excludes(&self, conn: ConnId) -> bool {
-        self.exclude_conn == Some(conn)
-    }
-
-    /// The publication as bytes for a broker (frames are not carried: each
-    /// node builds its own).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a publication serializes")
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Result<Publication, serde_json::Error> {
-        serde_json::from_slice(bytes)
-    }
-}
-
-/// `s` as a JSON string literal (with its quotes): every adapter writes
-/// names and ids into frames it builds by hand.
-pub fn quote(s: &str) -> String {
-    serde_json::to_string(s).expect("a string serializes")
-}
-
-/// A JSON string value holding `s`.
-pub fn json_string(s: &str) -> Box<RawValue> {
-    RawValue::from_string(quote(s)).expect("a serialized string is valid JSON")
-}
 
 /// One subscription, as fan-out sees it.
 #[derive(Clone)]
@@ -385,9 +188,9 @@ impl Sends {
 }
 
 /// [`deliver`] for a publication with a position: a connection with a
-/// [`crate::history::Gate`] decides whether the frame goes now, waits, or
-/// was already sent in a history answer.
-fn deliver_positioned(p: &Publication, pos: &crate::history::Position, targets: &[Target]) -> u64 {
+/// [`crate::connection::gate::Gate`] decides whether the frame goes now,
+/// waits, or was already sent in a history answer.
+fn deliver_positioned(p: &Publication, pos: &Position, targets: &[Target]) -> u64 {
     let mut delivered = 0;
     for t in targets {
         let conn = &t.conn;

@@ -22,19 +22,24 @@
 //! fanout       a worker builds each frame once per (wire, tag) and queues
 //!   │          the same bytes to every subscriber
 //!   ▼
-//! connection   a subscriber's bounded queue; full means too slow → closed
+//! connection   a subscriber's bounded queue; full means too slow → closed;
+//!   │          its gate orders reliable streams' live and history frames
 //!   ▼
 //! session      the one loop for every protocol: reads (ws), keep-alive,
 //!              vectored writes of queued frames, close handshake
 //! ```
 //!
-//! Around them: `namespace` (each protocol's own space of channel names),
-//! `frame` (finished WebSocket frames, shared), `ws` (the upgrade and the
-//! client-frame decoder), `wire` (what an adapter implements to encode),
-//! `config` (the core's settings; adapters' keys kept raw for them),
-//! `adapter` (the seam: what a protocol crate hands the server: its keys,
-//! routes, tasks), `history` (positions, bounded stream history and each
-//! connection's gate, for protocols that resume), `sessions` (snapshots of
+//! On the ground floor, what all of them name: `publication` (the
+//! publication, its ids, its position, its frames built once per (wire,
+//! tag), and the `Wire` an adapter implements to encode it), `future` (the
+//! boxed future of the async interfaces), `namespace` (each protocol's own
+//! space of channel names) and `frame` (finished WebSocket frames, shared).
+//!
+//! Around them: `ws` (the upgrade and the client-frame decoder), `config`
+//! (the core's settings; adapters' keys kept raw for them), `adapter` (the
+//! seam: what a protocol crate hands the server: its keys, routes, tasks),
+//! `history` (bounded stream history, for protocols that resume; each
+//! connection's gate is `connection::gate`), `sessions` (snapshots of
 //! sessions a client restores), `metrics`, `observer` (what the node decided
 //! about channels and members, for webhooks and the dashboard), `confirm`
 //! (subscribers waiting for the broker to hold their channel's interest
@@ -50,6 +55,7 @@ pub mod confirm;
 pub mod connection;
 pub mod fanout;
 pub mod frame;
+pub mod future;
 pub mod history;
 pub mod hub;
 pub mod load;
@@ -57,6 +63,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod observer;
+pub mod publication;
 pub mod reaper;
 pub mod session;
 pub mod sessions;
@@ -64,5 +71,4 @@ pub mod sessions;
 /// the crate's own unit tests.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod wire;
 pub mod ws;

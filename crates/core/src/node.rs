@@ -11,12 +11,13 @@
 
 use crate::broker::{Broker, Control, Full, Inbox, PresenceChange, Scope};
 use crate::config::Config;
-use crate::connection::{ConnId, Connection};
-use crate::fanout::{Fanout, Job, NodeId, Publication, Tag};
+use crate::connection::Connection;
+use crate::fanout::{Fanout, Job};
 use crate::hub::{ChannelStats, Hub, Joined, Left, Refused, StatsFilter, SubscribeOptions};
 use crate::metrics;
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::{Change, Observer};
+use crate::publication::{ConnId, NodeId, Publication, Tag};
 use futures_util::FutureExt;
 use parking_lot::RwLock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -553,7 +554,7 @@ impl Node {
     fn report_if(
         &self,
         hub: &Hub,
-        mut answer: crate::broker::BoxFuture<bool>,
+        mut answer: crate::future::BoxFuture<bool>,
         ns: Namespace,
         channel: &str,
         user: Option<&str>,

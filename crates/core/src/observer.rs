@@ -27,9 +27,9 @@
 //! Observers are called on the task that made the change: they must not
 //! block (queue the work and return).
 
-use crate::broker::BoxFuture;
-use crate::fanout::Publication;
+use crate::future::BoxFuture;
 use crate::namespace::Namespace;
+use crate::publication::Publication;
 use std::time::Instant;
 
 /// Something that happened in one app, in one namespace (observers are

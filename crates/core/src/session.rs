@@ -186,9 +186,9 @@ pub struct Opened {
 pub fn open(
     node: &crate::node::Node,
     hub: &crate::hub::Hub,
-    id: crate::connection::ConnId,
+    id: crate::publication::ConnId,
     socket_id: String,
-    wire: &'static dyn crate::wire::Wire,
+    wire: &'static dyn crate::publication::Wire,
 ) -> Opened {
     let limit = crate::connection::QueueLimit {
         frames: hub.app.outbound_queue,

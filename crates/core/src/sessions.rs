@@ -12,7 +12,7 @@
 //! decision, between a [`SessionStore::read`] and a [`SessionStore::take`]
 //! of exactly what it read (issue 32: a live session is never restored).
 
-use crate::broker::BoxFuture;
+use crate::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

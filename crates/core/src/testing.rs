@@ -2,10 +2,9 @@
 //! easy to read back (`tag|event|channel|data`), and one with per-subscriber
 //! ids. Not a protocol.
 
-use crate::fanout::Publication;
 use crate::frame::Frame;
 use crate::namespace::Namespace;
-use crate::wire::{Event, Wire};
+use crate::publication::{Event, Publication, Wire};
 
 /// The namespace of the core's own tests.
 pub const NS: Namespace = Namespace::new("test");

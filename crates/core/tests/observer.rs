@@ -6,11 +6,11 @@
 use herald_core::broker::local::LocalBroker;
 use herald_core::config::{AppConfig, Config};
 use herald_core::connection::{Connection, QueueLimit};
-use herald_core::fanout::{json_string, Publication};
 use herald_core::hub::presence::Member;
 use herald_core::hub::SubscribeOptions;
 use herald_core::node::Node;
 use herald_core::observer::{Change, Observer};
+use herald_core::publication::{json_string, Publication};
 use herald_core::testing::{TestWire, NS};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};

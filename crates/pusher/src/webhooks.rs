@@ -130,7 +130,7 @@ impl Observer for Webhooks {
         }
     }
 
-    fn flush(&self, deadline: std::time::Instant) -> herald_core::broker::BoxFuture<()> {
+    fn flush(&self, deadline: std::time::Instant) -> herald_core::future::BoxFuture<()> {
         let apps: Vec<_> = self.apps.values().cloned().collect();
         Box::pin(async move {
             for app in &apps {

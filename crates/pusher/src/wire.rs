@@ -454,14 +454,14 @@ pub static WIRE: PusherWire = PusherWire;
 /// The wire's name: the `protocol` label of Pusher metrics.
 pub const NAME: &str = "pusher";
 
-impl herald_core::wire::Wire for PusherWire {
+impl herald_core::publication::Wire for PusherWire {
     fn name(&self) -> &'static str {
         NAME
     }
 
     fn publication(
         &self,
-        p: &herald_core::fanout::Publication,
+        p: &herald_core::publication::Publication,
         _tag: &str,
     ) -> herald_core::frame::Frame {
         herald_core::frame::Frame::text(&encode_raw(
@@ -474,10 +474,10 @@ impl herald_core::wire::Wire for PusherWire {
 
     fn event(
         &self,
-        e: &herald_core::wire::Event<'_>,
+        e: &herald_core::publication::Event<'_>,
         _tag: &str,
     ) -> Option<herald_core::frame::Frame> {
-        use herald_core::wire::Event;
+        use herald_core::publication::Event;
         let text = match e {
             Event::Subscribed { channel, members } => {
                 let entries: Option<Vec<PresenceEntry<'_>>> = members.map(|m| {

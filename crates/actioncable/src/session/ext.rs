@@ -34,7 +34,7 @@ impl CableSession {
         self.hold = false;
         // A client that never asks for its history must not wait for its
         // live publications forever: after RESTORED_HOLD they go out.
-        let held: Vec<(herald_core::fanout::Tag, String)> = self
+        let held: Vec<(herald_core::publication::Tag, String)> = self
             .subs
             .iter()
             .flat_map(|s| {

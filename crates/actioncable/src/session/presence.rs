@@ -8,6 +8,7 @@ use crate::presence as p;
 use herald_core::broker::Scope;
 use herald_core::hub::Refused;
 use herald_core::namespace::ChannelId;
+use herald_core::publication::Publication;
 
 impl CableSession {
     /// The stream a subscription's state enables for `key` (`$p`, `$w`).
@@ -265,9 +266,8 @@ impl CableSession {
             return Next::Continue;
         };
         metrics::count(&m::CABLE_WHISPERS);
-        let publication =
-            herald_core::fanout::Publication::new(crate::NAMESPACE, stream, String::new(), data)
-                .sent_by(self.conn.socket_id.to_string());
+        let publication = Publication::new(crate::NAMESPACE, stream, String::new(), data)
+            .sent_by(self.conn.socket_id.to_string());
         let _ = self.cable.node.publish(&self.cable.hub, publication).await;
         Next::Continue
     }

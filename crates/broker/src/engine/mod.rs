@@ -59,14 +59,15 @@ use crate::subject;
 use crate::tally::{Flip, Key, Tally};
 use bytes::Bytes;
 use herald_core::broker::{
-    BoxFuture, Cluster, Control, Counts, Full, Inbox, LastEvent, Occupancy, Presence,
-    PresenceChange, PubSub, Queries, RemoteMember, Scope,
+    Cluster, Control, Counts, Full, Inbox, LastEvent, Occupancy, Presence, PresenceChange, PubSub,
+    Queries, RemoteMember, Scope,
 };
-use herald_core::fanout::{NodeId, Publication};
+use herald_core::future::BoxFuture;
 use herald_core::hub::{prefixes, ChannelStats, StatsFilter};
 use herald_core::metrics;
 use herald_core::namespace::{ChannelId, Namespace};
 use herald_core::observer::Change;
+use herald_core::publication::{NodeId, Publication};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

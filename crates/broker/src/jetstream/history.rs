@@ -49,8 +49,9 @@ use async_nats::jetstream::stream::{
 use async_nats::jetstream::{self};
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
-use herald_core::broker::BoxFuture;
-use herald_core::history::{Backlog, Entry, History, Limits, MemoryHistory, Miss, Position};
+use herald_core::future::BoxFuture;
+use herald_core::history::{Backlog, Entry, History, Limits, MemoryHistory, Miss};
+use herald_core::publication::Position;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;

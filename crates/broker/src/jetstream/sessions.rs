@@ -36,7 +36,7 @@ use async_nats::jetstream::{
     stream::{DiscardPolicy, StorageType},
 };
 use base64::Engine as _;
-use herald_core::broker::BoxFuture;
+use herald_core::future::BoxFuture;
 use herald_core::metrics::count;
 use herald_core::sessions::{Kept, MemorySessions, SessionStore};
 use parking_lot::Mutex;

@@ -2,11 +2,12 @@
 //! implements them all; [`Broker`] names the whole set, which is what a
 //! node holds (`Arc<dyn Broker>`).
 
-use super::{BoxFuture, Control, Full, Inbox, PresenceChange, RemoteMember, Scope};
-use crate::fanout::{NodeId, Publication};
+use super::{Control, Full, Inbox, PresenceChange, RemoteMember, Scope};
+use crate::future::BoxFuture;
 use crate::history::{History, Limits, MemoryHistory};
 use crate::hub::{ChannelStats, StatsFilter};
 use crate::namespace::Namespace;
+use crate::publication::{NodeId, Publication};
 use crate::sessions::{MemorySessions, SessionStore};
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,13 +8,14 @@
 //! into hubs, which may call the broker again.
 
 use super::{
-    BoxFuture, Cluster, Control, Counts, Full, Inbox, LastEvent, Occupancy, Presence,
-    PresenceChange, PubSub, Queries, RemoteMember, Scope, Streams,
+    Cluster, Control, Counts, Full, Inbox, LastEvent, Occupancy, Presence, PresenceChange, PubSub,
+    Queries, RemoteMember, Scope, Streams,
 };
-use crate::fanout::{NodeId, Publication};
+use crate::future::BoxFuture;
 use crate::hub::{prefixes, ChannelStats, StatsFilter};
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
+use crate::publication::{NodeId, Publication};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use std::collections::{HashMap, HashSet};

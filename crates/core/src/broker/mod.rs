@@ -43,16 +43,12 @@ pub use concerns::{
     Broker, Cluster, Counts, LastEvent, Occupancy, Presence, PubSub, Queries, Streams,
 };
 
-use crate::fanout::{NodeId, Publication};
 use crate::hub::{ChannelStats, StatsFilter};
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::Change;
+use crate::publication::{NodeId, Publication};
 use serde_json::value::RawValue;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
-
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A publication for the other nodes was refused: the engine's outbox
 /// (what it holds while the broker is away or behind) is full. Nothing

@@ -2,8 +2,9 @@
 //! per stream (count), by age and by total bytes. What the local broker
 //! hands out, and what a cluster node uses when its engine keeps none.
 
-use super::{now_ms, Backlog, Entry, History, Limits, Miss, Position};
-use crate::broker::BoxFuture;
+use super::{now_ms, Backlog, Entry, History, Limits, Miss};
+use crate::future::BoxFuture;
+use crate::publication::Position;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -12,34 +12,23 @@
 //!   adapters one ([`crate::broker::Streams`]): [`memory::MemoryHistory`]
 //!   for one node; the cluster engines keep theirs in Redis Streams or
 //!   JetStream, so any node answers from the same history.
-//! - [`gate::Gate`]: the per-connection side, so a client's live deliveries
-//!   and its history answers never overlap (each publication once, in
-//!   order), and, where publications of one stream come from several
-//!   nodes, a gap in the offsets is filled from the history.
+//! - [`crate::connection::gate::Gate`]: the per-connection side, so a
+//!   client's live deliveries and its history answers never overlap (each
+//!   publication once, in order), and, where publications of one stream
+//!   come from several nodes, a gap in the offsets is filled from the
+//!   history.
 
 pub mod budget;
-pub mod gate;
 pub mod memory;
 
 pub use budget::AnswerBudget;
-pub use gate::{Gap, Gate, MAX_HELD};
 pub use memory::{MemoryHistory, ENTRY_OVERHEAD};
 
-use crate::broker::BoxFuture;
+use crate::future::BoxFuture;
+use crate::publication::Position;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Where a publication sits in its stream's history. Carried between
-/// nodes with the publication (`{"e":epoch,"o":offset}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Position {
-    #[serde(rename = "e")]
-    pub epoch: Arc<str>,
-    #[serde(rename = "o")]
-    pub offset: u64,
-}
 
 /// One retained publication.
 #[derive(Debug, Clone)]
@@ -170,7 +159,8 @@ pub trait History: Send + Sync {
     fn since(&self, stream: &str, unix_secs: u64) -> BoxFuture<Result<Backlog, Miss>>;
     /// Whether one stream's publications may reach a node from several
     /// nodes (so out of order, or with one lost between them): then
-    /// connections fill gaps in the offsets from the history ([`Gate`]).
+    /// connections fill gaps in the offsets from the history
+    /// ([`crate::connection::gate::Gate`]).
     fn shared(&self) -> bool {
         false
     }

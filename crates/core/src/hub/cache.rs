@@ -13,8 +13,8 @@
 //! under it is a hash lookup and a list relink, except the sweep, which
 //! walks the slots once per housekeeping tick.
 
-use crate::fanout::Publication;
 use crate::namespace::{ChannelId, Namespace};
+use crate::publication::Publication;
 use lru::LruCache;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -205,7 +205,7 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fanout::json_string;
+    use crate::publication::json_string;
     use crate::testing::NS;
 
     fn publication(channel: &str, data: &str) -> Arc<Publication> {

@@ -4,9 +4,9 @@
 //! that must stay in order (`Subscribed`, `MemberAdded`) do.
 
 use super::presence::MemberState;
-use crate::connection::{ConnId, Connection};
-use crate::fanout::{NodeId, Tag, Target};
-use crate::wire::{EncodeOnce, Event, MemberRef};
+use crate::connection::Connection;
+use crate::fanout::Target;
+use crate::publication::{ConnId, EncodeOnce, Event, MemberRef, NodeId, Tag};
 use dashmap::DashMap;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,8 +4,7 @@
 
 use super::space::Space;
 use super::FlushedCounts;
-use crate::fanout::NodeId;
-use crate::wire::{EncodeOnce, Event};
+use crate::publication::{EncodeOnce, Event, NodeId};
 
 impl Space {
     /// Note that `channel`'s count changed; [`Space::flush_counts`] sends it.

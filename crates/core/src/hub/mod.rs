@@ -35,8 +35,9 @@ pub use channel::prefixes;
 
 use crate::config::AppConfig;
 use crate::connection::Connection;
-use crate::fanout::{NodeId, Publication, Tag, Target};
+use crate::fanout::Target;
 use crate::namespace::Namespace;
+use crate::publication::{NodeId, Publication, Tag};
 use parking_lot::RwLock;
 use presence::Member;
 use space::Space;

@@ -3,7 +3,7 @@
 //! node or several, is one member: it is announced when its first socket
 //! anywhere joins and removed when its last socket anywhere leaves.
 
-use crate::fanout::NodeId;
+use crate::publication::NodeId;
 use serde_json::value::RawValue;
 
 /// A member's id and info, as a member list gives them.

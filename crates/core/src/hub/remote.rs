@@ -4,8 +4,7 @@
 
 use super::presence::MemberState;
 use super::space::Space;
-use crate::fanout::NodeId;
-use crate::wire::{EncodeOnce, Event, MemberRef};
+use crate::publication::{EncodeOnce, Event, MemberRef, NodeId};
 use serde_json::value::RawValue;
 use std::sync::Arc;
 

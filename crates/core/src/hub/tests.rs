@@ -1,6 +1,7 @@
 use super::*;
 use crate::connection::QueueLimit;
-use crate::fanout::{deliver, json_string};
+use crate::fanout::deliver;
+use crate::publication::json_string;
 use crate::testing::{TestWire, NS};
 
 const LIMIT: QueueLimit = QueueLimit {

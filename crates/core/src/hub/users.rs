@@ -4,8 +4,8 @@
 //! in the cluster; watchers hear when that changes, once.
 
 use crate::connection::{Connection, Reason};
-use crate::fanout::{NodeId, Target};
-use crate::wire::{EncodeOnce, Event};
+use crate::fanout::Target;
+use crate::publication::{EncodeOnce, Event, NodeId};
 use dashmap::DashMap;
 use std::sync::Arc;
 

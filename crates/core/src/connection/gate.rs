@@ -1,10 +1,10 @@
 //! The per-connection gate of reliable streams: each publication once, in
 //! order, whether it comes live, in a history answer, or both.
 
-use super::{Backlog, Entry, Position};
 use crate::connection::Connection;
-use crate::fanout::Tag;
 use crate::frame::Frame;
+use crate::history::{Backlog, Entry};
+use crate::publication::{Position, Tag};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -364,13 +364,13 @@ mod tests {
 
     fn conn() -> Connection {
         use crate::connection::QueueLimit;
-        use crate::wire::{Event, Wire};
+        use crate::publication::{Event, Wire};
         struct W;
         impl Wire for W {
             fn name(&self) -> &'static str {
                 "t"
             }
-            fn publication(&self, _: &crate::fanout::Publication, _: &str) -> Frame {
+            fn publication(&self, _: &crate::publication::Publication, _: &str) -> Frame {
                 Frame::text("")
             }
             fn event(&self, _: &Event<'_>, _: &str) -> Option<Frame> {
