@@ -400,19 +400,25 @@ async fn api_get(server: &Server, rel: &str, extra: &[(&str, &str)]) -> (u16, Va
     server.raw_api("GET", &path, &q, "").await
 }
 
-#[tokio::test]
-async fn terminate_connections_closes_the_users_sockets() {
-    let server = Server::start().await;
+/// A client of `server` signed in as `user`.
+async fn signed_in(server: &Server, user: &str) -> Client {
     let mut a = server.client().await;
-    let user_data = r#"{"id":"u9"}"#;
+    let user_data = json!({ "id": user }).to_string();
     let auth = signing::token(
         APP_KEY,
         APP_SECRET,
-        &signing::user_string(&a.socket_id, user_data),
+        &signing::user_string(&a.socket_id, &user_data),
     );
     a.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
         .await;
     a.expect("pusher:signin_success", None).await;
+    a
+}
+
+#[tokio::test]
+async fn terminate_connections_closes_the_users_sockets() {
+    let server = Server::start().await;
+    let mut a = signed_in(&server, "u9").await;
     let (status, reply) = server
         .api(
             "POST",
@@ -429,16 +435,7 @@ async fn terminate_connections_closes_the_users_sockets() {
 #[tokio::test]
 async fn terminate_connections_without_the_app_prefix() {
     let server = Server::start().await;
-    let mut a = server.client().await;
-    let user_data = r#"{"id":"u7"}"#;
-    let auth = signing::token(
-        APP_KEY,
-        APP_SECRET,
-        &signing::user_string(&a.socket_id, user_data),
-    );
-    a.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
-        .await;
-    a.expect("pusher:signin_success", None).await;
+    let mut a = signed_in(&server, "u7").await;
     let path = "/users/u7/terminate_connections";
     // Signed with another secret: refused, the socket stays.
     let forged = herald::api::auth::sign_query(APP_KEY, "not-the-secret", "POST", path, b"", &[]);
