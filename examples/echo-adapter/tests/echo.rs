@@ -156,7 +156,7 @@ fn the_section_is_shown_checked_and_named() {
             .arg(&file)
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{toml}: {text}");
         assert!(text.contains(named), "{toml}: {text}");
     }
