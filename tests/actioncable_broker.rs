@@ -72,18 +72,7 @@ impl App {
 }
 
 async fn cable(server: &Server) -> Ws {
-    let mut req = format!("ws://127.0.0.1:{}/cable", server.port)
-        .into_client_request()
-        .unwrap();
-    req.headers_mut().insert(
-        "sec-websocket-protocol",
-        "actioncable-v1-json".parse().unwrap(),
-    );
-    let (mut ws, _) = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    assert_eq!(frame(&mut ws).await["type"], "welcome");
+    let mut ws = welcomed(server).await;
     let id = json!({ "channel": "$pubsub", "stream_name": "room" }).to_string();
     let cmd = json!({ "command": "subscribe", "identifier": id }).to_string();
     ws.send(Message::text(cmd)).await.unwrap();
