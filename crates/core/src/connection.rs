@@ -44,15 +44,16 @@ pub mod gate;
 
 use crate::frame::Frame;
 use crate::history::budget::ANSWERS;
+use crate::load::now_ms;
 use crate::metrics;
 use crate::publication::{ConnId, Wire};
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A connection written to within this long counts as busy: its frames
 /// wait in the queue, to share writes, rather than go out directly.
@@ -170,13 +171,6 @@ impl Default for Queue {
 
 /// [`BUSY_WINDOW`] in [`now_ms`] units.
 const BUSY_MS: u32 = BUSY_WINDOW.as_millis() as u32;
-
-/// A coarse process clock in milliseconds, for the busy window (and the
-/// delivery rate's ticks, [`crate::load`]).
-pub(crate) fn now_ms() -> u32 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u32
-}
 
 /// One non-blocking `sendmsg` of `frame`'s parts. Returns the bytes
 /// written, or a negative number if none could be (a full buffer, or a
@@ -678,6 +672,7 @@ impl Connection {
 mod tests {
     use super::*;
     use crate::testing::TestWire;
+    use std::time::Instant;
 
     fn frame(n: usize) -> Frame {
         Frame::text(&"x".repeat(n))

@@ -18,8 +18,9 @@
 //! One node per process (`herald serve`), so the counters are the
 //! process's.
 
-use crate::connection::now_ms;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 /// Length of a tick of the rate's clock, in milliseconds.
 pub const TICK_MS: u32 = 8;
@@ -124,6 +125,13 @@ pub fn coalescing_at(min: u32, now_ms: u32) -> bool {
         u32::MAX => false,
         _ => DELIVERIES.at(now_ms) >= min as u64,
     }
+}
+
+/// A coarse process clock in milliseconds, for the delivery rate's ticks
+/// and the connections' busy window ([`crate::connection`]).
+pub(crate) fn now_ms() -> u32 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u32
 }
 
 #[cfg(test)]

@@ -237,6 +237,14 @@ pub static CLUSTER_NODES: Gauge = Gauge::new(
     "Nodes this node knows to be alive in its cluster, itself included (0 without a broker)",
 );
 
+/// Bytes of history answers (and held publications) waiting past the
+/// outbound bound of their connections, over all connections
+/// ([`crate::history::budget`]).
+pub static HISTORY_ANSWER_BYTES: Gauge = Gauge::new(
+    "herald_history_answer_bytes",
+    "Bytes of history answers waiting past their connections' outbound queue bound, over the whole node (bounded by rpc.history_answers_max_bytes)",
+);
+
 pub static BROKER_OUTBOX: Gauge = Gauge::new(
     "herald_broker_outbox",
     "Publications for other nodes not yet taken by the broker (held while it is away)",
@@ -245,7 +253,7 @@ pub static BROKER_OUTBOX: Gauge = Gauge::new(
 static GAUGES: [&Gauge; 4] = [
     &CLUSTER_TALLY_KEYS,
     &CLUSTER_NODES,
-    &crate::history::budget::ANSWER_BYTES,
+    &HISTORY_ANSWER_BYTES,
     &BROKER_OUTBOX,
 ];
 

@@ -10,15 +10,8 @@
 //! it and refuses the request when the node's answers would pass the
 //! bound. One account per process: the bound is the node's.
 
-use crate::metrics::Gauge;
+use crate::metrics::HISTORY_ANSWER_BYTES as ANSWER_BYTES;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Bytes of history answers (and held publications) waiting past the
-/// outbound bound of their connections, over all connections.
-pub static ANSWER_BYTES: Gauge = Gauge::new(
-    "herald_history_answer_bytes",
-    "Bytes of history answers waiting past their connections' outbound queue bound, over the whole node (bounded by rpc.history_answers_max_bytes)",
-);
 
 /// The account (see the module's doc).
 pub struct AnswerBudget {
