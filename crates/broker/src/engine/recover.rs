@@ -98,6 +98,18 @@ pub(super) struct Recv {
     asked: Option<Instant>,
 }
 
+impl Recv {
+    /// A node first heard of at number `seq`: nothing before is asked for.
+    fn new(seq: u64) -> Recv {
+        Recv {
+            seen: Seen::new(seq),
+            last_beat: seq,
+            resync: false,
+            asked: None,
+        }
+    }
+}
+
 impl Shared {
     /// A publication numbered `seq` from `from` arrived live: whether to
     /// deliver it (not a second copy).
@@ -115,15 +127,7 @@ impl Shared {
             }
             None => {
                 // The first we hear of it: nothing before is ours to ask.
-                s.recv.insert(
-                    from,
-                    Recv {
-                        seen: Seen::new(seq),
-                        last_beat: seq,
-                        resync: false,
-                        asked: None,
-                    },
-                );
+                s.recv.insert(from, Recv::new(seq));
                 true
             }
         }
@@ -139,15 +143,7 @@ impl Shared {
             let seq = *seq;
             match s.recv.get_mut(&from) {
                 None => {
-                    s.recv.insert(
-                        from,
-                        Recv {
-                            seen: Seen::new(seq),
-                            last_beat: seq,
-                            resync: false,
-                            asked: None,
-                        },
-                    );
+                    s.recv.insert(from, Recv::new(seq));
                 }
                 Some(r) => {
                     if *h {
