@@ -107,6 +107,10 @@ struct ServeArgs {
     /// itself (default true; see docs/configuration.md).
     #[arg(long, env = "HERALD_DIRECT_WRITES")]
     direct_writes: Option<bool>,
+    /// Negotiate permessage-deflate with WebSocket clients that offer it
+    /// (default true; see docs/configuration.md).
+    #[arg(long, env = "HERALD_WEBSOCKET_COMPRESSION")]
+    websocket_compression: Option<bool>,
     /// Serve the development app (public secret) on a non-loopback host.
     #[arg(long, env = "HERALD_ALLOW_DEVELOPMENT_CREDENTIALS")]
     allow_development_credentials: Option<bool>,
@@ -519,6 +523,7 @@ fn overrides(args: ServeArgs) -> Overrides {
         write_delay_busy_only: args.write_delay_busy_only,
         write_delay_min_rate: args.write_delay_min_rate,
         direct_writes: args.direct_writes,
+        websocket_compression: args.websocket_compression,
         allow_development_credentials: args.allow_development_credentials,
         log: args.log,
         app_id: args.app_id,

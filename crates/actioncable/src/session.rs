@@ -84,7 +84,8 @@ pub async fn upgrade(
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
     let info = request_info(&node, &cable, req.headers(), req.uri(), peer);
-    herald_core::ws::upgrade(req, wire::PROTOCOLS, move |socket, protocol| {
+    let compression = node.config.compression(&cable.hub.app);
+    herald_core::ws::upgrade(req, wire::PROTOCOLS, compression, move |socket, protocol| {
         let ext = protocol == Some(crate::ext::PROTOCOL);
         start(node, cable, socket, info, ext)
     })

@@ -18,7 +18,7 @@ use herald_core::namespace::Namespace;
 use herald_core::node::Node;
 use herald_core::publication::{Tag, Wire};
 use herald_core::session::{self, Closing, Why};
-use herald_core::ws::{Decoder, Incoming, Socket};
+use herald_core::ws::{Incoming, Socket};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,7 +95,15 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
     let offered = auth::subprotocols(req.headers());
     let speaks = offered.iter().any(|p| p == api.subprotocol());
     let key = auth::upgrade_key(&offered, req.uri().query());
-    herald_core::ws::upgrade(req, &[api.subprotocol()], move |socket, _| async move {
+    // permessage-deflate: the server's switch and, where the key names an
+    // app already, that app's.
+    let compression = match &key {
+        Ok(Some(k)) => keys
+            .app_for_key(&node, k)
+            .is_none_or(|(hub, _)| node.config.compression(&hub.app)),
+        _ => node.config.websocket_compression,
+    };
+    herald_core::ws::upgrade(req, &[api.subprotocol()], compression, move |socket, _| async move {
         if !speaks {
             let msg = format!(
                 "SubProtocolNotSupported: offer the WebSocket subprotocol {:?}",
@@ -144,7 +152,7 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
 /// message, answer with `error` (a `connection_error`) and close.
 async fn refuse(mut socket: Socket, error: String) {
     let _ = tokio::time::timeout(REFUSE_WAIT, async {
-        let mut decoder = Decoder::new(64 * 1024);
+        let mut decoder = socket.decoder(64 * 1024);
         let mut buf = [0u8; 2048];
         loop {
             match socket.read(&mut buf).await {

@@ -120,11 +120,9 @@ fn personalize(shared: &Frame, tag: &str) -> Frame {
         // A selection without `data`: the whole frame is the tag.
         return Frame::text(tag);
     }
-    match shared.shared_payload() {
-        Some(body) => Frame::text_with_prefix(tag.as_bytes(), &body),
-        // Not reached: shared frames are built whole by `publication`.
-        None => Frame::text(&format!("{tag}{}", shared.payload_text())),
-    }
+    // The tag before the shared payload (compressed or not: see
+    // `Frame::with_prefix`).
+    shared.with_prefix(tag.as_bytes())
 }
 
 /// One of the two AppSync wires: they differ only in their name, how the

@@ -70,6 +70,12 @@ pub struct Config {
     /// socket themselves (the fan-out in batches on an io_uring where the
     /// kernel allows one), instead of waking its session for each.
     pub direct_writes: bool,
+    /// Negotiate permessage-deflate (RFC 7692) with WebSocket clients that
+    /// offer it (each app may turn it off with its own key).
+    pub websocket_compression: bool,
+    /// Publications smaller than this many bytes go uncompressed even to
+    /// connections that negotiated permessage-deflate.
+    pub websocket_compression_min_bytes: usize,
     /// Serve the development app (its secret is public) on an address
     /// other clients can reach. Off: refused at start, so a copied
     /// container line cannot expose it by accident.
@@ -264,6 +270,10 @@ impl Default for Config {
             write_delay_busy_only: true,
             write_delay_min_rate: crate::load::DEFAULT_MIN_RATE,
             direct_writes: true,
+            // Every browser offers it; compressed once per publication and
+            // shared, with no state per connection (bench/RESULTS.md).
+            websocket_compression: true,
+            websocket_compression_min_bytes: crate::deflate::DEFAULT_MIN_BYTES,
             allow_development_credentials: false,
             log: "info".into(),
             tls_cert: None,
@@ -328,6 +338,9 @@ pub struct AppConfig {
     pub outbound_queue: usize,
     /// Bytes queued for one connection before it is closed as too slow.
     pub outbound_bytes: usize,
+    /// Negotiate permessage-deflate with this app's WebSocket clients
+    /// (where the server's `websocket_compression` is on too).
+    pub websocket_compression: bool,
     /// The adapters' keys of this app (`webhooks`, `api_keys`, ...), raw,
     /// as [`Config::sections`].
     #[serde(flatten)]
@@ -358,6 +371,7 @@ impl Default for AppConfig {
             max_cache_bytes: 64 * 1024 * 1024,
             outbound_queue: 1024,
             outbound_bytes: 1024 * 1024,
+            websocket_compression: true,
             extra: toml::Table::new(),
         }
     }
@@ -391,6 +405,7 @@ pub struct Overrides {
     pub write_delay_busy_only: Option<bool>,
     pub write_delay_min_rate: Option<u32>,
     pub direct_writes: Option<bool>,
+    pub websocket_compression: Option<bool>,
     pub allow_development_credentials: Option<bool>,
     pub log: Option<String>,
     /// Replace the single app's credentials (handy in containers).
@@ -564,6 +579,9 @@ impl Config {
         }
         if let Some(v) = o.direct_writes {
             self.direct_writes = v;
+        }
+        if let Some(v) = o.websocket_compression {
+            self.websocket_compression = v;
         }
         if let Some(v) = o.allow_development_credentials {
             self.allow_development_credentials = v;
@@ -886,6 +904,11 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Whether `app`'s WebSocket upgrades may negotiate permessage-deflate.
+    pub fn compression(&self, app: &AppConfig) -> bool {
+        self.websocket_compression && app.websocket_compression
     }
 
     /// The address `host` names, as `herald serve` binds it: an IPv4 or

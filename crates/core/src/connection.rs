@@ -325,6 +325,9 @@ pub struct Connection {
     /// directly ([`Connection::attach`]). Beside `close`, in what was its
     /// padding.
     coalesce_from: AtomicU32,
+    /// permessage-deflate was negotiated: publications go compressed
+    /// ([`crate::deflate`]). Set by the session when it starts.
+    deflate: std::sync::atomic::AtomicBool,
     /// Reliable streams (issue 19): set once for connections whose
     /// protocol resumes streams; fan-out consults it for positioned
     /// publications only.
@@ -350,8 +353,20 @@ impl Connection {
             waker: AtomicWaker::new(),
             close: AtomicU32::new(0),
             coalesce_from: AtomicU32::new(u32::MAX),
+            deflate: std::sync::atomic::AtomicBool::new(false),
             gate: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether this connection negotiated permessage-deflate.
+    pub fn deflate(&self) -> bool {
+        self.deflate.load(Ordering::Relaxed)
+    }
+
+    /// Mark this connection as having negotiated permessage-deflate (its
+    /// session does, from its socket).
+    pub fn set_deflate(&self, on: bool) {
+        self.deflate.store(on, Ordering::Relaxed);
     }
 
     /// This connection's history gate, if it has one.

@@ -45,21 +45,25 @@ fn deliver_with(p: &Publication, targets: &[Target], mut sends: Option<&mut Send
         return deliver_positioned(p, pos, targets);
     }
     let mut delivered = 0;
-    let mut last: Option<(&'static dyn Wire, &Tag, Frame)> = None;
+    let mut last: Option<(&'static dyn Wire, &Tag, bool, Frame)> = None;
     for t in targets {
         let conn = &t.conn;
         if p.excludes(conn.id) {
             continue;
         }
+        let deflate = conn.deflate();
         let frame = match &last {
-            Some((w, tag, f))
-                if !conn.wire.per_subscriber() && same(*w, conn.wire) && **tag == t.tag =>
+            Some((w, tag, d, f))
+                if !conn.wire.per_subscriber()
+                    && same(*w, conn.wire)
+                    && **tag == t.tag
+                    && *d == deflate =>
             {
                 f.clone()
             }
             _ => {
-                let f = p.frame(conn.wire, &t.tag);
-                last = Some((conn.wire, &t.tag, f.clone()));
+                let f = p.frame_for(conn.wire, &t.tag, deflate);
+                last = Some((conn.wire, &t.tag, deflate, f.clone()));
                 f
             }
         };
@@ -197,7 +201,7 @@ fn deliver_positioned(p: &Publication, pos: &Position, targets: &[Target]) -> u6
         if p.excludes(conn.id) {
             continue;
         }
-        let frame = p.frame(conn.wire, &t.tag);
+        let frame = p.frame_for(conn.wire, &t.tag, conn.deflate());
         let sent = match conn.gate() {
             Some(gate) => gate.pass(conn, &p.channel, &t.tag, pos, frame),
             None => conn.send(frame),
@@ -406,6 +410,41 @@ mod tests {
         assert_eq!(a.payload_text(), "s1:\"hi\"");
         assert_eq!(b.payload_text(), "s22:\"hi\"");
         assert_eq!(a.parts()[1].as_ptr(), b.parts()[1].as_ptr());
+    }
+
+    #[test]
+    fn compressed_once_and_shared_beside_plain_frames() {
+        let text = "{\"id\":1,\"name\":\"item\",\"price\":\"19.99\"},".repeat(30);
+        let p = Publication::new(
+            crate::testing::NS,
+            "room".into(),
+            "e".into(),
+            json_string(&text),
+        );
+        let ts = [
+            target(1, &TestWire, None),
+            target(2, &TestWire, None),
+            target(3, &TestWire, None),
+            target(4, &IdWire, Some("s1")),
+            target(5, &IdWire, Some("s22")),
+        ];
+        for t in [&ts[1], &ts[2], &ts[3], &ts[4]] {
+            t.conn.set_deflate(true);
+        }
+        assert_eq!(deliver(&p, &ts), 5);
+        let f: Vec<Frame> = ts.iter().map(|t| frames(t).remove(0)).collect();
+        let inflate = |f: &Frame| {
+            String::from_utf8(crate::deflate::inflate(&f.payload(), 1 << 20).unwrap()).unwrap()
+        };
+        assert!(!f[0].is_compressed());
+        assert!(f[1].is_compressed() && f[1].len() * 3 < f[0].len());
+        assert_eq!(inflate(&f[1]), f[0].payload_text());
+        // Compressed once: the very same bytes for both.
+        assert_eq!(f[1].parts()[1].as_ptr(), f[2].parts()[1].as_ptr());
+        // Per-subscriber heads beside one shared compressed body.
+        assert_eq!(inflate(&f[3]), format!("s1:{}", crate::publication::quote(&text)));
+        assert_eq!(inflate(&f[4]), format!("s22:{}", crate::publication::quote(&text)));
+        assert_eq!(f[3].parts()[1].as_ptr(), f[4].parts()[1].as_ptr());
     }
 
     #[test]

@@ -47,8 +47,15 @@ pub fn header_len(len: usize) -> usize {
     }
 }
 
+/// RSV1: a permessage-deflate message (RFC 7692 6).
+const RSV1: u8 = 0x40;
+
 fn put_header(buf: &mut BytesMut, op: OpCode, len: usize) {
-    buf.put_u8(0x80 | op as u8);
+    put_header_bits(buf, 0x80 | op as u8, len);
+}
+
+fn put_header_bits(buf: &mut BytesMut, first: u8, len: usize) {
+    buf.put_u8(first);
     match len {
         0..=125 => buf.put_u8(len as u8),
         126..=65535 => {
@@ -72,6 +79,89 @@ impl Frame {
             head: Bytes::new(),
             body: buf.freeze(),
         }
+    }
+
+    /// A final frame whose payload is already compressed with
+    /// permessage-deflate (RSV1 set), in one allocation.
+    pub fn deflated(op: OpCode, compressed: &[u8]) -> Frame {
+        let mut buf = BytesMut::with_capacity(header_len(compressed.len()) + compressed.len());
+        put_header_bits(&mut buf, 0x80 | RSV1 | op as u8, compressed.len());
+        buf.put_slice(compressed);
+        Frame {
+            head: Bytes::new(),
+            body: buf.freeze(),
+        }
+    }
+
+    /// This frame compressed for a connection that negotiated
+    /// permessage-deflate, or `None` where it stays as it is: too small,
+    /// not shrinking, already compressed, or not a data frame.
+    pub fn compress(&self) -> Option<Frame> {
+        let op = match self.opcode() {
+            0x1 => OpCode::Text,
+            0x2 => OpCode::Binary,
+            _ => return None,
+        };
+        if self.is_compressed() {
+            return None;
+        }
+        let compressed = crate::deflate::compress(&self.payload())?;
+        Some(Frame::deflated(op, &compressed))
+    }
+
+    /// Whether the payload is permessage-deflate data (RSV1).
+    pub fn is_compressed(&self) -> bool {
+        self.first_byte() & RSV1 != 0
+    }
+
+    /// A subscriber's frame: `prefix` (its own bytes) before this shared
+    /// frame's payload, the payload only referenced. A compressed frame
+    /// gets the prefix as DEFLATE stored blocks ahead of the shared
+    /// compressed data: each message starts with an empty window, so the
+    /// shared data's back-references reach only its own bytes and read
+    /// the same after the prefix (the prefix is written once per
+    /// subscriber, the payload compressed once for all).
+    pub fn with_prefix(&self, prefix: &[u8]) -> Frame {
+        let Some(shared) = self.shared_payload() else {
+            // Not reached: shared frames are built whole.
+            let mut all = prefix.to_vec();
+            all.extend_from_slice(&self.payload());
+            return Frame::new(OpCode::Text, &all);
+        };
+        if !self.is_compressed() {
+            return Frame::text_with_prefix(prefix, &shared);
+        }
+        // A stored block (BFINAL 0, BTYPE 00): one byte, LEN and NLEN
+        // (little-endian), the bytes; at most 65,535 bytes a block.
+        let blocks = prefix.len().div_ceil(65_535).max(1);
+        let stored = blocks * 5 + prefix.len();
+        let len = stored + shared.len();
+        let mut head = BytesMut::with_capacity(header_len(len) + stored);
+        put_header_bits(&mut head, self.first_byte(), len);
+        let mut chunks = prefix.chunks(65_535).peekable();
+        if chunks.peek().is_none() {
+            head.put_slice(&[0, 0, 0, 0xff, 0xff]);
+        }
+        for c in chunks {
+            let n = c.len() as u16;
+            head.put_u8(0);
+            head.put_u16_le(n);
+            head.put_u16_le(!n);
+            head.put_slice(c);
+        }
+        Frame {
+            head: head.freeze(),
+            body: shared,
+        }
+    }
+
+    fn first_byte(&self) -> u8 {
+        let first = if self.head.is_empty() {
+            self.body.first()
+        } else {
+            self.head.first()
+        };
+        first.copied().unwrap_or(0)
     }
 
     /// A text frame. `text` is UTF-8 by its type.
@@ -176,12 +266,7 @@ impl Frame {
 
     /// The opcode of this frame.
     pub fn opcode(&self) -> u8 {
-        let first = if self.head.is_empty() {
-            self.body.first()
-        } else {
-            self.head.first()
-        };
-        first.map_or(0, |b| b & 0x0f)
+        self.first_byte() & 0x0f
     }
 }
 
@@ -224,6 +309,35 @@ mod tests {
                 .flat_map(|b| b.iter().copied())
                 .collect();
             assert_eq!(got, all[n..], "after {n} bytes");
+        }
+    }
+
+    /// Inflate a compressed frame's payload as a client would.
+    fn inflate(f: &Frame) -> Vec<u8> {
+        crate::deflate::inflate(&f.payload(), 1 << 20).expect("inflates")
+    }
+
+    #[test]
+    fn compressed_frames_and_their_prefixes() {
+        let text = r#"{"id":1,"name":"item","price":"19.99"},"#.repeat(40);
+        let plain = Frame::text(&text);
+        let c = plain.compress().expect("compresses");
+        assert!(c.is_compressed() && !plain.is_compressed());
+        assert_eq!(c.opcode(), 1);
+        assert!(c.len() * 3 < plain.len());
+        assert_eq!(inflate(&c), text.as_bytes());
+        assert!(c.compress().is_none(), "never twice");
+        assert!(Frame::text("tiny").compress().is_none());
+        assert!(Frame::close(1000, &"x".repeat(120)).compress().is_none());
+        // A per-subscriber prefix beside the shared compressed body.
+        for prefix in ["", "{\"id\":\"a\",\"e\":", &"p".repeat(70_000)] {
+            let a = c.with_prefix(prefix.as_bytes());
+            assert!(a.is_compressed());
+            assert_eq!(a.parts()[1].as_ptr(), c.shared_payload().unwrap().as_ptr());
+            assert_eq!(inflate(&a), format!("{prefix}{text}").as_bytes());
+            let p = plain.with_prefix(prefix.as_bytes());
+            assert!(!p.is_compressed());
+            assert_eq!(p.payload(), format!("{prefix}{text}").as_bytes());
         }
     }
 

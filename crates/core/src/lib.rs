@@ -53,6 +53,7 @@ pub mod commands;
 pub mod config;
 pub mod confirm;
 pub mod connection;
+pub mod deflate;
 pub mod fanout;
 pub mod frame;
 pub mod future;

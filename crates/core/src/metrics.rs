@@ -146,6 +146,14 @@ pub static FRAMES_ENCODED: Counter = Counter::new(
     "herald_frames_encoded_total",
     "Publication frames built (once per protocol and tag, then shared)",
 );
+pub static FRAMES_COMPRESSED: Counter = Counter::new(
+    "herald_frames_compressed_total",
+    "Publication frames compressed with permessage-deflate (once per protocol and tag, then shared)",
+);
+pub static DEFLATE_CONNECTIONS: Counter = Counter::new(
+    "herald_websocket_deflate_connections_total",
+    "WebSocket upgrades that negotiated permessage-deflate",
+);
 pub static FANOUT_JOBS: Counter = Counter::new(
     "herald_fanout_jobs_total",
     "Publications fanned out to this node's subscribers",
@@ -257,7 +265,7 @@ static GAUGES: [&Gauge; 4] = [
     &BROKER_OUTBOX,
 ];
 
-static ALL: [&Counter; 24] = [
+static ALL: [&Counter; 26] = [
     &CONNECTIONS_REFUSED,
     &BAD_MESSAGES,
     &RATE_LIMITED,
@@ -269,6 +277,8 @@ static ALL: [&Counter; 24] = [
     &DIRECT_WRITES,
     &DIRECT_WRITES_CUT,
     &FRAMES_ENCODED,
+    &FRAMES_COMPRESSED,
+    &DEFLATE_CONNECTIONS,
     &FANOUT_JOBS,
     &FANOUT_MICROS,
     &BROKER_RECEIVED,

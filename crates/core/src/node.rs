@@ -78,6 +78,8 @@ impl Node {
 
     /// A node with a chosen id (tests that need predictable socket ids).
     pub fn with_id(config: Config, broker: Arc<dyn Broker>, id: NodeId) -> Arc<Node> {
+        crate::deflate::set_min_bytes(config.websocket_compression_min_bytes);
+        crate::deflate::read_experiment_switch();
         let mut by_key = HashMap::new();
         let mut by_id = HashMap::new();
         for app in &config.apps {

@@ -104,8 +104,44 @@ impl std::fmt::Debug for Publication {
 /// behind a lock only protocols with several tags per channel touch.
 #[derive(Default)]
 struct Frames {
-    first: OnceLock<(&'static str, Tag, Frame)>,
-    more: Mutex<Vec<(&'static str, Tag, Frame)>>,
+    first: OnceLock<(&'static str, Tag, Encodings)>,
+    more: Mutex<Vec<(&'static str, Tag, Encodings)>>,
+}
+
+/// One (wire, tag)'s frame, and the same compressed for connections that
+/// negotiated permessage-deflate: compressed once, on the first such
+/// subscriber (the plain frame again where compressing does not pay).
+struct Encodings {
+    plain: Frame,
+    deflated: OnceLock<Frame>,
+}
+
+impl Encodings {
+    fn new(plain: Frame) -> Encodings {
+        Encodings {
+            plain,
+            deflated: OnceLock::new(),
+        }
+    }
+
+    fn get(&self, deflate: bool) -> Frame {
+        if !deflate {
+            return self.plain.clone();
+        }
+        if crate::deflate::per_subscriber() {
+            // Measurement only: what compressing per subscriber costs.
+            return self.plain.compress().unwrap_or_else(|| self.plain.clone());
+        }
+        self.deflated
+            .get_or_init(|| {
+                let f = self.plain.compress();
+                if f.is_some() {
+                    metrics::count(&metrics::FRAMES_COMPRESSED);
+                }
+                f.unwrap_or_else(|| self.plain.clone())
+            })
+            .clone()
+    }
 }
 
 impl Publication {
@@ -156,29 +192,37 @@ impl Publication {
     /// The frame for subscribers speaking `wire` with `tag`, built on first
     /// use and shared afterwards.
     pub fn frame(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
-        if wire.per_subscriber() {
-            let shared = self.shared(wire, &None);
-            return wire.personalize(&shared, tag.as_deref().unwrap_or(""));
-        }
-        self.shared(wire, tag)
+        self.frame_for(wire, tag, false)
     }
 
-    fn shared(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {
+    /// [`Publication::frame`] for a connection that negotiated
+    /// permessage-deflate (`deflate`) or not: compressed once per (wire,
+    /// tag) and shared as the plain frame is.
+    pub fn frame_for(&self, wire: &'static dyn Wire, tag: &Tag, deflate: bool) -> Frame {
+        if wire.per_subscriber() {
+            let shared = self.shared(wire, &None, deflate);
+            return wire.personalize(&shared, tag.as_deref().unwrap_or(""));
+        }
+        self.shared(wire, tag, deflate)
+    }
+
+    fn shared(&self, wire: &'static dyn Wire, tag: &Tag, deflate: bool) -> Frame {
         let name = wire.name();
         let first = self
             .frames
             .first
-            .get_or_init(|| (name, tag.clone(), self.encode(wire, tag)));
+            .get_or_init(|| (name, tag.clone(), Encodings::new(self.encode(wire, tag))));
         if first.0 == name && first.1 == *tag {
-            return first.2.clone();
+            return first.2.get(deflate);
         }
         let mut more = self.frames.more.lock();
         if let Some((_, _, f)) = more.iter().find(|(n, t, _)| *n == name && t == tag) {
-            return f.clone();
+            return f.get(deflate);
         }
-        let f = self.encode(wire, tag);
-        more.push((name, tag.clone(), f.clone()));
-        f
+        let f = Encodings::new(self.encode(wire, tag));
+        let frame = f.get(deflate);
+        more.push((name, tag.clone(), f));
+        frame
     }
 
     fn encode(&self, wire: &'static dyn Wire, tag: &Tag) -> Frame {

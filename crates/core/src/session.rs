@@ -235,7 +235,16 @@ where
     H: Handler + 'static,
 {
     // Made out here, so the block keeps the decoder but not its setting.
-    let mut decoder = Decoder::new(settings.max_message);
+    // permessage-deflate, if the upgrade negotiated it: client messages
+    // inflated, publications sent compressed (see `deflate`).
+    let deflate = (&stream as &dyn std::any::Any)
+        .downcast_ref::<crate::ws::Socket>()
+        .is_some_and(crate::ws::Socket::deflate);
+    if deflate {
+        conn.set_deflate(true);
+        metrics::count(&metrics::DEFLATE_CONNECTIONS);
+    }
+    let mut decoder = Decoder::new(settings.max_message).inflating(deflate);
     async move {
         let keepalive = handler.keepalive();
         let mut last_seen = Instant::now();

@@ -61,8 +61,7 @@ impl Wire for IdWire {
         true
     }
     fn personalize(&self, shared: &Frame, tag: &str) -> Frame {
-        let body = shared.shared_payload().expect("shared frames are whole");
-        Frame::text_with_prefix(format!("{tag}:").as_bytes(), &body)
+        shared.with_prefix(format!("{tag}:").as_bytes())
     }
     fn event(&self, _e: &Event<'_>, _tag: &str) -> Option<Frame> {
         None

@@ -65,29 +65,41 @@ pub fn is_valid_close_code(code: u16) -> bool {
 /// a fragmented message is incomplete, or decoded messages wait to be
 /// taken: all of that lives in one box that exists only then, so an idle
 /// connection's decoder is two words (it is part of every connection's
-/// task).
+/// task). With permessage-deflate negotiated it inflates compressed
+/// messages (see [`crate::deflate`]) with no state of its own between them.
 #[derive(Debug)]
 pub struct Decoder {
-    /// Largest message (and frame) accepted.
-    max: usize,
+    /// Largest message (and frame) accepted, compressed or inflated (in a
+    /// u32 beside the flag: the decoder stays two words).
+    max: u32,
+    /// permessage-deflate was negotiated: RSV1 marks a compressed message.
+    inflate: bool,
     pending: Option<Box<Pending>>,
 }
 
 impl Decoder {
     pub fn new(max_message: usize) -> Decoder {
         Decoder {
-            max: max_message,
+            max: max_message.min(u32::MAX as usize) as u32,
+            inflate: false,
             pending: None,
         }
+    }
+
+    /// A decoder for a connection that negotiated permessage-deflate (or
+    /// not, with `false`).
+    pub fn inflating(mut self, on: bool) -> Decoder {
+        self.inflate = on;
+        self
     }
 
     /// Feed bytes read from the socket. Complete messages become available
     /// from [`Decoder::next`]; after an error nothing more is decoded.
     pub fn feed(&mut self, data: &[u8]) {
-        let max = self.max;
+        let (max, inflate) = (self.max as usize, self.inflate);
         let p = self
             .pending
-            .get_or_insert_with(|| Box::new(Pending::new(max)));
+            .get_or_insert_with(|| Box::new(Pending::new(max, inflate)));
         p.feed(data);
         if p.is_empty() {
             self.pending = None;
@@ -123,18 +135,23 @@ struct Pending {
     /// Payload of a fragmented message so far, and its opcode.
     message: Vec<u8>,
     fragmented: Option<u8>,
+    /// The fragmented message's first frame had RSV1 (compressed).
+    compressed: bool,
     max: usize,
+    inflate: bool,
     ready: VecDeque<Incoming>,
     error: Option<WsError>,
 }
 
 impl Pending {
-    fn new(max_message: usize) -> Pending {
+    fn new(max_message: usize, inflate: bool) -> Pending {
         Pending {
             partial: Vec::new(),
             message: Vec::new(),
             fragmented: None,
+            compressed: false,
             max: max_message,
+            inflate,
             ready: VecDeque::new(),
             error: None,
         }
@@ -200,12 +217,19 @@ impl Pending {
             return Ok(None);
         }
         let fin = b[0] & 0x80 != 0;
-        if b[0] & 0x70 != 0 {
+        let op = b[0] & 0x0f;
+        // RSV1 is permessage-deflate's, on a message's first frame only.
+        let rsv1 = b[0] & 0x40 != 0;
+        if b[0] & 0x30 != 0 || (rsv1 && !self.inflate) {
             return Err(WsError::Protocol(
                 "reserved bits set without a negotiated extension",
             ));
         }
-        let op = b[0] & 0x0f;
+        if rsv1 && !matches!(op, 0x1 | 0x2) {
+            return Err(WsError::Protocol(
+                "RSV1 set on a control or continuation frame",
+            ));
+        }
         if b[1] & 0x80 == 0 {
             return Err(WsError::Protocol("client frames must be masked"));
         }
@@ -280,7 +304,8 @@ impl Pending {
                 if fin {
                     self.fragmented = None;
                     let whole = std::mem::take(&mut self.message);
-                    self.complete(first, whole)?;
+                    let compressed = std::mem::take(&mut self.compressed);
+                    self.complete(first, whole, compressed)?;
                 }
             }
             _ => {
@@ -290,9 +315,10 @@ impl Pending {
                     ));
                 }
                 if fin {
-                    self.complete(op, payload)?;
+                    self.complete(op, payload, rsv1)?;
                 } else {
                     self.fragmented = Some(op);
+                    self.compressed = rsv1;
                     self.message = payload;
                 }
             }
@@ -300,7 +326,18 @@ impl Pending {
         Ok(Some(used))
     }
 
-    fn complete(&mut self, op: u8, payload: Vec<u8>) -> Result<(), WsError> {
+    fn complete(&mut self, op: u8, payload: Vec<u8>, compressed: bool) -> Result<(), WsError> {
+        let payload = if compressed {
+            // The inflated size counts against the same limit.
+            crate::deflate::inflate(&payload, self.max).map_err(|e| match e {
+                crate::deflate::InflateError::TooLarge => WsError::TooLarge(self.max),
+                crate::deflate::InflateError::Invalid => {
+                    WsError::Protocol("invalid compressed message")
+                }
+            })?
+        } else {
+            payload
+        };
         let m = if op == 0x1 {
             Incoming::Text(String::from_utf8(payload).map_err(|_| WsError::Utf8)?)
         } else {
@@ -316,6 +353,8 @@ pub struct Handshake {
     accept: String,
     /// The subprotocol chosen from the client's list, if any.
     pub protocol: Option<&'static str>,
+    /// permessage-deflate accepted (see [`crate::deflate`]).
+    pub deflate: bool,
 }
 
 /// Check a WebSocket upgrade request (RFC 6455 4.2.1) and pick the first of
@@ -365,7 +404,11 @@ pub fn handshake(headers: &HeaderMap, supported: &[&'static str]) -> Result<Hand
         .flat_map(|s| s.split(','))
         .map(str::trim)
         .find_map(|p| supported.iter().find(|s| **s == p).copied());
-    Ok(Handshake { accept, protocol })
+    Ok(Handshake {
+        accept,
+        protocol,
+        deflate: false,
+    })
 }
 
 impl Handshake {
@@ -382,6 +425,12 @@ impl Handshake {
         if let Some(p) = self.protocol {
             h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
         }
+        if self.deflate {
+            h.insert(
+                header::SEC_WEBSOCKET_EXTENSIONS,
+                HeaderValue::from_static(crate::deflate::RESPONSE),
+            );
+        }
         res
     }
 }
@@ -396,6 +445,8 @@ pub struct RawSocket(pub i32);
 pub struct Socket {
     io: hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>,
     fd: i32,
+    /// permessage-deflate was negotiated at the upgrade.
+    deflate: bool,
     /// The connection allowed to write to `fd` directly, if any: detached
     /// when the socket drops, before the descriptor closes, however the
     /// session ended (a panic included), so a direct write can never reach
@@ -404,6 +455,17 @@ pub struct Socket {
 }
 
 impl Socket {
+    /// Whether permessage-deflate was negotiated on this socket.
+    pub fn deflate(&self) -> bool {
+        self.deflate
+    }
+
+    /// A decoder of this socket's client frames, inflating them where
+    /// permessage-deflate was negotiated.
+    pub fn decoder(&self, max_message: usize) -> Decoder {
+        Decoder::new(max_message).inflating(self.deflate)
+    }
+
     /// Let `conn`'s senders write to this socket directly (plain TCP only;
     /// see [`crate::connection`]); returns whether they may.
     pub fn attach(
@@ -492,19 +554,25 @@ fn release_read_buffer(socket: &mut Socket) {
 /// Answer a WebSocket upgrade request and, once the client switched
 /// protocols, run `then` with the socket and the chosen subprotocol on its
 /// own task. A request that is not a valid upgrade gets its HTTP error.
+/// permessage-deflate is accepted when `compression` allows it (the
+/// server's and the app's `websocket_compression`) and the client offers
+/// it in a form Herald takes ([`crate::deflate::accepts`]).
 pub fn upgrade<F, Fut>(
     mut req: axum::extract::Request,
     supported: &[&'static str],
+    compression: bool,
     then: F,
 ) -> Response
 where
     F: FnOnce(Socket, Option<&'static str>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let hs = match handshake(req.headers(), supported) {
+    let mut hs = match handshake(req.headers(), supported) {
         Ok(h) => h,
         Err(r) => return r,
     };
+    hs.deflate = compression && crate::deflate::accepts(req.headers());
+    let deflate = hs.deflate;
     let on = hyper::upgrade::on(&mut req);
     let protocol = hs.protocol;
     let fd = req.extensions().get::<RawSocket>().map_or(-1, |s| s.0);
@@ -513,6 +581,7 @@ where
             let mut socket = Socket {
                 io: hyper_util::rt::TokioIo::new(upgraded),
                 fd,
+                deflate,
                 attached: None,
             };
             release_read_buffer(&mut socket);
@@ -625,6 +694,75 @@ mod tests {
         }
     }
 
+    /// `text` compressed as a client sends it (the tail stripped).
+    fn deflated(text: &[u8]) -> Vec<u8> {
+        let mut c = flate2::Compress::new(flate2::Compression::default(), false);
+        let mut out = Vec::with_capacity(text.len() / 2 + 1024);
+        c.compress_vec(text, &mut out, flate2::FlushCompress::Sync)
+            .unwrap();
+        out.truncate(out.len() - 4);
+        out
+    }
+
+    #[test]
+    fn compressed_messages_are_inflated_and_bounded() {
+        let text = "{\"event\":\"client-x\",\"data\":{}}".repeat(20);
+        let z = deflated(text.as_bytes());
+        // One frame, and the same message in two fragments (RSV1 on the
+        // first only).
+        let mut one = client_frame(true, 1, &z);
+        one[0] |= 0x40;
+        let mut two = client_frame(false, 1, &z[..3]);
+        two[0] |= 0x40;
+        two.extend(client_frame(true, 0, &z[3..]));
+        for bytes in [one.clone(), two] {
+            let mut d = Decoder::new(1024).inflating(true);
+            d.feed(&bytes);
+            d.feed(&client_frame(true, 1, b"plain"));
+            assert_eq!(
+                all(&mut d),
+                vec![
+                    Ok(Incoming::Text(text.clone())),
+                    Ok(Incoming::Text("plain".into()))
+                ]
+            );
+            assert!(d.pending.is_none());
+        }
+        // Without the extension, RSV1 is a protocol error.
+        let mut d = Decoder::new(1024);
+        d.feed(&one);
+        assert_eq!(all(&mut d)[0].as_ref().unwrap_err().close_code(), 1002);
+        // The inflated size counts: 700 bytes of text over a 512-byte limit.
+        let mut d = Decoder::new(512).inflating(true);
+        d.feed(&one);
+        assert_eq!(all(&mut d), vec![Err(WsError::TooLarge(512))]);
+        // A bomb: 16 MiB of zeros in about 16 KiB, against 64 KiB.
+        let bomb = deflated(&vec![0u8; 16 << 20]);
+        assert!(bomb.len() < 64 << 10);
+        let mut f = client_frame(true, 2, &bomb);
+        f[0] |= 0x40;
+        let mut d = Decoder::new(64 << 10).inflating(true);
+        d.feed(&f);
+        assert_eq!(d.next().unwrap().unwrap_err().close_code(), 1009);
+        // RSV1 on a control frame or a continuation; RSV2; bad data.
+        let mut ping = client_frame(true, 9, b"");
+        ping[0] |= 0x40;
+        let mut cont = client_frame(false, 1, &z[..3]);
+        let mut rest = client_frame(true, 0, &z[3..]);
+        rest[0] |= 0x40;
+        cont.extend(rest);
+        let mut rsv2 = client_frame(true, 1, b"x");
+        rsv2[0] |= 0x20;
+        let mut junk = client_frame(true, 1, &[0xff; 8]);
+        junk[0] |= 0x40;
+        for bytes in [ping, cont, rsv2, junk] {
+            let mut d = Decoder::new(1024).inflating(true);
+            d.feed(&bytes);
+            let got = all(&mut d);
+            assert_eq!(got.last().unwrap().as_ref().unwrap_err().close_code(), 1002);
+        }
+    }
+
     #[test]
     fn oversized_length_is_refused_from_the_header() {
         let mut d = Decoder::new(1024);
@@ -642,7 +780,7 @@ mod tests {
         proptest! {
             #[test]
             fn never_panics(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8)) {
-                let mut d = Decoder::new(256);
+                let mut d = Decoder::new(256).inflating(chunks.len() % 2 == 0);
                 for c in &chunks {
                     d.feed(c);
                     while d.next().is_some() {}

@@ -83,7 +83,10 @@ pub async fn upgrade(
     // The closure decides synchronously and returns either future: an
     // `async` block would keep `key`, `params` and the socket twice in every
     // connection's task for its whole life.
-    herald_core::ws::upgrade(req, &[], move |socket, _| {
+    let compression = node
+        .hub_by_key(&key)
+        .is_some_and(|hub| node.config.compression(&hub.app));
+    herald_core::ws::upgrade(req, &[], compression, move |socket, _| {
         match admit(&node, &key, &params) {
             Ok(hub) => Either::Left(run(node, hub, socket)),
             // Boxed: a refusal's state is larger than a session's.

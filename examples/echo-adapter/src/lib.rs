@@ -123,7 +123,8 @@ async fn upgrade(
     if hub.admit().is_err() {
         return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "full").into_response();
     }
-    herald_core::ws::upgrade(req, &[], move |socket, _| async move {
+    let compression = node.config.compression(&hub.app);
+    herald_core::ws::upgrade(req, &[], compression, move |socket, _| async move {
         let (id, socket_id) = node.next_connection();
         let session::Opened {
             conn,

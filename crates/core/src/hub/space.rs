@@ -236,7 +236,7 @@ impl Space {
         let hit = cache.get(self.ns, channel).map(|(p, _)| p);
         let found = hit.is_some();
         let frame = match hit {
-            Some(p) => Some(p.frame(conn.wire, tag)),
+            Some(p) => Some(p.frame_for(conn.wire, tag, conn.deflate())),
             None => conn
                 .wire
                 .event(&Event::CacheMiss { channel }, tag.as_deref().unwrap_or("")),
