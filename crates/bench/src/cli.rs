@@ -414,6 +414,11 @@ struct BenchCommon {
     /// Allow a target that is not a loopback address.
     #[arg(long)]
     allow_remote: bool,
+    /// Offer permessage-deflate (RFC 7692) on every WebSocket, as browsers
+    /// do; the clients inflate what the server compresses. Compare the
+    /// reports' `ws_bytes_received` with and without it.
+    #[arg(long)]
+    deflate: bool,
     /// Generator threads; 0 means one per CPU core. With 1 the generator
     /// runs on tokio's single-threaded scheduler (no work stealing, no
     /// cross-thread wake-ups), which costs less CPU per delivery when
@@ -513,6 +518,10 @@ struct FanoutArgs {
     /// Longest --fault-cmd may run (it runs beside the publishers).
     #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
     fault_timeout: std::time::Duration,
+    /// Pad each event's data to about this many bytes of JSON (an order
+    /// with its line items, as an app would send); 0: the bare ids.
+    #[arg(long, default_value_t = 0)]
+    payload_bytes: usize,
 }
 
 #[derive(Args)]
@@ -554,6 +563,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         BenchScenario::Slow(a) => ("slow", a.common.clone()),
         BenchScenario::Latency(a) => ("latency", a.common.clone()),
     };
+    super::wire::offer_deflate(common.deflate);
     let sweep = matches!(&args.scenario, BenchScenario::Connect(a) if a.sweep.is_some());
     let spread = common.processes > 1 || common.server_pid.len() > 1;
     if let BenchScenario::Fanout(a) = &args.scenario {
@@ -739,6 +749,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.publishers = a.publishers;
                 p.rate = a.rate;
                 p.drain = a.drain;
+                p.payload_bytes = a.payload_bytes;
                 p.protocol = a.protocol;
                 p.timeout = common.timeout;
                 p.progress = progress;

@@ -187,6 +187,56 @@ pub fn bench_data(stamp: u64, id: MsgId) -> String {
     )
 }
 
+/// [`bench_data`] padded to about `bytes` bytes (0: not padded) with an
+/// order and its line items, the kind of JSON an app sends: repeated keys,
+/// numbers and words that vary from message to message, so compression
+/// sees what it would in production rather than a repeated string.
+pub fn padded_data(stamp: u64, id: MsgId, bytes: usize) -> String {
+    let ids = bench_data(stamp, id);
+    if bytes <= ids.len() {
+        return ids;
+    }
+    const STATUS: [&str; 4] = ["pending", "paid", "shipped", "delivered"];
+    const NAMES: [&str; 6] = [
+        "Espresso beans 1 kg",
+        "Ceramic mug",
+        "Milk frother",
+        "Paper filters (100)",
+        "Grinder burr set",
+        "Travel tumbler",
+    ];
+    let seed = id.seq.wrapping_mul(2_654_435_761).wrapping_add(id.sender);
+    let mut s = format!(
+        "{{\"type\":\"order.updated\",\"order\":{{\"id\":\"ord_{:08x}\",\"customer_id\":{},\"status\":\"{}\",\"currency\":\"EUR\",\"updated_at\":\"2026-11-28T17:{:02}:{:02}Z\"}},\"items\":[",
+        seed & 0xffff_ffff,
+        10_000 + seed % 90_000,
+        STATUS[(seed % 4) as usize],
+        seed % 60,
+        (seed / 60) % 60
+    );
+    let mut i = 0u64;
+    while s.len() + ids.len() + 120 < bytes {
+        let r = seed.wrapping_add(i.wrapping_mul(40_503));
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&format!(
+            "{{\"sku\":\"SKU-{:05}\",\"name\":\"{}\",\"quantity\":{},\"unit_price\":{}.{:02},\"in_stock\":{}}}",
+            r % 100_000,
+            NAMES[(r % 6) as usize],
+            1 + r % 5,
+            3 + r % 60,
+            r % 100,
+            r % 3 != 0
+        ));
+        i += 1;
+    }
+    s.push_str("],");
+    // The ids last, where `bench_fields` looks first.
+    s.push_str(&ids[1..]);
+    s
+}
+
 /// The numbers after `bench_t`, `bench_s` and `bench_q`, whether `data` is
 /// an object (client events) or a JSON-encoded string (HTTP API events,
 /// quotes escaped), in any order. One backward byte loop from the end,
@@ -357,7 +407,7 @@ pub(crate) async fn ws_open(
     url: String,
     subprotocol: Option<&str>,
     timeout: Duration,
-) -> Result<WebSocketStream<TcpStream>, ClientError> {
+) -> Result<WebSocketStream<super::wire::Socket>, ClientError> {
     let open = async {
         let stream = tcp_connect(target, source)
             .await
@@ -371,6 +421,13 @@ pub(crate) async fn ws_open(
                 HeaderValue::from_str(p).map_err(|e| ClientError::Handshake(e.to_string()))?,
             );
         }
+        if super::wire::deflate_offered() {
+            req.headers_mut().insert(
+                "sec-websocket-extensions",
+                HeaderValue::from_static(super::wire::OFFER),
+            );
+        }
+        let stream = super::wire::Socket::new(stream);
         let (ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(ws_config()))
             .await
             .map_err(|e| match ws_error(e) {
@@ -434,7 +491,7 @@ pub(crate) async fn tcp_connect(
 
 /// One connected Pusher client.
 pub struct Conn {
-    pub ws: WebSocketStream<TcpStream>,
+    pub ws: WebSocketStream<super::wire::Socket>,
     pub socket_id: String,
 }
 
@@ -548,7 +605,7 @@ impl Conn {
 /// The next text frame; pings, pongs and binary frames are skipped (the
 /// library answers WebSocket pings itself).
 pub(crate) async fn next_text(
-    ws: &mut WebSocketStream<TcpStream>,
+    ws: &mut WebSocketStream<super::wire::Socket>,
 ) -> Result<Utf8Bytes, ClientError> {
     loop {
         match ws.next().await {
@@ -646,6 +703,18 @@ impl HttpPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn padded_data_is_json_of_the_asked_size_with_its_ids() {
+        let id = MsgId { sender: 3, seq: 99 };
+        let d = padded_data(777, id, 2048);
+        let v: Value = serde_json::from_str(&d).unwrap();
+        assert!(v["items"].as_array().unwrap().len() > 10);
+        assert!((1900..=2048).contains(&d.len()), "{}", d.len());
+        let s = scan(&d);
+        assert_eq!((s.stamp, s.id), (Some(777), Some(id)));
+        assert_eq!(padded_data(777, id, 0), bench_data(777, id));
+    }
 
     #[test]
     fn stray_bench_prefixes_do_not_panic() {

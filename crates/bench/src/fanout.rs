@@ -33,7 +33,7 @@
 //! ([`PROTOCOLS`]; see [`super::appsync`]).
 
 use super::appsync;
-use super::client::{bench_data, Conn};
+use super::client::{padded_data, Conn};
 use super::fault::{self, Fault};
 use super::ledger::{Deliveries, MsgId, Receipt, Seen, SeqSet};
 use super::metrics::{Latency, Live, Monitor};
@@ -83,6 +83,9 @@ pub struct FanoutParams {
     pub shard: Option<Shard>,
     /// A fault to run in the middle of publishing, and report on.
     pub fault: Option<Fault>,
+    /// Pad each event's data to about this many bytes of JSON
+    /// ([`super::client::padded_data`]); 0: the bare ids.
+    pub payload_bytes: usize,
 }
 
 impl FanoutParams {
@@ -104,6 +107,7 @@ impl FanoutParams {
             nodes: Vec::new(),
             shard: None,
             fault: None,
+            payload_bytes: 0,
         }
     }
 }
@@ -427,6 +431,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         .collect();
     // The schedule on both clocks: `Instant` to sleep on, the bench clock
     // for the stamps receivers subtract from.
+    let wire_bytes_before = super::wire::bytes_read();
     let publish_start = Instant::now();
     let publish_start_us = now_us();
     let total = (p.rate * p.duration.as_secs_f64()).round() as u64;
@@ -436,6 +441,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         let nodes = nodes.to_vec();
         let s = s.clone();
         let (step, rate, channels) = (p.publishers as u64, p.rate, p.channels as u64);
+        let payload_bytes = p.payload_bytes;
         publishers.spawn(async move {
             let mut k = j;
             while k < total {
@@ -451,7 +457,7 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
                 s.publishes_sent.fetch_add(1, Relaxed);
                 s.last_send_us
                     .fetch_max((offset + late).as_micros() as u64, Relaxed);
-                let data = bench_data(stamp, MsgId { sender: j, seq: k });
+                let data = padded_data(stamp, MsgId { sender: j, seq: k }, payload_bytes);
                 let node = publish_node(k, channels, nodes.len());
                 let (publisher, target) = (&node_publishers[node], &nodes[node]);
                 let t0 = Instant::now();
@@ -521,6 +527,9 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // What the subscribers read off the wire while publishes were
+    // delivered (compressed, with --deflate).
+    let wire_bytes = super::wire::bytes_read() - wire_bytes_before;
     let _ = stop_tx.send(true);
     // Each subscriber's ids against the publishes the server accepted.
     let mut per_channel = vec![Deliveries::default(); p.channels];
@@ -607,6 +616,14 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     report.trend("publish_lag", lag);
     report.counter("ws_msgs_received", s.live.received.load(Relaxed));
     report.deliveries(&total);
+    report.counter("ws_bytes_received", wire_bytes);
+    if total.received > 0 {
+        report.value(
+            "ws_bytes_per_delivery",
+            Some(wire_bytes as f64 / total.received as f64),
+            "B",
+        );
+    }
     if per_node.len() > 1 {
         for (k, n) in per_node.iter().enumerate() {
             report.counter(&format!("deliveries_received{{node:{k}}}"), *n);
