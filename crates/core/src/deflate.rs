@@ -28,7 +28,8 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The extension's answer in a `101` response.
-pub const RESPONSE: &str = "permessage-deflate; server_no_context_takeover; client_no_context_takeover";
+pub const RESPONSE: &str =
+    "permessage-deflate; server_no_context_takeover; client_no_context_takeover";
 
 /// The tail a sender strips from each compressed message and the receiver
 /// appends before inflating (RFC 7692 7.2.1/7.2.2).
@@ -220,9 +221,7 @@ mod tests {
     #[test]
     fn negotiation() {
         // Browsers, the `ws` package, Firefox.
-        assert!(offers(
-            "permessage-deflate; client_max_window_bits"
-        ));
+        assert!(offers("permessage-deflate; client_max_window_bits"));
         assert!(offers("permessage-deflate"));
         assert!(offers(
             "permessage-deflate; server_no_context_takeover; client_no_context_takeover; client_max_window_bits=10"
@@ -262,14 +261,18 @@ mod tests {
             // The threshold does not apply to this test's own compressor.
             let mut d = Compress::new(Compression::best(), false);
             let mut out = Vec::with_capacity(64 << 10);
-            d.compress_vec(&zeros, &mut out, FlushCompress::Sync).unwrap();
+            d.compress_vec(&zeros, &mut out, FlushCompress::Sync)
+                .unwrap();
             out.truncate(out.len() - 4);
             out
         };
         assert!(bomb.len() < 20 << 10);
         assert_eq!(inflate(&bomb, 64 << 10), Err(InflateError::TooLarge));
         assert_eq!(inflate(&bomb, 10 << 20).unwrap().len(), 10 << 20);
-        assert_eq!(inflate(&[0xff, 0xff, 0xff], 1024), Err(InflateError::Invalid));
+        assert_eq!(
+            inflate(&[0xff, 0xff, 0xff], 1024),
+            Err(InflateError::Invalid)
+        );
         assert_eq!(inflate(&[], 1024), Ok(Vec::new()));
     }
 }

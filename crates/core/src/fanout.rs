@@ -442,8 +442,14 @@ mod tests {
         // Compressed once: the very same bytes for both.
         assert_eq!(f[1].parts()[1].as_ptr(), f[2].parts()[1].as_ptr());
         // Per-subscriber heads beside one shared compressed body.
-        assert_eq!(inflate(&f[3]), format!("s1:{}", crate::publication::quote(&text)));
-        assert_eq!(inflate(&f[4]), format!("s22:{}", crate::publication::quote(&text)));
+        assert_eq!(
+            inflate(&f[3]),
+            format!("s1:{}", crate::publication::quote(&text))
+        );
+        assert_eq!(
+            inflate(&f[4]),
+            format!("s22:{}", crate::publication::quote(&text))
+        );
         assert_eq!(f[3].parts()[1].as_ptr(), f[4].parts()[1].as_ptr());
     }
 
