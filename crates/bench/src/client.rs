@@ -227,7 +227,7 @@ pub fn padded_data(stamp: u64, id: MsgId, bytes: usize) -> String {
             1 + r % 5,
             3 + r % 60,
             r % 100,
-            r % 3 != 0
+            !r.is_multiple_of(3)
         ));
         i += 1;
     }
