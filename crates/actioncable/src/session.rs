@@ -84,16 +84,11 @@ pub async fn upgrade(
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
     let info = request_info(&node, &cable, req.headers(), req.uri(), peer);
-    let compression = node.config.compression(&cable.hub.app);
-    herald_core::ws::upgrade(
-        req,
-        wire::PROTOCOLS,
-        compression,
-        move |socket, protocol| {
-            let ext = protocol == Some(crate::ext::PROTOCOL);
-            start(node, cable, socket, info, ext)
-        },
-    )
+    let deflate = node.config.compression(&cable.hub.app);
+    herald_core::ws::upgrade(req, wire::PROTOCOLS, deflate, move |socket, protocol| {
+        let ext = protocol == Some(crate::ext::PROTOCOL);
+        start(node, cable, socket, info, ext)
+    })
 }
 
 /// A connection's life: its opening (who it is: a restored session, a

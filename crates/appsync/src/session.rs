@@ -97,63 +97,56 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
     let key = auth::upgrade_key(&offered, req.uri().query());
     // permessage-deflate: the server's switch and, where the key names an
     // app already, that app's.
-    let compression = match &key {
+    let deflate = match &key {
         Ok(Some(k)) => keys
             .app_for_key(&node, k)
             .is_none_or(|(hub, _)| node.config.compression(&hub.app)),
         _ => node.config.websocket_compression,
     };
-    herald_core::ws::upgrade(
-        req,
-        &[api.subprotocol()],
-        compression,
-        move |socket, _| async move {
-            if !speaks {
-                let msg = format!(
-                    "SubProtocolNotSupported: offer the WebSocket subprotocol {:?}",
-                    api.subprotocol()
-                );
-                return refuse(
-                    socket,
-                    api.connection_error("BadRequestException", &msg, 400),
-                )
-                .await;
-            }
-            let key = match key {
-                Ok(Some(k)) => k,
-                Ok(None) => {
-                    let error = api.connection_error(
+    let subprotocol = [api.subprotocol()];
+    herald_core::ws::upgrade(req, &subprotocol, deflate, move |socket, _| async move {
+        if !speaks {
+            let msg = format!(
+                "SubProtocolNotSupported: offer the WebSocket subprotocol {:?}",
+                api.subprotocol()
+            );
+            return refuse(
+                socket,
+                api.connection_error("BadRequestException", &msg, 400),
+            )
+            .await;
+        }
+        let key = match key {
+            Ok(Some(k)) => k,
+            Ok(None) => {
+                let error = api.connection_error(
                     auth::UNAUTHORIZED,
                     "Missing API key: send x-api-key in the header query parameter or a header- subprotocol",
                     401,
                 );
-                    return refuse(socket, error).await;
-                }
-                Err(why) => {
-                    return refuse(
-                        socket,
-                        api.connection_error("BadRequestException", why, 400),
-                    )
-                    .await
-                }
-            };
-            let Some((hub, app_keys)) = keys.app_for_key(&node, &key) else {
-                let error =
-                    api.connection_error(auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE, 401);
-                return refuse(socket, error).await;
-            };
-            if let Err(e) = hub.admit() {
-                let error = match e {
-                    Refused::OverLimit(m) => {
-                        api.connection_error("LimitExceededException", &m, 429)
-                    }
-                    other => api.connection_error(auth::UNAUTHORIZED, &other.to_string(), 401),
-                };
                 return refuse(socket, error).await;
             }
-            run(node, hub, app_keys, socket, key, api).await
-        },
-    )
+            Err(why) => {
+                return refuse(
+                    socket,
+                    api.connection_error("BadRequestException", why, 400),
+                )
+                .await
+            }
+        };
+        let Some((hub, app_keys)) = keys.app_for_key(&node, &key) else {
+            let error = api.connection_error(auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE, 401);
+            return refuse(socket, error).await;
+        };
+        if let Err(e) = hub.admit() {
+            let error = match e {
+                Refused::OverLimit(m) => api.connection_error("LimitExceededException", &m, 429),
+                other => api.connection_error(auth::UNAUTHORIZED, &other.to_string(), 401),
+            };
+            return refuse(socket, error).await;
+        }
+        run(node, hub, app_keys, socket, key, api).await
+    })
 }
 
 /// Refuse an upgraded connection: wait (bounded) for the client's first
