@@ -8,7 +8,8 @@
 #   per-sub    the same, with the server compressing each subscriber's
 #              frame for it alone (HERALD_DEFLATE_PER_SUBSCRIBER=1, a
 #              measurement switch): what compressing once saves
-# Each run gets a fresh server. Reports go to $OUT (JSON per run).
+# Each run gets a fresh server. Reports go to $OUT (JSON per run);
+# SKIP_IDLE=1 runs `fanout` only.
 #
 #   bench/deflate.sh [ROUNDS] [fanout flags...]
 set -euo pipefail
@@ -47,6 +48,7 @@ for r in $(seq "$rounds"); do
       --server-pid "$pid" --no-progress --json "$out/fanout-$mode-$r.json" >"$out/fanout-$mode-$r.txt"
     stop
   done
+  [ -n "${SKIP_IDLE:-}" ] && continue
   for mode in plain deflate; do
     flags=()
     [ "$mode" = deflate ] && flags=(--deflate)

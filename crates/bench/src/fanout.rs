@@ -240,6 +240,12 @@ pub async fn run(p: &FanoutParams) -> Result<Report, BenchError> {
     report.param("rate", format!("{}/s", p.rate));
     report.param("duration", format!("{:?}", p.duration));
     report.param("protocol", p.protocol.name());
+    if p.payload_bytes > 0 {
+        report.param("payload bytes", p.payload_bytes);
+    }
+    if super::wire::deflate_offered() {
+        report.param("permessage-deflate", "offered");
+    }
     if let Some(f) = &p.fault {
         if f.at >= p.duration {
             return super::err(format!(

@@ -57,7 +57,8 @@ fn deliver_with(p: &Publication, targets: &[Target], mut sends: Option<&mut Send
                 if !conn.wire.per_subscriber()
                     && same(*w, conn.wire)
                     && **tag == t.tag
-                    && *d == deflate =>
+                    && *d == deflate
+                    && !(deflate && crate::deflate::per_subscriber()) =>
             {
                 f.clone()
             }
