@@ -90,7 +90,7 @@ pub use report::Report;
 // server's development app (`DEV_APP_ID`, `DEV_APP_KEY`, `DEV_APP_SECRET`
 // in the server's `config`), so `herald serve` and `herald bench` work
 // together without flags. The bench keeps its own copy rather than depend
-// on the server crate; a test in tests/bench_scenarios.rs checks they agree.
+// on the server crate; a test in tests/it/bench_scenarios.rs checks they agree.
 
 /// Default `--app-id`: the Herald development app's id.
 pub const DEV_APP_ID: &str = "app-id";
