@@ -44,6 +44,7 @@ mod harness;
 mod hostile_conns;
 mod http_api;
 mod limits;
+mod maps;
 mod memory_bounds;
 mod metrics;
 mod nats_cluster;

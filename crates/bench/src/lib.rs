@@ -1,5 +1,6 @@
-//! `herald bench`: a load generator for any server speaking the Pusher
-//! Channels protocol v7 and the Pusher HTTP API. Its own crate
+//! `herald bench`: a load generator for any server speaking Herald's
+//! protocols (Pusher Channels v7 with its HTTP API, Action Cable with
+//! AnyCable's extended protocol, AppSync's GraphQL and Events APIs). Its own crate
 //! (`herald-bench`): it shares only `herald-signing` with the server, and
 //! the `herald` binary's `bench` subcommand calls [`cli::run`].
 //!
@@ -41,6 +42,13 @@
 //!             BenchmarkChannel over /cable)
 //! appsync     AppSync clients and publishers (`--protocol appsync-graphql`
 //!             and `appsync-events`)
+//! actioncable_ext  `actioncable-v1-ext-json` clients (`--protocol
+//!             actioncable-ext`): positions, history, session restore
+//! fault       a fault in the middle of a `fanout` run (`--fault-cmd`) and
+//!             what it cost
+//! gap         `storm --rate`: what each client got across its gap
+//! rolling     `storm` over several nodes and their rolling restart
+//! compare     `herald bench compare`: runs of one scenario side by side
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
