@@ -89,6 +89,11 @@ async fn a_frame_cut_by_a_full_socket_is_finished_before_anything_else() {
             }
             Message::Text(t) => {
                 let f: Value = serde_json::from_str(&t).expect("JSON");
+                // On a busy machine the publishing can outlast the
+                // activity timeout: the server's own ping is not an event.
+                if f["event"] == "pusher:ping" {
+                    continue;
+                }
                 assert_eq!(f["event"], "bulk", "{f}");
                 let d = data(&f);
                 assert_eq!(d["n"], next_n, "out of order");
