@@ -44,8 +44,11 @@ async fn a_quiet_subscriber_is_written_by_the_fan_out_and_counted() {
 async fn a_frame_cut_by_a_full_socket_is_finished_before_anything_else() {
     // Every frame direct when nothing waits (no coalescing delay), and
     // room in the queue for everything this test sends.
+    // A long activity timeout: the client reads nothing for as long as the
+    // publishing takes, which on a busy machine can outlast the default's
+    // ping and pong deadline.
     let s = Server::start_with(
-        "write_delay_ms = 0",
+        "write_delay_ms = 0\nactivity_timeout = 900",
         "outbound_bytes = 16777216\noutbound_queue = 100000",
     )
     .await;
