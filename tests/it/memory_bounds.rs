@@ -108,9 +108,12 @@ async fn many_cache_channels_do_not_grow_resident_memory_past_the_budget() {
 async fn expired_cache_events_are_freed_without_being_looked_up() {
     // broker.ttl = 3 runs the housekeeping tick (and so the sweep) every
     // second.
-    let server = Server::start_with("[broker]\nttl = 3", "cache_ttl = 1").await;
+    let server = Server::start_with("[broker]\nttl = 3", "cache_ttl = 2").await;
     publish_10k(&server, 0..20, "e").await;
-    assert_eq!(server.metric("herald_cache_events").await, 20);
+    // Cached (on a busy machine the first may already have expired while
+    // the last were published).
+    let cached = server.metric("herald_cache_events").await;
+    assert!((1..=20).contains(&cached), "{cached} events cached");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (events, bytes) = (
@@ -122,7 +125,7 @@ async fn expired_cache_events_are_freed_without_being_looked_up() {
         }
         assert!(
             Instant::now() < deadline,
-            "{events} events ({bytes} bytes) still cached 10 s after a 1 s TTL"
+            "{events} events ({bytes} bytes) still cached 10 s after a 2 s TTL"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
