@@ -40,10 +40,10 @@ async fn ready(s: &Server) -> (u16, String) {
 /// Sign a client in as `id` (pusher:signin).
 async fn sign_in(c: &mut Client, id: &str) {
     let user_data = json!({ "id": id }).to_string();
-    let auth = herald::signing::token(
+    let auth = herald_pusher::signing::token(
         common::APP_KEY,
         common::APP_SECRET,
-        &herald::signing::user_string(&c.socket_id, &user_data),
+        &herald_pusher::signing::user_string(&c.socket_id, &user_data),
     );
     c.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
         .await;

@@ -45,7 +45,7 @@ async fn round_trip(port: u16, id: &str, key: &str, secret: &str) {
     c.subscribe("news").await;
     let body = json!({ "name": "headline", "channel": "news", "data": "{\"n\":1}" }).to_string();
     let path = format!("/apps/{id}/events");
-    let query = herald::api::auth::sign_query(key, secret, "POST", &path, body.as_bytes(), &[]);
+    let query = herald_pusher::auth::sign_query(key, secret, "POST", &path, body.as_bytes(), &[]);
     let resp = tokio::time::timeout(
         TIMEOUT,
         reqwest::Client::new()

@@ -484,7 +484,7 @@ async fn publish_loop(base: String) {
     for k in 0u64.. {
         let body = json!({ "name": "seq", "channel": "news", "data": k.to_string() }).to_string();
         let path = "/apps/test-app/events";
-        let q = herald::api::auth::sign_query(
+        let q = herald_pusher::auth::sign_query(
             common::APP_KEY,
             common::APP_SECRET,
             "POST",
