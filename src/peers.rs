@@ -404,7 +404,8 @@ use Peer::{AnyCable, Laravel, Pusher, Reverb, Soketi};
 const CLIENT: &str = "where clients and the app connect, not where the server listens";
 const NO_PULSE: &str = "Laravel Pulse/Telescope ingestion: watch Herald's /metrics instead";
 const APP_MANAGER: &str = "apps come from Herald's config file ([[apps]]), not a database";
-const QUEUE: &str = "webhooks are sent by each node from memory (docs/operations.md), no queue";
+const QUEUE: &str =
+    "webhooks are sent by each node from memory (docs/webhooks-and-monitoring.md), no queue";
 const LIMITER: &str = "rate limits are per connection and in memory";
 const SOKETI_CLUSTER: &str = "UDP discovery is not offered: use a redis or nats adapter";
 const REDIS_OPTS: &str =
@@ -505,7 +506,7 @@ pub static VARS: &[Var] = &[
     Var { name: "SOKETI_EVENT_MAX_BATCH_SIZE", peer: Soketi, does: Unsupported("the batch size of the HTTP API is Pusher's (10)") },
     Var { name: "SOKETI_EVENT_MAX_CHANNELS_AT_ONCE", peer: Soketi, does: Unsupported("the channels per event are Pusher's (100)") },
     Var { name: "SOKETI_USER_AUTHENTICATION_TIMEOUT", peer: Soketi, does: Unsupported(NO_EQUIV) },
-    Var { name: "SOKETI_HTTP_ACCEPT_TRAFFIC_MEMORY_THRESHOLD", peer: Soketi, does: Unsupported("use the connection limits (docs/operating.md)") },
+    Var { name: "SOKETI_HTTP_ACCEPT_TRAFFIC_MEMORY_THRESHOLD", peer: Soketi, does: Unsupported("use the connection limits (docs/load-and-limits.md)") },
     Var { name: "SOKETI_ADAPTER_CLUSTER_REQUESTS_TIMEOUT", peer: Soketi, does: Unsupported(SOKETI_CLUSTER) },
     Var { name: "SOKETI_ADAPTER_REDIS_CLUSTER_MODE", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_ADAPTER_REDIS_REQUESTS_TIMEOUT", peer: Soketi, does: Unsupported(NO_EQUIV) },
