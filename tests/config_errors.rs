@@ -163,6 +163,32 @@ fn every_error_of_a_file_is_reported_at_once() {
     assert!(stderr.contains("5 | ttl = \"x\""), "{stderr}");
     assert!(stderr.contains("^^^^^^^^"), "{stderr}");
 
+    // Within one adapter's keys too: two of [rpc], two of the webhook
+    // settings, one of an app's webhooks and one of its AppSync keys.
+    let out = serve_with(
+        "webhook_batch_size = 0\nwebhook_queue_bytes = 1000\n\
+         [rpc]\ntimeout_ms = 0\ndisconnect_queue = 0\n\
+         [[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"s\"\n\
+         webhooks = [{ url = \"ftp://x\", event_types = [\"channel_occupied\"] }]\n\
+         api_keys = [\"\"]\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("herald: 6 configuration errors:\n"),
+        "{stderr}"
+    );
+    for key in [
+        "`webhook_batch_size`",
+        "`webhook_queue_bytes`",
+        "`rpc.timeout_ms`",
+        "`rpc.disconnect_queue`",
+        "`apps[0].webhooks[0].url`",
+        "`apps[0].api_keys[0]`",
+    ] {
+        assert!(stderr.contains(key), "{key} not named: {stderr}");
+    }
+
     // Syntax errors on two lines: both, each with its snippet.
     let out = serve_with("port = = 1\nhost = \"127.0.0.1\"\nlog = [\n");
     let stderr = String::from_utf8_lossy(&out.stderr);
