@@ -506,7 +506,7 @@ pub static VARS: &[Var] = &[
     Var { name: "SOKETI_EVENT_MAX_BATCH_SIZE", peer: Soketi, does: Unsupported("the batch size of the HTTP API is Pusher's (10)") },
     Var { name: "SOKETI_EVENT_MAX_CHANNELS_AT_ONCE", peer: Soketi, does: Unsupported("the channels per event are Pusher's (100)") },
     Var { name: "SOKETI_USER_AUTHENTICATION_TIMEOUT", peer: Soketi, does: Unsupported(NO_EQUIV) },
-    Var { name: "SOKETI_HTTP_ACCEPT_TRAFFIC_MEMORY_THRESHOLD", peer: Soketi, does: Unsupported("use the connection limits (docs/load-and-limits.md)") },
+    Var { name: "SOKETI_HTTP_ACCEPT_TRAFFIC_MEMORY_THRESHOLD", peer: Soketi, does: Unsupported("use the connection limits (docs/operating.md)") },
     Var { name: "SOKETI_ADAPTER_CLUSTER_REQUESTS_TIMEOUT", peer: Soketi, does: Unsupported(SOKETI_CLUSTER) },
     Var { name: "SOKETI_ADAPTER_REDIS_CLUSTER_MODE", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_ADAPTER_REDIS_REQUESTS_TIMEOUT", peer: Soketi, does: Unsupported(NO_EQUIV) },
