@@ -9,6 +9,12 @@ use herald_core::config::{invalid, AppConfig, Config, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// Most streams one connection may follow (over all its subscriptions).
+pub const MAX_STREAMS: usize = 1000;
+
+/// Longest stream name, in bytes.
+pub const MAX_STREAM_NAME: usize = 1024;
+
 /// The table this adapter owns.
 pub const TOP_KEYS: &[&str] = &["rpc"];
 

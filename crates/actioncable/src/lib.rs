@@ -53,6 +53,7 @@ use herald_core::config::{Config, ConfigError};
 use herald_core::hub::Hub;
 use herald_core::namespace::Namespace;
 use herald_core::node::Node;
+use herald_core::reliable::ReliableStreams;
 use std::sync::Arc;
 
 /// The WebSocket path unless `rpc.path` says otherwise.
@@ -77,8 +78,13 @@ pub struct Cable {
     /// JWT identification: the key, the query parameter, and whether a
     /// token is required.
     pub jwt: Option<Jwt>,
-    /// History and resumable sessions (`actioncable-v1-ext-json`).
-    pub reliable: Arc<reliable::Reliable>,
+    /// Reliable streams (`actioncable-v1-ext-json`): the core publishes
+    /// their broadcasts with positions and keeps their history.
+    pub reliable: Arc<ReliableStreams>,
+    /// What one connection may ask of the history.
+    pub history: ext::HistoryLimits,
+    /// Sessions a reconnecting client restores.
+    pub resumable: Arc<reliable::Resumable>,
     /// Presence and whispers (`actioncable-v1-ext-json`).
     pub presence: presence::Settings,
     /// This node's connections by identifiers, for remote disconnects.
@@ -171,7 +177,19 @@ impl Cable {
                 force: config.jwt_force,
             }),
             reliable: {
-                let r = Arc::new(reliable::Reliable::new(config, &*node.broker));
+                // One account for the node's answers, whichever app queues them.
+                herald_core::history::budget::ANSWERS.bound(config.history_answers_max_bytes);
+                let limits = reliable::history_limits(config);
+                let r = Arc::new(ReliableStreams::new(&*node.broker, limits));
+                r.start_sweeper();
+                r
+            },
+            history: ext::HistoryLimits {
+                rate: config.history_rate,
+                answer_room: config.history_max_bytes,
+            },
+            resumable: {
+                let r = Arc::new(reliable::Resumable::new(config, &*node.broker));
                 r.start_sweeper();
                 r
             },
@@ -244,7 +262,10 @@ impl Adapter for ActionCable {
         // its own handle on the broker's history. For a cluster engine that
         // keeps it on its server that is the same history; one kept in
         // process starts empty here, so nothing retained, no positions.
-        let reliable = Arc::new(reliable::Reliable::new(&rpc, &*node.broker));
+        let reliable = Arc::new(ReliableStreams::new(
+            &*node.broker,
+            reliable::history_limits(&rpc),
+        ));
         if let Some(channel) = broadcast::ingress_channel(&rpc) {
             if rpc.history_limit > 0 && rpc.history_ttl > 0 {
                 tracing::warn!(

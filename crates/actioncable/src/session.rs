@@ -37,6 +37,7 @@ use herald_core::frame::Frame;
 use herald_core::hub::SubscribeOptions;
 use herald_core::metrics;
 use herald_core::node::Node;
+use herald_core::reliable::ReliableStreams;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
 use herald_core::ws::Socket;
 use std::collections::HashMap;
@@ -49,11 +50,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Action Cable's ping interval.
 pub const PING_EVERY: Duration = Duration::from_secs(3);
 
-/// Most streams one connection may follow (over all its subscriptions).
-pub const MAX_STREAMS: usize = 1000;
-
-/// Longest stream name, in bytes.
-pub const MAX_STREAM_NAME: usize = 1024;
+pub use crate::config::{MAX_STREAMS, MAX_STREAM_NAME};
 
 use env::SessionEnv;
 pub use env::MAX_STATE_KEYS;
@@ -286,7 +283,7 @@ async fn open(
     // Issue 19: a session restored from the cache skips JWT and Connect.
     let restored = match info.restore.as_deref() {
         Some(prev) if ext => match restore_claim(&cable, info.token.as_deref()) {
-            Ok(claim) => cable.reliable.restore(&node, prev, claim.as_deref()).await,
+            Ok(claim) => cable.resumable.restore(&node, prev, claim.as_deref()).await,
             Err(()) => None,
         },
         _ => None,
@@ -394,9 +391,9 @@ async fn open(
     } = session::open(&node, &hub, id, sid, wire);
     if ext {
         let gate = conn.with_gate();
-        gate.allow_burst(cable.reliable.answer_room);
-        if cable.reliable.history.shared() {
-            gate.heal_with(healer(&cable.reliable.history, &conn));
+        gate.allow_burst(cable.history.answer_room);
+        if cable.reliable.shared() {
+            gate.heal_with(healer(&cable.reliable, &conn));
         }
     }
     for f in welcome {
@@ -440,7 +437,7 @@ async fn open(
 /// several nodes crossed, or the broker lost one) from the shared history,
 /// off the fan-out worker. See `herald_core::connection::gate::Gate`.
 fn healer(
-    history: &Arc<dyn herald_core::history::History>,
+    history: &Arc<ReliableStreams>,
     conn: &Arc<Connection>,
 ) -> herald_core::connection::gate::Healer {
     let history = history.clone();
@@ -712,7 +709,7 @@ impl CableSession {
         self.rare.get_or_insert_with(|| {
             Box::new(Rare {
                 presence: crate::presence::ConnPresence::new(&cable.presence),
-                history: crate::presence::Bucket::full(cable.reliable.history_rate),
+                history: crate::presence::Bucket::full(cable.history.rate),
             })
         })
     }
@@ -1103,12 +1100,12 @@ impl CableSession {
     /// Where sessions outlive the process (a cluster engine), write the
     /// snapshot now, so a node killed without closing it loses nothing.
     fn save(&self) {
-        let sessions = &self.cable.reliable.sessions;
+        let sessions = &self.cable.resumable.sessions;
         if self.ext && sessions.enabled() && sessions.durable() {
             let mut snap = self.snapshot(&self.subs);
             // Issue 32: not restorable while this node holds it.
             snap.live = Some(self.cable.node.id);
-            self.cable.reliable.keep(&self.conn.socket_id, &snap);
+            self.cable.resumable.keep(&self.conn.socket_id, &snap);
         }
     }
 
@@ -1118,9 +1115,9 @@ impl CableSession {
         self.linger_presence();
         let subs = std::mem::take(&mut self.subs);
         // Issue 19: keep what a reconnecting client restores (once).
-        if std::mem::take(&mut self.ext) && self.cable.reliable.sessions.enabled() {
+        if std::mem::take(&mut self.ext) && self.cable.resumable.sessions.enabled() {
             let snap = self.snapshot(&subs);
-            self.cable.reliable.keep(&self.conn.socket_id, &snap);
+            self.cable.resumable.keep(&self.conn.socket_id, &snap);
         }
         for sub in &subs {
             for s in &sub.streams {

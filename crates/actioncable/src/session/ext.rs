@@ -103,7 +103,7 @@ impl CableSession {
 
     /// Take one history request from the bucket.
     fn history_allowed(&mut self) -> bool {
-        let rate = self.cable.reliable.history_rate;
+        let rate = self.cable.history.rate;
         self.rare().history.take(rate)
     }
 
@@ -139,7 +139,7 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, "history request over rpc.history_rate");
             return self.reject_history(at, identifier);
         }
-        let history = self.cable.reliable.history.clone();
+        let history = self.cable.reliable.clone();
         let streams = self.subs[at].streams.clone();
         let mut answers = Vec::with_capacity(streams.len());
         for stream in &streams {
