@@ -52,9 +52,10 @@ struct Meta {
     _rest: serde_json::Map<String, serde_json::Value>,
 }
 
+/// A broadcast body as sent: one message, or an array of them.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Body0 {
+enum Broadcasts {
     One(Message),
     Many(Vec<Message>),
 }
@@ -129,9 +130,9 @@ pub async fn handle(
 /// 1 to [`MAX_STREAM_NAME`] bytes. The error is the HTTP status and what
 /// was wrong.
 fn parse(bytes: &[u8]) -> Result<Vec<Message>, (StatusCode, String)> {
-    let messages = match serde_json::from_slice::<Body0>(bytes) {
-        Ok(Body0::One(m)) => vec![m],
-        Ok(Body0::Many(v)) => v,
+    let messages = match serde_json::from_slice::<Broadcasts>(bytes) {
+        Ok(Broadcasts::One(m)) => vec![m],
+        Ok(Broadcasts::Many(v)) => v,
         Err(_) => {
             return Err((
                 StatusCode::BAD_REQUEST,

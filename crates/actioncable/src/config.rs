@@ -86,7 +86,7 @@ pub struct RpcConfig {
     pub tls: bool,
     /// A PEM file of extra certificate authorities for the backend's TLS.
     pub tls_root_ca: Option<String>,
-    // --- Reliable streams and resumable sessions (issue 19), AnyCable's names.
+    // --- Reliable streams and resumable sessions, AnyCable's names.
     /// Most publications kept per reliable stream (0: no history).
     pub history_limit: usize,
     /// Seconds a publication stays in a stream's history (0: no history).

@@ -7,16 +7,27 @@
 //! ```text
 //! session     /cable: Connect before the welcome, commands → RPC Command,
 //!   │         answers → streams (core channels), states, transmissions
+//!   ├ opening      the upgrade; who the client is (restored session,
+//!   │              token, or Connect)
+//!   ├ env          what every call tells the app (request, states)
+//!   ├ history      history answers and restores (extended protocol)
+//!   ├ membership   presence and whisper commands (extended protocol)
 //!   ├ streams      `$pubsub` streams: signed names, public names
 //!   └ disconnects  Disconnect calls, queued and rate-limited
+//! ext         AnyCable's extended protocol (`actioncable-v1-ext-json`)
+//!   ├ protocol     its frames, history requests, its wire, their limits
+//!   ├ presence     presence and whispers: members, frames, gone nodes
+//!   └ resume       history bounds (reliable publishing is the core's:
+//!                  `herald_core::reliable`), resumable session snapshots
 //! rpc         the client: gRPC (one multiplexed connection) or HTTP;
 //!   └ proto        AnyCable's messages, field numbers as in rpc.proto
-//! broadcast   POST /_broadcast → node.publish; the broker's
+//! jwt         identification by AnyCable's JWT (`rpc.jwt_secret`)
+//! broadcast   POST /_broadcast → node.publish_reliably; the broker's
 //!             `__anycable__` channel (Redis/NATS) → node.publish_here
 //!   └ remote       remote commands (disconnect by identifiers)
 //! wire        parse/encode frames; the core's `Wire` (a frame per
 //!             (stream, identifier), shared by its subscribers)
-//! config      the `[rpc]` table, parsed and checked
+//! config      the `[rpc]` table, parsed and checked; stream limits
 //! metrics     RPC, Disconnect and broadcast counters
 //! ```
 //!
@@ -37,8 +48,6 @@ pub mod jwt;
 pub mod metrics;
 /// AnyCable's RPC messages (a crate of their own, shared with the bench).
 pub use herald_anycable_proto as proto;
-pub mod presence;
-pub mod reliable;
 pub mod remote;
 pub mod rpc;
 pub mod session;
@@ -82,11 +91,11 @@ pub struct Cable {
     /// their broadcasts with positions and keeps their history.
     pub reliable: Arc<ReliableStreams>,
     /// What one connection may ask of the history.
-    pub history: ext::HistoryLimits,
+    pub history: ext::protocol::HistoryLimits,
     /// Sessions a reconnecting client restores.
-    pub resumable: Arc<reliable::Resumable>,
+    pub resumable: Arc<ext::resume::Resumable>,
     /// Presence and whispers (`actioncable-v1-ext-json`).
-    pub presence: presence::Settings,
+    pub presence: ext::presence::Settings,
     /// This node's connections by identifiers, for remote disconnects.
     pub identities: Arc<remote::Identities>,
 }
@@ -179,21 +188,21 @@ impl Cable {
             reliable: {
                 // One account for the node's answers, whichever app queues them.
                 herald_core::history::budget::ANSWERS.bound(config.history_answers_max_bytes);
-                let limits = reliable::history_limits(config);
+                let limits = ext::resume::history_limits(config);
                 let r = Arc::new(ReliableStreams::new(&*node.broker, limits));
                 r.start_sweeper();
                 r
             },
-            history: ext::HistoryLimits {
+            history: ext::protocol::HistoryLimits {
                 rate: config.history_rate,
                 answer_room: config.history_max_bytes,
             },
             resumable: {
-                let r = Arc::new(reliable::Resumable::new(config, &*node.broker));
+                let r = Arc::new(ext::resume::Resumable::new(config, &*node.broker));
                 r.start_sweeper();
                 r
             },
-            presence: presence::Settings::new(config),
+            presence: ext::presence::Settings::new(config),
             identities,
         })
     }
@@ -249,7 +258,7 @@ impl Adapter for ActionCable {
         let Some(hub) = hub_of(node, &rpc) else {
             return Ok(());
         };
-        presence::Gone::register(node, &hub);
+        ext::presence::Gone::register(node, &hub);
         if rpc.broadcast_key.is_none() && !node.config.serves_loopback_only() {
             tracing::warn!(
                 host = %node.config.host,
@@ -264,7 +273,7 @@ impl Adapter for ActionCable {
         // process starts empty here, so nothing retained, no positions.
         let reliable = Arc::new(ReliableStreams::new(
             &*node.broker,
-            reliable::history_limits(&rpc),
+            ext::resume::history_limits(&rpc),
         ));
         if let Some(channel) = broadcast::ingress_channel(&rpc) {
             if rpc.history_limit > 0 && rpc.history_ttl > 0 {

@@ -78,7 +78,8 @@ impl Resumable {
     /// The session kept under `sid`, taken (it restores once), for a
     /// client whose token names `claim` (its identifiers; None: no token).
     ///
-    /// Issue 32: a session restores only once its connection is gone: a
+    /// A live session is never restored: it restores only once its
+    /// connection is gone: a
     /// snapshot marked live restores only once its node is gone from the
     /// cluster (killed: it never wrote the close). A live one is read
     /// again for [`CLOSING_WAIT`] (its close may be on its way), then
@@ -165,7 +166,7 @@ pub struct Snapshot {
     pub subs: Vec<(String, Vec<String>)>,
     /// The app connected it (it hears of the restored one's disconnect).
     pub authenticated: bool,
-    /// Issue 32: while its connection lives, the node holding it (absent
+    /// While its connection lives, the node holding it (absent
     /// once the connection closed, and in snapshots of older nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<u64>,

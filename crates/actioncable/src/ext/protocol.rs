@@ -1,5 +1,5 @@
-//! AnyCable's extended protocol, `actioncable-v1-ext-json`, as far as this
-//! slice goes (issue 19): stream positions on messages of reliable streams,
+//! The frames of AnyCable's extended protocol, `actioncable-v1-ext-json`:
+//! stream positions on messages of reliable streams,
 //! `history` requests and their `confirm_history` / `reject_history`
 //! answers, and the restored welcome. The frames are the ones
 //! anycable-go 1.6.16 sends (docs/actioncable.md, "Extended protocol").
