@@ -25,10 +25,9 @@ impl Wire for PositionWire {
         "position-test"
     }
     fn publication(&self, p: &Publication, _tag: &str) -> Frame {
-        let at = p
-            .position
-            .as_ref()
-            .map_or("-".to_owned(), |pos| format!("{}:{}", pos.epoch, pos.offset));
+        let at = p.position.as_ref().map_or("-".to_owned(), |pos| {
+            format!("{}:{}", pos.epoch, pos.offset)
+        });
         Frame::text(&format!("{at}|{}", p.data.get()))
     }
     fn event(&self, _e: &Event<'_>, _tag: &str) -> Option<Frame> {
