@@ -21,7 +21,7 @@
 //!                  `herald_core::reliable`), resumable session snapshots
 //! rpc         the client: gRPC (one multiplexed connection) or HTTP;
 //!   └ proto        AnyCable's messages, field numbers as in rpc.proto
-//! jwt         identification by AnyCable's JWT (`rpc.jwt_secret`)
+//! jwt         AnyCable's JWT identification (`?jid=`, `x-jid`)
 //! broadcast   POST /_broadcast → node.publish_reliably; the broker's
 //!             `__anycable__` channel (Redis/NATS) → node.publish_here
 //!   └ remote       remote commands (disconnect by identifiers)
