@@ -262,7 +262,7 @@ async fn channel_figures_agree_on_every_node(kind: Kind) {
 }
 
 both!(acknowledged_publishes_survive_broker_restarts);
-/// Issue 33: every event the HTTP API answered 2xx for reaches every
+/// An acknowledgement is true: every event the HTTP API answered 2xx for reaches every
 /// subscriber on every node exactly once, though the broker is SIGKILLed
 /// twice mid-stream (back after 1 s, then after 3 s). Events go to node
 /// 0 every 20 ms; subscribers on node 1 hear them only through the broker.
@@ -404,7 +404,7 @@ async fn every_event_arrives(from: &Server, c: &mut Client, channel: &str, n: us
     }
 }
 
-// Issue 33, item 1: a node started before its broker is up confirms a
+// A confirmation is true: a node started before its broker is up confirms a
 // subscription only once the broker holds the interest, so events
 // published through another node right after the confirmation all arrive.
 both!(confirmation_waits_for_a_broker_not_up_yet);

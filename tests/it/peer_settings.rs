@@ -453,7 +453,7 @@ fn malformed_peer_variables_are_named() {
     assert_eq!(code, 2, "{out}");
 }
 
-/// Issue 19's settings by AnyCable's names, Herald's variables and flags,
+/// The reliable streams' and resumable sessions' settings by AnyCable's names, Herald's variables and flags,
 /// and a malformed one named.
 #[test]
 fn history_and_sessions_settings_by_every_name() {

@@ -9,6 +9,12 @@ use herald_core::config::{invalid, AppConfig, Config, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// Most streams one connection may follow (over all its subscriptions).
+pub const MAX_STREAMS: usize = 1000;
+
+/// Longest stream name, in bytes.
+pub const MAX_STREAM_NAME: usize = 1024;
+
 /// The table this adapter owns.
 pub const TOP_KEYS: &[&str] = &["rpc"];
 
@@ -80,7 +86,7 @@ pub struct RpcConfig {
     pub tls: bool,
     /// A PEM file of extra certificate authorities for the backend's TLS.
     pub tls_root_ca: Option<String>,
-    // --- Reliable streams and resumable sessions (issue 19), AnyCable's names.
+    // --- Reliable streams and resumable sessions, AnyCable's names.
     /// Most publications kept per reliable stream (0: no history).
     pub history_limit: usize,
     /// Seconds a publication stays in a stream's history (0: no history).
