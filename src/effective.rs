@@ -240,6 +240,8 @@ fn is_secret(key: &str) -> bool {
         "secret"
             | "dashboard_token"
             | "streams_secret"
+            | "turbo_streams_secret"
+            | "cable_ready_secret"
             | "jwt_secret"
             | "broadcast_key"
             | "api_keys"

@@ -8,6 +8,7 @@
 //! session     /cable: Connect before the welcome, commands → RPC Command,
 //!   │         answers → streams (core channels), states, transmissions
 //!   ├ streams      `$pubsub` streams: signed names, public names
+//!   ├ turbo        Turbo Streams and CableReady signed names, no RPC
 //!   └ disconnects  Disconnect calls, queued and rate-limited
 //! rpc         the client: gRPC (one multiplexed connection) or HTTP;
 //!   └ proto        AnyCable's messages, field numbers as in rpc.proto
@@ -43,6 +44,7 @@ pub mod remote;
 pub mod rpc;
 pub mod session;
 pub mod streams;
+pub mod turbo;
 pub mod wire;
 
 use axum::routing::{get, post};
@@ -73,6 +75,8 @@ pub struct Cable {
     pub public_streams: bool,
     /// Key of signed stream names.
     pub streams_key: Option<String>,
+    /// Turbo Streams and CableReady subscriptions verified here.
+    pub signed: turbo::SignedChannels,
     pub broadcast_key: Option<String>,
     /// JWT identification: the key, the query parameter, and whether a
     /// token is required.
@@ -162,6 +166,7 @@ impl Cable {
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
             public_streams: config.public_streams,
+            signed: turbo::SignedChannels::new(config, streams_key.as_deref()),
             streams_key,
             broadcast_key: config.broadcast_key.clone(),
             jwt: config.jwt_secret.clone().map(|secret| Jwt {
