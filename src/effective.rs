@@ -242,6 +242,7 @@ fn is_secret(key: &str) -> bool {
             | "streams_secret"
             | "turbo_streams_secret"
             | "cable_ready_secret"
+            | "secret_access_key"
             | "jwt_secret"
             | "broadcast_key"
             | "api_keys"

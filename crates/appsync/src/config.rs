@@ -11,8 +11,18 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::auth_modes::{AppAuth, Mode, ProviderConfig};
+
 /// The keys of an app this adapter owns.
-pub const APP_KEYS: &[&str] = &["api_keys", "namespaces"];
+pub const APP_KEYS: &[&str] = &[
+    "api_keys",
+    "namespaces",
+    "auth_providers",
+    "connection_auth_modes",
+    "default_publish_auth_modes",
+    "default_subscribe_auth_modes",
+    "hosts",
+];
 
 /// An app's AppSync keys.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -26,6 +36,16 @@ pub struct AppSettings {
     /// who may publish and subscribe in each. Empty: every namespace is
     /// open to the app's API keys.
     pub namespaces: Vec<NamespaceConfig>,
+    /// Authorization modes besides API keys (`crate::auth_modes`).
+    pub auth_providers: Vec<ProviderConfig>,
+    /// Modes allowed to connect (unset: every mode the app has).
+    pub connection_auth_modes: Option<Vec<Mode>>,
+    /// Modes allowed to publish where a namespace does not say (unset: all).
+    pub default_publish_auth_modes: Option<Vec<Mode>>,
+    /// Modes allowed to subscribe where a namespace does not say (unset: all).
+    pub default_subscribe_auth_modes: Option<Vec<Mode>>,
+    /// Host names that select this app for requests without an API key.
+    pub hosts: Vec<String>,
 }
 
 /// One channel namespace of an app.
@@ -38,6 +58,10 @@ pub struct NamespaceConfig {
     pub publish_keys: Option<Vec<String>>,
     /// Keys allowed to subscribe here; `None`: the app's API keys.
     pub subscribe_keys: Option<Vec<String>>,
+    /// Modes allowed to publish here (`None`: the app's default).
+    pub publish_auth_modes: Option<Vec<Mode>>,
+    /// Modes allowed to subscribe here (`None`: the app's default).
+    pub subscribe_auth_modes: Option<Vec<Mode>>,
 }
 
 /// Whether `name` is a valid namespace (or channel path segment) name.
@@ -52,6 +76,8 @@ pub struct AppKeys {
     /// app's own key when it has none.
     pub api_keys: Vec<String>,
     pub namespaces: Vec<NamespaceConfig>,
+    /// Modes besides API keys, when the app has `auth_providers`.
+    pub auth: Arc<AppAuth>,
 }
 
 impl AppKeys {
@@ -61,9 +87,21 @@ impl AppKeys {
         } else {
             settings.api_keys.clone()
         };
+        let auth = AppAuth::new(
+            &app.id,
+            &settings.auth_providers,
+            [
+                &settings.connection_auth_modes,
+                &settings.default_publish_auth_modes,
+                &settings.default_subscribe_auth_modes,
+            ],
+            &settings.hosts,
+            !api_keys.is_empty(),
+        );
         AppKeys {
             api_keys,
             namespaces: settings.namespaces.clone(),
+            auth: Arc::new(auth),
         }
     }
 
@@ -138,6 +176,20 @@ pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
                 }
             }
         }
+        let at = format!("apps[{i}]");
+        let has_keys = !app.api_keys.is_empty() || config.apps[i].is_development();
+        crate::auth_modes::check(
+            &at,
+            &app.auth_providers,
+            [
+                ("connection_auth_modes", &app.connection_auth_modes),
+                ("default_publish_auth_modes", &app.default_publish_auth_modes),
+                ("default_subscribe_auth_modes", &app.default_subscribe_auth_modes),
+            ],
+            &app.namespaces,
+            &app.hosts,
+            has_keys,
+        )?;
         out.push(app);
     }
     one_app_per_key(config, &out)?;
