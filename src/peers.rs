@@ -332,7 +332,11 @@ const TURBO_RAILS_KEY: Target = target!("rpc.turbo_streams_secret", true, |c, v|
     set(c, "rpc.turbo_streams_secret", text(v))
 });
 const CABLE_READY_STREAMS: Target = target!("rpc.cable_ready_streams", false, |c, v| {
-    set(c, "rpc.cable_ready_streams", toml::Value::Boolean(boolean(v)?))
+    set(
+        c,
+        "rpc.cable_ready_streams",
+        toml::Value::Boolean(boolean(v)?),
+    )
 });
 const CABLE_READY_SECRET: Target = target!("rpc.cable_ready_secret", true, |c, v| {
     set(c, "rpc.cable_ready_secret", text(v))

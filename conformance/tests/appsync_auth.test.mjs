@@ -308,6 +308,55 @@ describe('raw frames: hostile tokens, namespaces, the authorizer and the JWKS', 
     }
   });
 
+  test('the GraphQL API: an OIDC token on the socket and on the publish mutation; a bad one refused', async () => {
+    const headers = { host: host(h), Authorization: oidc() };
+    const url = `ws://127.0.0.1:${h.port}/graphql?header=${encodeURIComponent(Buffer.from(JSON.stringify(headers)).toString('base64'))}&payload=e30=`;
+    const ws = new WebSocket(url, ['graphql-ws']);
+    const messages = [];
+    const waiters = [];
+    ws.on('message', (d) => {
+      const m = JSON.parse(String(d));
+      if (m.type === 'ka') return;
+      const w = waiters.shift();
+      if (w) w(m);
+      else messages.push(m);
+    });
+    await within(new Promise((r, j) => (ws.once('open', r), ws.once('error', j))), 'the GraphQL upgrade');
+    const next = (what) => (messages.length ? Promise.resolve(messages.shift()) : within(new Promise((r) => waiters.push(r)), what));
+    ws.send(JSON.stringify({ type: 'connection_init' }));
+    assert.equal((await next('connection_ack')).type, 'connection_ack');
+    const data = JSON.stringify({
+      query: 'subscription S($name: String!) { subscribe(name: $name) { name data } }',
+      variables: { name: 'oidc-room' },
+    });
+    ws.send(JSON.stringify({ type: 'start', id: 'g1', payload: { data, extensions: { authorization: headers } } }));
+    assert.equal((await next('start_ack')).type, 'start_ack');
+    const mutation = {
+      query: 'mutation P($name: String!, $data: AWSJSON!) { publish(name: $name, data: $data) { name data } }',
+      variables: { name: 'oidc-room', data: '{"via":"oidc"}' },
+    };
+    const post = (authorization) =>
+      fetch(`http://127.0.0.1:${h.port}/graphql`, {
+        method: 'POST',
+        headers: { authorization, 'content-type': 'application/json' },
+        body: JSON.stringify(mutation),
+      });
+    const r = await post(oidc());
+    assert.equal(r.status, 200, await r.clone().text());
+    const m = await next('data');
+    assert.equal(m.payload.data.subscribe.data, '{"via":"oidc"}');
+    const bad = await post(oidc({ aud: 'someone-else' }));
+    assert.equal(bad.status, 401);
+    assert.equal(bad.headers.get('x-amzn-errortype'), 'UnauthorizedException');
+    // A start with an expired token of its own: a GraphQL error, the socket stays.
+    const expired = { host: host(h), Authorization: oidc({ exp: now() - 3600 }) };
+    ws.send(JSON.stringify({ type: 'start', id: 'g2', payload: { data, extensions: { authorization: expired } } }));
+    const e = await next('error');
+    assert.equal(e.type, 'error');
+    assert.equal(e.payload.errors[0].errorType, 'UnauthorizedException');
+    ws.close();
+  });
+
   test('per namespace and operation: Cognito may subscribe to admins but not publish; IAM may publish', async () => {
     const c = await connectRaw(h, { host: host(h), Authorization: cognito() });
     assert.equal(c.first.type, 'connection_ack');
@@ -366,7 +415,7 @@ describe('raw frames: hostile tokens, namespaces, the authorizer and the JWKS', 
 });
 
 describe('a JWKS that is down, stalls or is huge; an authorizer that is down', () => {
-  test('refused within bounds, counted; a huge JWKS still serves its first keys', async () => {
+  test('refused within bounds, counted; a JWKS of a thousand keys serves its first ones (and Cognito groups); an oversized one refuses', async () => {
     const dead = await freePort();
     const port = jwksServer.address().port;
     const app = appConfig({
@@ -393,13 +442,17 @@ describe('a JWKS that is down, stalls or is huge; an authorizer that is down', (
     }
     const many = appConfig({
       namespaces: [],
-      auth_providers: [{ type: 'AMAZON_COGNITO_USER_POOLS', user_pool_id: POOL, jwks_url: `http://127.0.0.1:${port}/many/jwks.json` }],
+      auth_providers: [
+        { type: 'AMAZON_COGNITO_USER_POOLS', user_pool_id: POOL, jwks_url: `http://127.0.0.1:${port}/many/jwks.json`, groups: ['admins'] },
+      ],
     });
     const h2 = await startHerald({ apps: [many] });
     try {
-      const c = await connectRaw(h2, { host: host(h2), Authorization: cognito() });
+      const c = await connectRaw(h2, { host: host(h2), Authorization: cognito({ 'cognito:groups': ['readers', 'admins'] }) });
       assert.equal(c.first.type, 'connection_ack');
       c.ws.close();
+      // The provider's groups: a reader alone is refused.
+      assert.match(await refusedWith(h2, { Authorization: cognito() }), /group/);
     } finally {
       await h2.stop();
     }

@@ -105,7 +105,8 @@ mod tests {
         let signed = format!("{data}--{digest}");
         assert_eq!(signed, streams::signed_stream("s3cret", "chat:1"));
         let t = SignedChannels::new(&config(true, false), Some("s3cret"));
-        let id = format!(r#"{{"channel":"Turbo::StreamsChannel","signed_stream_name":"{signed}"}}"#);
+        let id =
+            format!(r#"{{"channel":"Turbo::StreamsChannel","signed_stream_name":"{signed}"}}"#);
         assert_eq!(t.check(&id), Some(Some("chat:1".into())));
     }
 
@@ -121,7 +122,10 @@ mod tests {
         let good = streams::signed_stream("streams", "a");
         assert_eq!(t.check(&turbo(&good)), Some(Some("a".into())));
         // Signed with another key, tampered, missing.
-        assert_eq!(t.check(&turbo(&streams::signed_stream("x", "a"))), Some(None));
+        assert_eq!(
+            t.check(&turbo(&streams::signed_stream("x", "a"))),
+            Some(None)
+        );
         assert_eq!(t.check(&turbo(&good.replace("--", "--0"))), Some(None));
         assert_eq!(
             t.check(r#"{"channel":"Turbo::StreamsChannel"}"#),

@@ -83,7 +83,13 @@ fn canonical_query(query: &str) -> String {
     pairs.sort();
     pairs
         .iter()
-        .map(|(k, v)| format!("{}={}", uri_encode(k).replace('/', "%2F"), uri_encode(v).replace('/', "%2F")))
+        .map(|(k, v)| {
+            format!(
+                "{}={}",
+                uri_encode(k).replace('/', "%2F"),
+                uri_encode(v).replace('/', "%2F")
+            )
+        })
         .collect::<Vec<_>>()
         .join("&")
 }
@@ -171,12 +177,16 @@ impl Iam {
             return Err("Credential is not KEY/DATE/REGION/SERVICE/aws4_request".into());
         };
         if service != "appsync" {
-            return Err(format!("Credential should be scoped to correct service: 'appsync', not {service:?}"));
+            return Err(format!(
+                "Credential should be scoped to correct service: 'appsync', not {service:?}"
+            ));
         }
         let host = req.header("host").unwrap_or("");
         match region_of_host(host) {
             Some(r) if r != region => {
-                return Err(format!("Credential should be scoped to a valid region: '{r}'"))
+                return Err(format!(
+                    "Credential should be scoped to a valid region: '{r}'"
+                ))
             }
             None if !self.regions.is_empty() && !self.regions.iter().any(|r| r == region) => {
                 return Err(format!("Credential region {region:?} is not accepted"))
@@ -219,7 +229,10 @@ impl Iam {
             sha_hex(req.body)
         );
         let scope = format!("{date}/{region}/{service}/aws4_request");
-        let to_sign = format!("{SCHEME}\n{amz_date}\n{scope}\n{}", sha_hex(canonical.as_bytes()));
+        let to_sign = format!(
+            "{SCHEME}\n{amz_date}\n{scope}\n{}",
+            sha_hex(canonical.as_bytes())
+        );
         let k = mac(format!("AWS4{}", key.secret).as_bytes(), date.as_bytes());
         let k = mac(&k, region.as_bytes());
         let k = mac(&k, service.as_bytes());
@@ -228,7 +241,10 @@ impl Iam {
         if bool::from(want.as_bytes().ct_eq(signature.as_bytes())) {
             Ok(id.to_owned())
         } else {
-            Err("The request signature we calculated does not match the signature you provided.".into())
+            Err(
+                "The request signature we calculated does not match the signature you provided."
+                    .into(),
+            )
         }
     }
 }
@@ -241,7 +257,10 @@ pub fn sign(key: &AccessKey, region: &str, req: &Signed<'_>, names: &[&str]) -> 
     names.sort_unstable();
     let mut canonical_headers = String::new();
     for name in &names {
-        canonical_headers.push_str(&format!("{name}:{}\n", req.header(name).unwrap_or_default().trim()));
+        canonical_headers.push_str(&format!(
+            "{name}:{}\n",
+            req.header(name).unwrap_or_default().trim()
+        ));
     }
     let signed_headers = names.join(";");
     let canonical = format!(
@@ -254,7 +273,10 @@ pub fn sign(key: &AccessKey, region: &str, req: &Signed<'_>, names: &[&str]) -> 
         sha_hex(req.body)
     );
     let scope = format!("{date}/{region}/appsync/aws4_request");
-    let to_sign = format!("{SCHEME}\n{amz_date}\n{scope}\n{}", sha_hex(canonical.as_bytes()));
+    let to_sign = format!(
+        "{SCHEME}\n{amz_date}\n{scope}\n{}",
+        sha_hex(canonical.as_bytes())
+    );
     let k = mac(format!("AWS4{}", key.secret).as_bytes(), date.as_bytes());
     let k = mac(&k, region.as_bytes());
     let k = mac(&k, b"appsync");
@@ -297,14 +319,24 @@ mod tests {
         assert_eq!(amz_time("20240229T120000Z"), Some(1_709_208_000));
         assert_eq!(amz_time(&stamp(1_709_208_000)), Some(1_709_208_000));
         assert_eq!(amz_time("2024-02-29"), None);
-        assert_eq!(region_of_host("abc.appsync-api.eu-west-1.amazonaws.com"), Some("eu-west-1"));
+        assert_eq!(
+            region_of_host("abc.appsync-api.eu-west-1.amazonaws.com"),
+            Some("eu-west-1")
+        );
         assert_eq!(region_of_host("127.0.0.1:443"), None);
     }
 
     #[test]
     fn signatures_round_trip_and_tampering_fails() {
-        let key = AccessKey { id: "AKIDEXAMPLE".into(), secret: "s3cr3t".into() };
-        let iam = Iam { keys: vec![key.clone()], regions: vec!["us-east-1".into()], max_skew: 300 };
+        let key = AccessKey {
+            id: "AKIDEXAMPLE".into(),
+            secret: "s3cr3t".into(),
+        };
+        let iam = Iam {
+            keys: vec![key.clone()],
+            regions: vec!["us-east-1".into()],
+            max_skew: 300,
+        };
         let date = stamp(now());
         let mut req = Signed {
             method: "POST",
@@ -313,18 +345,33 @@ mod tests {
             headers: vec![
                 ("host".into(), "127.0.0.1:8443".into()),
                 ("x-amz-date".into(), date.clone()),
-                ("content-type".into(), "application/json; charset=UTF-8".into()),
+                (
+                    "content-type".into(),
+                    "application/json; charset=UTF-8".into(),
+                ),
             ],
             body: br#"{"channel":"/default/a"}"#,
         };
-        let auth = sign(&key, "us-east-1", &req, &["host", "x-amz-date", "content-type"]);
+        let auth = sign(
+            &key,
+            "us-east-1",
+            &req,
+            &["host", "x-amz-date", "content-type"],
+        );
         req.headers.push(("authorization".into(), auth.clone()));
         assert_eq!(iam.verify(&req).unwrap(), "AKIDEXAMPLE");
         // Another body, another region, another service, a stale date.
-        let other = Signed { body: br#"{"channel":"/default/b"}"#, headers: req.headers.clone(), ..req };
+        let other = Signed {
+            body: br#"{"channel":"/default/b"}"#,
+            headers: req.headers.clone(),
+            ..req
+        };
         assert!(iam.verify(&other).unwrap_err().contains("does not match"));
         let bad_region = auth.replace("us-east-1", "eu-west-1");
-        let mut r2 = Signed { headers: req.headers.clone(), ..other };
+        let mut r2 = Signed {
+            headers: req.headers.clone(),
+            ..other
+        };
         r2.body = req.body;
         r2.headers.last_mut().unwrap().1 = bad_region;
         assert!(iam.verify(&r2).unwrap_err().contains("region"));

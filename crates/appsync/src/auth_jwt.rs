@@ -73,7 +73,10 @@ fn parse_jwks(bytes: &[u8]) -> Result<Vec<Jwk>, String> {
             );
             break;
         }
-        if k.get("use").and_then(Value::as_str).is_some_and(|u| u != "sig") {
+        if k.get("use")
+            .and_then(Value::as_str)
+            .is_some_and(|u| u != "sig")
+        {
             continue;
         }
         let kid = k.get("kid").and_then(Value::as_str).map(str::to_owned);
@@ -141,7 +144,10 @@ impl Jwks {
             fetching: tokio::sync::Mutex::new((None, None)),
         };
         if let Source::File(path) = &jwks.source {
-            match std::fs::read(path).map_err(|e| e.to_string()).and_then(|b| parse_jwks(&b)) {
+            match std::fs::read(path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| parse_jwks(&b))
+            {
                 Ok(keys) => jwks.store(keys),
                 Err(e) => tracing::error!(path, error = %e, "JWKS file unreadable"),
             }
@@ -253,7 +259,9 @@ impl Jwks {
                 .collect()
         };
         match self.cached() {
-            Some((keys, at)) if at.elapsed() < self.ttl || matches!(self.source, Source::File(_)) => {
+            Some((keys, at))
+                if at.elapsed() < self.ttl || matches!(self.source, Source::File(_)) =>
+            {
                 let found = pick(&keys);
                 if !found.is_empty() {
                     return found;
@@ -351,7 +359,8 @@ impl Verifier {
             return Err(refused("Token is too large"));
         }
         let mut parts = token.split('.');
-        let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some(h), Some(p), Some(s), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(refused("Token is not a JWT"));
         };
@@ -446,7 +455,9 @@ mod tests {
         let doc = serde_json::json!({ "keys": keys }).to_string();
         let got = parse_jwks(doc.as_bytes()).unwrap();
         assert_eq!(
-            got.iter().map(|k| k.kid.clone().unwrap()).collect::<Vec<_>>(),
+            got.iter()
+                .map(|k| k.kid.clone().unwrap())
+                .collect::<Vec<_>>(),
             ["r", "e"]
         );
         keys = (0..5000)
@@ -462,8 +473,27 @@ mod tests {
         assert_eq!(token_of("Bearer a.b.c"), "a.b.c");
         assert_eq!(token_of(" a.b.c "), "a.b.c");
         let p = URL_SAFE_NO_PAD.encode(r#"{"iss":"https://i"}"#);
-        assert_eq!(peek_issuer(&format!("x.{p}.y")).as_deref(), Some("https://i"));
+        assert_eq!(
+            peek_issuer(&format!("x.{p}.y")).as_deref(),
+            Some("https://i")
+        );
         assert_eq!(peek_issuer("nope"), None);
+    }
+
+    mod prop {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn parsing_never_panics(s in ".{0,300}", b in proptest::collection::vec(any::<u8>(), 0..300)) {
+                let _ = parse_jwks(&b);
+                let _ = parse_jwks(s.as_bytes());
+                let _ = peek_issuer(&s);
+                let _ = token_of(&s);
+                let _ = crate::auth_iam::region_of_host(&s);
+            }
+        }
     }
 
     #[tokio::test]

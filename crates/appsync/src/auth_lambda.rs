@@ -50,7 +50,12 @@ pub struct Context<'a> {
 }
 
 impl Lambda {
-    pub fn new(url: String, ttl: u64, timeout: Duration, validation: Option<regex::Regex>) -> Lambda {
+    pub fn new(
+        url: String,
+        ttl: u64,
+        timeout: Duration,
+        validation: Option<regex::Regex>,
+    ) -> Lambda {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
@@ -103,7 +108,10 @@ impl Lambda {
                     return;
                 }
             }
-            cache.insert(key, (answer.clone(), Instant::now() + Duration::from_secs(ttl)));
+            cache.insert(
+                key,
+                (answer.clone(), Instant::now() + Duration::from_secs(ttl)),
+            );
         }
     }
 
@@ -162,7 +170,9 @@ impl Lambda {
             let mut bytes = Vec::new();
             while let Some(chunk) = res.chunk().await.map_err(|e| format!("authorizer: {e}"))? {
                 if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
-                    return Err(format!("authorizer answer is over {MAX_ANSWER_BYTES} bytes"));
+                    return Err(format!(
+                        "authorizer answer is over {MAX_ANSWER_BYTES} bytes"
+                    ));
                 }
                 bytes.extend_from_slice(&chunk);
             }
@@ -191,7 +201,10 @@ impl Lambda {
             .and_then(Value::as_u64)
             .unwrap_or(self.ttl)
             .min(MAX_TTL);
-        let a = Answer { authorized, context };
+        let a = Answer {
+            authorized,
+            context,
+        };
         self.remember(key, &a, ttl);
         Ok(a)
     }

@@ -219,7 +219,9 @@ impl ProviderConfig {
 }
 
 fn check_url(field: &str, url: &str) -> Result<(), ConfigError> {
-    if !(url.starts_with("http://") || url.starts_with("https://")) || url.contains(char::is_whitespace) {
+    if !(url.starts_with("http://") || url.starts_with("https://"))
+        || url.contains(char::is_whitespace)
+    {
         return Err(invalid(field, "must be an http:// or https:// URL"));
     }
     Ok(())
@@ -248,7 +250,10 @@ pub fn check(
         if matches!(p.mode(), Mode::Lambda | Mode::Iam) && seen.contains(&p.mode()) {
             return Err(invalid(
                 format!("{at}.auth_providers[{i}]"),
-                format!("a second {} provider (an app has at most one)", p.mode().name()),
+                format!(
+                    "a second {} provider (an app has at most one)",
+                    p.mode().name()
+                ),
             ));
         }
         seen.push(p.mode());
@@ -268,9 +273,15 @@ pub fn check(
             ProviderConfig::Cognito(c) => {
                 if c.user_pool_id.is_empty()
                     || !c.user_pool_id.contains('_')
-                    || !c.user_pool_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+                    || !c
+                        .user_pool_id
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
                 {
-                    return Err(invalid(f("user_pool_id"), "must be a pool id such as us-east-1_AbCdEf"));
+                    return Err(invalid(
+                        f("user_pool_id"),
+                        "must be a pool id such as us-east-1_AbCdEf",
+                    ));
                 }
                 if let Some(u) = &c.jwks_url {
                     check_url(&f("jwks_url"), u)?;
@@ -294,7 +305,10 @@ pub fn check(
                     return Err(invalid(f("timeout_ms"), "must be 1 to 60000"));
                 }
                 if c.authorizer_result_ttl_in_seconds > crate::auth_lambda::MAX_TTL {
-                    return Err(invalid(f("authorizer_result_ttl_in_seconds"), "must be at most 3600"));
+                    return Err(invalid(
+                        f("authorizer_result_ttl_in_seconds"),
+                        "must be at most 3600",
+                    ));
                 }
             }
             ProviderConfig::Iam(c) => {
@@ -303,35 +317,55 @@ pub fn check(
                 }
                 for (j, k) in c.access_keys.iter().enumerate() {
                     if k.access_key_id.is_empty() || k.secret_access_key.is_empty() {
-                        return Err(invalid(f(&format!("access_keys[{j}]")), "needs access_key_id and secret_access_key"));
+                        return Err(invalid(
+                            f(&format!("access_keys[{j}]")),
+                            "needs access_key_id and secret_access_key",
+                        ));
                     }
                 }
             }
         }
     }
     let available = |m: &Mode| *m == Mode::ApiKey && api_keys || seen.contains(m);
-    let mut lists: Vec<(String, &Option<Vec<Mode>>)> =
-        modes.iter().map(|(k, v)| (format!("{at}.{k}"), *v)).collect();
+    let mut lists: Vec<(String, &Option<Vec<Mode>>)> = modes
+        .iter()
+        .map(|(k, v)| (format!("{at}.{k}"), *v))
+        .collect();
     for (j, ns) in namespaces.iter().enumerate() {
-        lists.push((format!("{at}.namespaces[{j}].publish_auth_modes"), &ns.publish_auth_modes));
-        lists.push((format!("{at}.namespaces[{j}].subscribe_auth_modes"), &ns.subscribe_auth_modes));
+        lists.push((
+            format!("{at}.namespaces[{j}].publish_auth_modes"),
+            &ns.publish_auth_modes,
+        ));
+        lists.push((
+            format!("{at}.namespaces[{j}].subscribe_auth_modes"),
+            &ns.subscribe_auth_modes,
+        ));
     }
     for (field, list) in lists {
         if let Some(list) = list {
             if list.is_empty() {
-                return Err(invalid(field, "must name at least one mode (leave it out for the default)"));
+                return Err(invalid(
+                    field,
+                    "must name at least one mode (leave it out for the default)",
+                ));
             }
             if let Some(m) = list.iter().find(|m| !available(m)) {
                 return Err(invalid(
                     field,
-                    format!("names {} but the app has no such provider (auth_providers, api_keys)", m.name()),
+                    format!(
+                        "names {} but the app has no such provider (auth_providers, api_keys)",
+                        m.name()
+                    ),
                 ));
             }
         }
     }
     for (j, h) in hosts.iter().enumerate() {
         if h.is_empty() || h.contains(|c: char| c.is_whitespace() || c == '/') {
-            return Err(invalid(format!("{at}.hosts[{j}]"), "must be a host name (with an optional :port)"));
+            return Err(invalid(
+                format!("{at}.hosts[{j}]"),
+                "must be a host name (with an optional :port)",
+            ));
         }
     }
     Ok(())
@@ -402,14 +436,19 @@ impl AppAuth {
             if !all.contains(&p.mode()) {
                 all.push(p.mode());
             }
-            let jwks = |url: &Option<String>, file: &Option<String>, default: Source, ttl, timeout_ms| {
-                let source = match (file, url) {
-                    (Some(f), _) => Source::File(f.clone()),
-                    (None, Some(u)) => Source::Url(u.clone()),
-                    (None, None) => default,
+            let jwks =
+                |url: &Option<String>, file: &Option<String>, default: Source, ttl, timeout_ms| {
+                    let source = match (file, url) {
+                        (Some(f), _) => Source::File(f.clone()),
+                        (None, Some(u)) => Source::Url(u.clone()),
+                        (None, None) => default,
+                    };
+                    Jwks::new(
+                        source,
+                        Duration::from_secs(ttl),
+                        Duration::from_millis(timeout_ms),
+                    )
                 };
-                Jwks::new(source, Duration::from_secs(ttl), Duration::from_millis(timeout_ms))
-            };
             match p {
                 ProviderConfig::Oidc(c) => auth.jwt.push(JwtProvider {
                     mode: Mode::Oidc,
@@ -622,11 +661,16 @@ pub async fn authorize(
                     .then_some(())
                     .ok_or_else(|| denied(UNAUTHORIZED_MESSAGE)),
                 (Op::Publish, Some(ns)) => auth::check_namespace(keys, ns, Action::Publish, key),
-                (Op::Subscribe, Some(ns)) => auth::check_namespace(keys, ns, Action::Subscribe, key),
+                (Op::Subscribe, Some(ns)) => {
+                    auth::check_namespace(keys, ns, Action::Subscribe, key)
+                }
             }
         }
         Mode::Iam => {
-            let iam = auth.iam.as_ref().ok_or_else(|| denied(UNAUTHORIZED_MESSAGE))?;
+            let iam = auth
+                .iam
+                .as_ref()
+                .ok_or_else(|| denied(UNAUTHORIZED_MESSAGE))?;
             let signed = Signed {
                 method: cred.method,
                 path: cred.path,
@@ -641,7 +685,9 @@ pub async fn authorize(
             iam.verify(&signed).map(|_| ()).map_err(denied)
         }
         Mode::Cognito | Mode::Oidc => {
-            let token = crate::auth_jwt::token_of(header(cred.headers, "authorization").unwrap_or_default());
+            let token = crate::auth_jwt::token_of(
+                header(cred.headers, "authorization").unwrap_or_default(),
+            );
             let iss = crate::auth_jwt::peek_issuer(token).unwrap_or_default();
             let p = auth
                 .jwt
@@ -661,7 +707,9 @@ pub async fn authorize(
                         return Err(denied("Token is for another app client"));
                     }
                 }
-                if !p.groups.is_empty() && !v.groups().iter().any(|g| p.groups.iter().any(|w| w == g)) {
+                if !p.groups.is_empty()
+                    && !v.groups().iter().any(|g| p.groups.iter().any(|w| w == g))
+                {
                     return Err(denied("Token is not in an allowed Cognito group"));
                 }
             } else if let Client::Id(id) = &p.client {
@@ -672,7 +720,10 @@ pub async fn authorize(
             Ok(())
         }
         Mode::Lambda => {
-            let lambda = auth.lambda.as_ref().ok_or_else(|| denied(UNAUTHORIZED_MESSAGE))?;
+            let lambda = auth
+                .lambda
+                .as_ref()
+                .ok_or_else(|| denied(UNAUTHORIZED_MESSAGE))?;
             let token = header(cred.headers, "authorization").unwrap_or_default();
             let cx = crate::auth_lambda::Context {
                 api_id: &auth.app_id,

@@ -183,8 +183,14 @@ pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
             &app.auth_providers,
             [
                 ("connection_auth_modes", &app.connection_auth_modes),
-                ("default_publish_auth_modes", &app.default_publish_auth_modes),
-                ("default_subscribe_auth_modes", &app.default_subscribe_auth_modes),
+                (
+                    "default_publish_auth_modes",
+                    &app.default_publish_auth_modes,
+                ),
+                (
+                    "default_subscribe_auth_modes",
+                    &app.default_subscribe_auth_modes,
+                ),
             ],
             &app.namespaces,
             &app.hosts,

@@ -83,7 +83,9 @@ impl GraphqlSession {
                 body: body.as_bytes(),
             };
             let op = crate::auth_modes::Op::Subscribe;
-            if let Err(d) = crate::auth_modes::authorize(&self.base.keys, &cred, op, None, None).await {
+            if let Err(d) =
+                crate::auth_modes::authorize(&self.base.keys, &cred, op, None, None).await
+            {
                 return fail(self, d.error_type, &d.message);
             }
         } else if let Some(k) = &own {

@@ -139,7 +139,11 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
             None => crate::auth_modes::app_for(&node, &keys, &headers, http_host.as_deref()),
         };
         let Some((hub, app_keys)) = found else {
-            let message = if key.is_none() && !headers.keys().any(|k| k.eq_ignore_ascii_case("authorization")) {
+            let message = if key.is_none()
+                && !headers
+                    .keys()
+                    .any(|k| k.eq_ignore_ascii_case("authorization"))
+            {
                 "Missing API key: send x-api-key in the header query parameter or a header- subprotocol"
             } else {
                 auth::UNAUTHORIZED_MESSAGE
