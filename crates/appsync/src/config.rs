@@ -199,6 +199,20 @@ pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
         out.push(app);
     }
     one_app_per_key(config, &out)?;
+    // A host picks one app for requests without an API key.
+    let mut hosts: HashMap<String, usize> = HashMap::new();
+    for (i, app) in out.iter().enumerate() {
+        for (j, h) in app.hosts.iter().enumerate() {
+            if let Some(other) = hosts.insert(h.to_ascii_lowercase(), i) {
+                if other != i {
+                    return Err(invalid(
+                        format!("apps[{i}].hosts[{j}]"),
+                        format!("{h:?} is also apps[{other}]'s: a host picks one app"),
+                    ));
+                }
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -296,6 +310,74 @@ mod tests {
             .zip(&apps)
             .map(|(a, s)| AppKeys::new(a, s))
             .collect())
+    }
+
+    #[test]
+    fn auth_modes_are_parsed_and_checked() {
+        let app = "[[apps]]\nid='a'\nkey='k'\nsecret='s'\napi_keys=['da2-x']\n";
+        let iam = "[[apps.auth_providers]]\ntype='AWS_IAM'\n\
+                   access_keys=[{access_key_id='AK', secret_access_key='SK'}]\n";
+        let k = keys(&format!(
+            "{app}default_publish_auth_modes=['AWS_IAM']\nhosts=['rt.example.com']\n{iam}\
+             [[apps.auth_providers]]\ntype='OPENID_CONNECT'\nissuer='https://i.example'\n"
+        ))
+        .unwrap();
+        assert!(k[0].auth.configured);
+        assert_eq!(k[0].auth.hosts, ["rt.example.com"]);
+        // No providers: API keys alone, as before.
+        assert!(!keys(app).unwrap()[0].auth.configured);
+        for (extra, field) in [
+            // A mode the app does not have.
+            (
+                "connection_auth_modes=['AWS_LAMBDA']\n",
+                "apps[0].connection_auth_modes",
+            ),
+            (
+                "default_subscribe_auth_modes=[]\n",
+                "apps[0].default_subscribe_auth_modes",
+            ),
+            ("hosts=['a b']\n", "apps[0].hosts[0]"),
+        ] {
+            let err = keys(&format!("{app}{extra}{iam}")).unwrap_err().to_string();
+            assert!(err.contains(field), "{extra}: {err}");
+        }
+        for (provider, field) in [
+            (
+                "type='AWS_LAMBDA'\nauthorizer_url='ftp://x'",
+                "authorizer_url",
+            ),
+            (
+                "type='AWS_LAMBDA'\nauthorizer_url='http://x'\nidentity_validation_expression='('",
+                "identity_validation_expression",
+            ),
+            (
+                "type='OPENID_CONNECT'\nissuer='https://i'\njwks_file='/no/such/file'",
+                "jwks_file",
+            ),
+            (
+                "type='AMAZON_COGNITO_USER_POOLS'\nuser_pool_id='nopool'",
+                "user_pool_id",
+            ),
+            ("type='AWS_IAM'\naccess_keys=[]", "access_keys"),
+            (
+                "type='OPENID_CONNECT'\nissuer='https://i'\nclient='x'",
+                "client",
+            ),
+            ("type='NOPE'", "auth_providers"),
+        ] {
+            let err = keys(&format!("{app}[[apps.auth_providers]]\n{provider}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field), "{provider}: {err}");
+        }
+        // A host names one app.
+        let two = format!(
+            "{app}hosts=['h']\n{iam}[[apps]]\nid='b'\nkey='k2'\nsecret='s'\napi_keys=['da2-y']\nhosts=['H']\n"
+        );
+        assert!(keys(&two)
+            .unwrap_err()
+            .to_string()
+            .contains("apps[1].hosts[0]"));
     }
 
     #[test]
