@@ -223,8 +223,8 @@ impl Jwks {
 
     /// Fetch again, unless another caller just did (or is doing it: then
     /// wait for it, bounded by the fetch's own timeout). An unknown `kid`
-    /// fetches at most once per [`REFETCH_EVERY`]; with no keys at all (a
-    /// JWKS that is down) at most once per [`NO_KEYS_RETRY`].
+    /// fetches at most once per [`REFETCH_EVERY`]; an expired or missing
+    /// cache at most once per [`NO_KEYS_RETRY`].
     async fn refresh(&self, unknown_kid: bool) {
         let mut last = self.fetching.lock().await;
         let (any, unknown) = &mut *last;
@@ -234,9 +234,12 @@ impl Jwks {
             }
             *unknown = Some(Instant::now());
         } else {
+            // Fresh keys (another caller just fetched them), or a fetch
+            // tried within NO_KEYS_RETRY: a JWKS that is down is not asked
+            // again for each token (stale keys, if any, keep serving).
             match self.cached() {
                 Some((_, got)) if got.elapsed() < self.ttl => return,
-                None if any.is_some_and(|at| at.elapsed() < NO_KEYS_RETRY) => return,
+                _ if any.is_some_and(|at| at.elapsed() < NO_KEYS_RETRY) => return,
                 _ => {}
             }
         }

@@ -75,13 +75,15 @@ impl Lambda {
 
     fn cache_key(token: &str, cx: &Context<'_>) -> String {
         // Per token, and per operation and channel: the authorizer sees
-        // both and may answer differently for each.
-        format!(
-            "{}\u{0}{}\u{0}{}",
-            cx.operation,
-            cx.channel.unwrap_or(""),
-            token
-        )
+        // both and may answer differently for each. Hashed, so an entry is
+        // small whatever the token's size.
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for part in [cx.operation, cx.channel.unwrap_or(""), token] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        hex::encode(h.finalize())
     }
 
     fn cached(&self, key: &str) -> Option<Answer> {
