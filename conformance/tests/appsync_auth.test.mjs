@@ -8,7 +8,10 @@ import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { generateKeyPairSync, sign as cryptoSign } from 'node:crypto';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import WebSocket from 'ws';
 import { signRequest } from '@aws-amplify/core/internals/aws-client-utils';
@@ -415,7 +418,7 @@ describe('raw frames: hostile tokens, namespaces, the authorizer and the JWKS', 
 });
 
 describe('a JWKS that is down, stalls or is huge; an authorizer that is down', () => {
-  test('refused within bounds, counted; a JWKS of a thousand keys serves its first ones (and Cognito groups); an oversized one refuses', async () => {
+  test('refused within bounds, counted; a JWKS of a thousand keys serves its first ones (and Cognito groups), a JWKS file works offline; an oversized one refuses', async () => {
     const dead = await freePort();
     const port = jwksServer.address().port;
     const app = appConfig({
@@ -455,6 +458,22 @@ describe('a JWKS that is down, stalls or is huge; an authorizer that is down', (
       assert.match(await refusedWith(h2, { Authorization: cognito() }), /group/);
     } finally {
       await h2.stop();
+    }
+    // Air-gapped: the keys from a file, no URL at all.
+    const dir = mkdtempSync(join(tmpdir(), 'herald-jwks-'));
+    writeFileSync(join(dir, 'jwks.json'), JSON.stringify({ keys: [jwk(rsa, 'rsa-1')] }));
+    const fromFile = appConfig({
+      namespaces: [],
+      auth_providers: [{ type: 'AMAZON_COGNITO_USER_POOLS', user_pool_id: POOL, jwks_file: join(dir, 'jwks.json') }],
+    });
+    const h4 = await startHerald({ apps: [fromFile] });
+    try {
+      const c = await connectRaw(h4, { host: host(h4), Authorization: cognito() });
+      assert.equal(c.first.type, 'connection_ack');
+      c.ws.close();
+      await refusedWith(h4, { Authorization: cognito({}, 'rsa-1', stranger) });
+    } finally {
+      await h4.stop();
     }
     const huge = appConfig({
       namespaces: [],
