@@ -416,12 +416,12 @@ impl Verifier {
             return Err(refused("Token has expired."));
         }
         if let Some(nbf) = num(&claims, "nbf")? {
-            if nbf > now + self.skew {
+            if nbf > now.saturating_add(self.skew) {
                 return Err(refused("Token is not valid yet"));
             }
         }
         if let Some(iat) = num(&claims, "iat")? {
-            if iat > now + self.skew {
+            if iat > now.saturating_add(self.skew) {
                 return Err(refused("Token is issued in the future"));
             }
             if self.iat_ttl > 0 && now > iat.saturating_add(self.iat_ttl) {

@@ -266,8 +266,8 @@ pub fn check(
                 if let Some(path) = &c.jwks_file {
                     Jwks::check_file(path).map_err(|e| invalid(f("jwks_file"), e))?;
                 }
-                if c.jwks_timeout_ms == 0 {
-                    return Err(invalid(f("jwks_timeout_ms"), "must be positive"));
+                if c.jwks_timeout_ms == 0 || c.jwks_timeout_ms > 60_000 {
+                    return Err(invalid(f("jwks_timeout_ms"), "must be 1 to 60000"));
                 }
             }
             ProviderConfig::Cognito(c) => {
@@ -292,8 +292,8 @@ pub fn check(
                 if let Some(re) = &c.app_id_client_regex {
                     whole_regex(&f("app_id_client_regex"), re)?;
                 }
-                if c.jwks_timeout_ms == 0 {
-                    return Err(invalid(f("jwks_timeout_ms"), "must be positive"));
+                if c.jwks_timeout_ms == 0 || c.jwks_timeout_ms > 60_000 {
+                    return Err(invalid(f("jwks_timeout_ms"), "must be 1 to 60000"));
                 }
             }
             ProviderConfig::Lambda(c) => {
