@@ -834,8 +834,11 @@ impl crate::session::Base {
             };
             return auth::check_namespace(&self.keys, ns, action, key);
         }
+        let none = Map::new();
         let cred = Credential {
-            headers: own_headers.unwrap_or(&self.auth_headers),
+            headers: own_headers
+                .or(self.auth_headers.as_deref())
+                .unwrap_or(&none),
             method: "POST",
             path,
             query: "",

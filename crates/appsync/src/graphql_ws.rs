@@ -75,8 +75,11 @@ impl GraphqlSession {
                 .and_then(|e| e.get("authorization"))
                 .and_then(Value::as_object);
             let body = payload.get("data").and_then(Value::as_str).unwrap_or("");
+            let none = serde_json::Map::new();
             let cred = crate::auth_modes::Credential {
-                headers: own_headers.unwrap_or(&self.base.auth_headers),
+                headers: own_headers
+                    .or(self.base.auth_headers.as_deref())
+                    .unwrap_or(&none),
                 method: "POST",
                 path: "/graphql",
                 query: "",

@@ -173,7 +173,10 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
             };
             return refuse(socket, error).await;
         }
-        run(node, hub, app_keys, socket, key, Arc::new(headers), api).await
+        // Kept only where other modes may need them (an API key alone
+        // needs nothing more than the key: connections stay small).
+        let auth_headers = app_keys.auth.configured.then(|| Arc::new(headers));
+        run(node, hub, app_keys, socket, key, auth_headers, api).await
     })
 }
 
@@ -209,7 +212,7 @@ async fn run(
     keys: Arc<AppKeys>,
     socket: Socket,
     key: String,
-    auth_headers: Arc<serde_json::Map<String, serde_json::Value>>,
+    auth_headers: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     api: Api,
 ) {
     let (id, socket_id) = node.next_connection();
@@ -265,9 +268,10 @@ pub struct Base {
     /// The API key the connection was opened with (used when a message
     /// carries no `authorization` of its own).
     pub key: String,
-    /// The headers the connection was opened with (what a message without
-    /// its own `authorization` authorizes with, in any mode).
-    pub auth_headers: Arc<serde_json::Map<String, serde_json::Value>>,
+    /// The headers the connection was opened with, for an app with other
+    /// modes (what a message without its own `authorization` authorizes
+    /// with).
+    pub auth_headers: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     subs: HashMap<String, Sub>,
 }
 
