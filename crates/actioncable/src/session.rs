@@ -42,7 +42,6 @@ use herald_core::frame::Frame;
 use herald_core::hub::SubscribeOptions;
 use herald_core::metrics;
 use herald_core::node::Node;
-use herald_core::reliable::ReliableStreams;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
 use herald_core::ws::Socket;
 use std::collections::HashMap;
