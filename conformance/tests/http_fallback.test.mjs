@@ -1,0 +1,186 @@
+// pusher-js's HTTP transports (xhr_streaming, xhr_polling) against herald:
+// real pusher-js in Node restricted to each one, doing what it does over a
+// WebSocket (public, private, presence, encrypted and cache channels, client
+// events both ways, sign-in); the raw SockJS-style framing; and the bounds
+// (unknown sessions, oversized bodies, floods, half-open sessions).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { startHerald, once, connectionState, within, http, DEV_APP } from '../lib/herald.mjs';
+import { channelAuth, userAuth, metric } from '../lib/raw.mjs';
+
+const encryptionMasterKeyBase64 = randomBytes(32).toString('base64');
+let h;
+before(async () => { h = await startHerald(); });
+after(async () => { await h.stop(); });
+
+const server = () => h.server(undefined, { encryptionMasterKeyBase64 });
+
+/** A pusher-js client that may only use `transport`, on herald's HTTP port. */
+function httpClient(transport, options = {}) {
+  return h.client({
+    enabledTransports: [transport],
+    httpHost: '127.0.0.1',
+    httpPort: h.port,
+    channelAuthorization: channelAuth(server(), (ch) => ({ user_id: `u-${transport}`, user_info: { via: transport } })),
+    ...options,
+  });
+}
+
+async function connected(c, transport) {
+  await connectionState(c, 'connected', 10000);
+  assert.equal(c.connection.connection.transport.name, transport, 'connected over the HTTP transport');
+}
+
+for (const transport of ['xhr_streaming', 'xhr_polling']) {
+  test(`${transport}: public channel, triggered events in order`, async () => {
+    const c = httpClient(transport);
+    await connected(c, transport);
+    const ch = c.subscribe(`pub-${transport}`);
+    await once(ch, 'pusher:subscription_succeeded');
+    const got = [];
+    ch.bind('e', (d) => got.push(d));
+    const done = once(ch, 'done');
+    for (let i = 0; i < 20; i++) await h.server().trigger(`pub-${transport}`, 'e', { i, text: 'ünï "quoted" \\ ✓' });
+    await h.server().trigger(`pub-${transport}`, 'done', {});
+    await done;
+    assert.deepEqual(got.map((d) => d.i), [...Array(20).keys()]);
+    assert.equal(got[0].text, 'ünï "quoted" \\ ✓');
+    c.disconnect();
+  });
+
+  test(`${transport}: client events both ways with a WebSocket client, presence`, async () => {
+    const c = httpClient(transport);
+    const ws = h.client({ channelAuthorization: channelAuth(server(), () => ({ user_id: 'u-ws', user_info: {} })) });
+    await connected(c, transport);
+    const name = `private-ce-${transport}`;
+    const [a, b] = [c.subscribe(name), ws.subscribe(name)];
+    await Promise.all([once(a, 'pusher:subscription_succeeded'), once(b, 'pusher:subscription_succeeded')]);
+    const atWs = once(b, 'client-hello');
+    assert.ok(a.trigger('client-hello', { from: transport }));
+    assert.deepEqual(await atWs, { from: transport });
+    const atHttp = once(a, 'client-back');
+    b.trigger('client-back', { from: 'ws' });
+    assert.deepEqual(await atHttp, { from: 'ws' });
+
+    const p = `presence-${transport}`;
+    const pw = ws.subscribe(p);
+    await once(pw, 'pusher:subscription_succeeded');
+    const added = once(pw, 'pusher:member_added');
+    const ph = c.subscribe(p);
+    const members = await once(ph, 'pusher:subscription_succeeded');
+    assert.equal(members.count, 2);
+    assert.deepEqual(await added, { id: `u-${transport}`, info: { via: transport } });
+    const removed = once(pw, 'pusher:member_removed');
+    c.unsubscribe(p);
+    assert.equal((await removed).id, `u-${transport}`);
+    c.disconnect();
+  });
+
+  test(`${transport}: encrypted and cache channels, sign-in and sendToUser`, async () => {
+    const c = httpClient(transport, { userAuthentication: userAuth(h.server(), { id: `user-${transport}` }) });
+    await connected(c, transport);
+    const enc = c.subscribe(`private-encrypted-${transport}`);
+    await once(enc, 'pusher:subscription_succeeded');
+    const secret = once(enc, 'reveal');
+    await server().trigger(`private-encrypted-${transport}`, 'reveal', { answer: 42 });
+    assert.deepEqual(await secret, { answer: 42 });
+
+    await h.server().trigger(`cache-${transport}`, 'last', { kept: true });
+    const cache = c.subscribe(`cache-${transport}`);
+    const replayed = once(cache, 'last');
+    await once(cache, 'pusher:subscription_succeeded');
+    assert.deepEqual(await replayed, { kept: true });
+
+    c.signin();
+    await within(c.user.signinDonePromise, 'pusher-js sign-in');
+    const notice = once(c.user, 'notice');
+    await h.server().sendToUser(`user-${transport}`, 'notice', { text: 'hi' });
+    assert.deepEqual(await notice, { text: 'hi' });
+    c.disconnect();
+  });
+}
+
+const base = (session) => `${h.base}/pusher/app/${DEV_APP.key}/123/${session}`;
+const post = (url, body) => http(url, { method: 'POST', body, headers: { 'content-type': 'application/json' } });
+
+test('the raw framing: o, then a[...] with connection_established, then replies to xhr_send', async () => {
+  const s = base('raw' + Date.now());
+  const first = await post(`${s}/xhr?protocol=7`);
+  assert.equal(first.status, 200);
+  assert.equal(first.headers.get('access-control-allow-origin'), '*');
+  assert.equal(await first.text(), 'o\n');
+  const second = await (await post(`${s}/xhr`)).text();
+  assert.match(second, /^a\[.*\]\n$/);
+  const established = JSON.parse(JSON.parse(second.slice(1))[0]);
+  assert.equal(established.event, 'pusher:connection_established');
+  assert.equal(JSON.parse(established.data).activity_timeout, 120);
+  const sent = await post(`${s}/xhr_send`, JSON.stringify([JSON.stringify({ event: 'pusher:ping', data: {} })]));
+  assert.equal(sent.status, 204);
+  const pong = await (await post(`${s}/xhr`)).text();
+  assert.equal(JSON.parse(JSON.parse(pong.slice(1))[0]).event, 'pusher:pong');
+  // A preflight for browsers on other origins.
+  const pre = await http(`${s}/xhr_send`, { method: 'OPTIONS' });
+  assert.equal(pre.status, 204);
+  assert.match(pre.headers.get('access-control-allow-headers'), /Content-Type/i);
+});
+
+test('refusals: unknown app (4001 in a c frame), unknown session, bad body, oversized body', async () => {
+  const bad = await (await post(`${h.base}/pusher/app/nope/1/abc/xhr_streaming`)).text();
+  assert.match(bad, /^o\na\[.*pusher:error.*\]\nc\[4001,"App key does not exist"\]\n$/s);
+  const unknown = await post(`${base('never-opened')}/xhr_send`, '[]');
+  assert.equal(unknown.status, 404);
+  const s = base('limits' + Date.now());
+  await post(`${s}/xhr`);
+  assert.equal((await post(`${s}/xhr_send`, '{"not":"an array"}')).status, 400);
+  const before = await metric(h, 'herald_pusher_http_refused_total');
+  const big = JSON.stringify(['x'.repeat(200 * 1024)]);
+  assert.equal((await post(`${s}/xhr_send`, big)).status, 413);
+  assert.ok((await metric(h, 'herald_pusher_http_refused_total')) > before);
+  assert.equal((await post(`${base('bad.session')}/xhr`)).status, 400);
+});
+
+test('an oversized message closes the session as on a WebSocket (1009 in a c frame)', async () => {
+  const s = base('oversize' + Date.now());
+  await post(`${s}/xhr`);
+  await post(`${s}/xhr`); // connection_established
+  const msg = JSON.stringify({ event: 'client-x', channel: 'private-a', data: 'y'.repeat(70 * 1024) });
+  assert.equal((await post(`${s}/xhr_send`, JSON.stringify([msg]))).status, 204);
+  const closed = await (await post(`${s}/xhr`)).text();
+  assert.match(closed, /c\[1009,"Message too large/);
+});
+
+test('limits: a flood of xhr_send closes with 4100, half-open sessions are bounded and expire', async () => {
+  const app = { ...DEV_APP, max_messages_per_second: 10 };
+  const small = await startHerald({ apps: [app], http_max_sessions: 5, http_session_timeout_ms: 1000 });
+  try {
+    const at = (session) => `${small.base}/pusher/app/${DEV_APP.key}/7/${session}`;
+    // A flood: more pings in a second than the app's message rate.
+    const f = at('flood');
+    await post(`${f}/xhr`);
+    await post(`${f}/xhr`);
+    await Promise.all(Array.from({ length: 30 }, () => post(`${f}/xhr_send`, '[]')));
+    const closed = await (await post(`${f}/xhr`)).text();
+    assert.match(closed, /c\[4100,"Too many messages/);
+    // Half-open: sessions opened and never polled again.
+    const opened = [];
+    for (let i = 0; i < 5; i++) opened.push((await post(`${at('half' + i)}/xhr`)).status);
+    assert.deepEqual(opened, [200, 200, 200, 200, 200]);
+    const over = await post(`${at('one-too-many')}/xhr`);
+    assert.equal(over.status, 503, 'the sixth session is refused');
+    assert.match(await over.text(), /http_max_sessions/);
+    assert.ok((await metric(small, 'herald_pusher_http_refused_total')) >= 1);
+    // Nobody polls them: they expire, and a new session opens.
+    await within(
+      (async () => {
+        while ((await metric(small, 'herald_pusher_http_sessions')) > 0) await new Promise((r) => setTimeout(r, 100));
+      })(),
+      'half-open sessions to expire',
+      5000,
+    );
+    assert.ok((await metric(small, 'herald_pusher_http_sessions_expired_total')) >= 5);
+    assert.equal(await (await post(`${at('after')}/xhr`)).text(), 'o\n');
+  } finally {
+    await small.stop();
+  }
+});
