@@ -184,3 +184,86 @@ test('limits: a flood of xhr_send closes with 4100, half-open sessions are bound
     await small.stop();
   }
 });
+
+test('keep-alive: pusher-js stays connected across pings on both transports; a silent session is closed with 4201', async () => {
+  const quick = await startHerald({ activity_timeout: 1, pong_timeout: 1 });
+  try {
+    const clients = ['xhr_streaming', 'xhr_polling'].map((transport) => {
+      const c = quick.client({ enabledTransports: [transport], httpHost: '127.0.0.1', httpPort: quick.port });
+      const changes = [];
+      c.connection.bind('state_change', (s) => changes.push(s.current));
+      return { c, transport, changes };
+    });
+    for (const { c, transport } of clients) {
+      await connectionState(c, 'connected', 10000);
+      assert.equal(c.connection.connection.transport.name, transport);
+    }
+    const ids = clients.map(({ c }) => c.connection.socket_id);
+    // Four activity timeouts: herald pings, pusher-js answers over xhr_send.
+    await new Promise((r) => setTimeout(r, 4000));
+    assert.deepEqual(clients.map(({ c }) => c.connection.socket_id), ids, 'same sessions');
+    for (const { changes } of clients) assert.deepEqual([...changes], ['connected'], 'no reconnect');
+    const ch = clients[1].c.subscribe('still-alive');
+    await once(ch, 'pusher:subscription_succeeded');
+    for (const { c } of clients) c.disconnect();
+
+    // A session that polls but never answers herald's pusher:ping.
+    const s = `${quick.base}/pusher/app/${DEV_APP.key}/1/silent`;
+    await post(`${s}/xhr`);
+    let seen = '';
+    await within(
+      (async () => {
+        while (!seen.includes('c[')) seen += await (await post(`${s}/xhr`)).text();
+      })(),
+      'the 4201 close',
+      8000,
+    );
+    assert.match(seen, /pusher:ping/);
+    assert.match(seen, /c\[4201,"Pong reply not received"\]/);
+  } finally {
+    await quick.stop();
+  }
+});
+
+test('a streaming client that never reads is cut, bounded, and others are unharmed', async () => {
+  const app = { ...DEV_APP, outbound_bytes: 65536 };
+  const small = await startHerald({ apps: [app] });
+  try {
+    const net = await import('node:net');
+    const path = `/pusher/app/${DEV_APP.key}/9/stuck/xhr_streaming`;
+    const sock = net.connect(small.port, '127.0.0.1');
+    await new Promise((r) => sock.once('connect', r));
+    sock.write(`POST ${path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 0\r\n\r\n`);
+    // Read the head and the first frames, then stop reading altogether.
+    await new Promise((r) => sock.once('data', r));
+    sock.pause();
+    const sub = JSON.stringify([JSON.stringify({ event: 'pusher:subscribe', data: { channel: 'firehose' } })]);
+    assert.equal((await post(`${small.base}/pusher/app/${DEV_APP.key}/9/stuck/xhr_send`, sub)).status, 204);
+    const watcher = small.client();
+    const wch = watcher.subscribe('firehose');
+    await once(wch, 'pusher:subscription_succeeded');
+    let last = null;
+    wch.bind('e', (d) => (last = d.i));
+    const data = 'x'.repeat(9000);
+    await within(
+      (async () => {
+        for (let i = 0; ; i++) {
+          await small.server().triggerBatch(Array.from({ length: 10 }, (_, j) => ({ channel: 'firehose', name: 'e', data: { i: i * 10 + j, data } })));
+          const text = await (await http(`${small.base}/metrics`)).text();
+          if (/herald_connections_closed_total\{[^}]*reason="(slow_consumer|write_error)"[^}]*\} [1-9]/.test(text)) return;
+          if (i > 2000) throw new Error('never cut');
+        }
+      })(),
+      'the stuck session to be cut',
+      60000,
+    );
+    // The watcher on a WebSocket kept up all along.
+    const marker = once(wch, 'marker');
+    await small.server().trigger('firehose', 'marker', {});
+    await marker;
+    assert.ok(last !== null);
+    sock.destroy();
+  } finally {
+    await small.stop();
+  }
+});
