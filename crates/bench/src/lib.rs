@@ -77,6 +77,7 @@ pub mod shard;
 pub mod slow;
 pub mod soak;
 pub mod storm;
+pub mod transports;
 pub mod worst;
 
 use std::fmt;
