@@ -8,6 +8,8 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { startHerald, once, connectionState, within, http, DEV_APP } from '../lib/herald.mjs';
 import { channelAuth, userAuth, metric } from '../lib/raw.mjs';
+import Echo from 'laravel-echo';
+import Pusher from 'pusher-js';
 
 const encryptionMasterKeyBase64 = randomBytes(32).toString('base64');
 let h;
@@ -266,4 +268,51 @@ test('a streaming client that never reads is cut, bounded, and others are unharm
   } finally {
     await small.stop();
   }
+});
+
+test('Laravel Echo over the fallback: as apps configure it, a private channel event', async () => {
+  const echo = new Echo({
+    broadcaster: 'pusher',
+    Pusher,
+    key: DEV_APP.key,
+    cluster: 'herald',
+    wsHost: '127.0.0.1',
+    wsPort: h.port,
+    httpHost: '127.0.0.1',
+    httpPort: h.port,
+    forceTLS: false,
+    enabledTransports: ['xhr_streaming', 'xhr_polling'],
+    disableStats: true,
+    channelAuthorization: channelAuth(h.server()),
+  });
+  try {
+    const got = new Promise((resolve) => echo.private('orders.7').listen('OrderShipped', resolve));
+    await connectionState(echo.connector.pusher, 'connected', 10000);
+    assert.equal(echo.connector.pusher.connection.connection.transport.name, 'xhr_streaming');
+    await once(echo.connector.pusher.channel('private-orders.7'), 'pusher:subscription_succeeded');
+    await h.server().trigger('private-orders.7', 'App\\Events\\OrderShipped', { id: 7 });
+    assert.deepEqual(await within(got, 'the Echo listener'), { id: 7 });
+  } finally {
+    echo.disconnect();
+  }
+});
+
+test('shutdown: a held stream is told 4200 in a c frame, and herald exits', async () => {
+  const dying = await startHerald({ shutdown_grace: 3 });
+  const s = `${dying.base}/pusher/app/${DEV_APP.key}/5/dying`;
+  const res = await fetch(`${s}/xhr_streaming`, { method: 'POST' });
+  const reader = res.body.getReader();
+  let text = '';
+  const until = async (re) => {
+    while (!re.test(text)) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += new TextDecoder().decode(value);
+    }
+  };
+  await within(until(/connection_established/), 'the stream to open');
+  dying.child.kill('SIGTERM');
+  await within(until(/c\[4200,/), 'the 4200 close on the stream', 10000);
+  assert.match(text, /c\[4200,"Server is restarting; reconnect"\]/);
+  await dying.exited;
 });
