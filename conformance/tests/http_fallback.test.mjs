@@ -316,3 +316,48 @@ test('shutdown: a held stream is told 4200 in a c frame, and herald exits', asyn
   assert.match(text, /c\[4200,"Server is restarting; reconnect"\]/);
   await dying.exited;
 });
+
+test('a thousand and more half-open polling sessions: bounded, counted, expired, harmless to others', async () => {
+  const many = await startHerald({ http_max_sessions: 1000, http_session_timeout_ms: 8000 });
+  try {
+    const statuses = { 200: 0, 503: 0 };
+    let next = 0;
+    await within(
+      Promise.all(
+        Array.from({ length: 50 }, async () => {
+          while (next < 1200) {
+            const i = next++;
+            const r = await post(`${many.base}/pusher/app/${DEV_APP.key}/${i % 1000}/half${i}/xhr`);
+            statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+            await r.text();
+          }
+        }),
+      ),
+      '1200 sessions to be opened or refused',
+      60000,
+    );
+    assert.deepEqual(statuses, { 200: 1000, 503: 200 });
+    assert.equal(await metric(many, 'herald_pusher_http_sessions'), 1000);
+    assert.ok((await metric(many, 'herald_pusher_http_refused_total')) >= 200);
+    // Others are unharmed: a WebSocket client connects and gets an event.
+    const c = many.client();
+    const ch = c.subscribe('unharmed');
+    await once(ch, 'pusher:subscription_succeeded');
+    const got = once(ch, 'e');
+    await many.server().trigger('unharmed', 'e', { ok: true });
+    assert.deepEqual(await got, { ok: true });
+    // Nobody polls them again: all expire, their connections with them.
+    await within(
+      (async () => {
+        while ((await metric(many, 'herald_pusher_http_sessions')) > 0) await new Promise((r) => setTimeout(r, 200));
+        while ((await metric(many, 'herald_connections')) > 1) await new Promise((r) => setTimeout(r, 200));
+      })(),
+      'the half-open sessions and their connections to go',
+      25000,
+    );
+    assert.equal(await metric(many, 'herald_pusher_http_sessions_expired_total'), 1000);
+    c.disconnect();
+  } finally {
+    await many.stop();
+  }
+});
