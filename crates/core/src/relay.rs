@@ -426,4 +426,35 @@ mod tests {
         assert_eq!(relay.take_now(&mut got), Taken::Some);
         assert_eq!(relay.take_now(&mut got), Taken::Ended);
     }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever the session writes, split however the writes
+            /// fall, the transport takes the same messages in order.
+            #[test]
+            fn messages_survive_any_split(texts in proptest::collection::vec(".{0,300}", 1..6), split in 1usize..400) {
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                rt.block_on(async {
+                    let (relay, mut socket) = Relay::new(1 << 20, 64);
+                    let mut bytes = Vec::new();
+                    for t in &texts {
+                        bytes.extend(wire(&Frame::text(t)));
+                    }
+                    bytes.extend(wire(&Frame::close(4200, "bye")));
+                    for c in bytes.chunks(split) {
+                        socket.write_all(c).await.unwrap();
+                    }
+                    let mut got = Vec::new();
+                    relay.take_now(&mut got);
+                    let mut want: Vec<Out> = texts.iter().map(|t| Out::Text(t.clone())).collect();
+                    want.push(Out::Close(4200, "bye".into()));
+                    assert_eq!(got, want);
+                    assert!(relay.finished());
+                });
+            }
+        }
+    }
 }
