@@ -361,3 +361,24 @@ test('a thousand and more half-open polling sessions: bounded, counted, expired,
     await many.stop();
   }
 });
+
+test('xhr_streaming: past 256 KiB pusher-js opens a new stream on the same session; nothing is lost', async () => {
+  const c = httpClient('xhr_streaming');
+  await connected(c, 'xhr_streaming');
+  const id = c.connection.socket_id;
+  const ch = c.subscribe('long-stream');
+  await once(ch, 'pusher:subscription_succeeded');
+  const got = [];
+  ch.bind('e', (d) => got.push(d.i));
+  const done = once(ch, 'done', 20000);
+  const data = 'z'.repeat(9000);
+  for (let i = 0; i < 80; i += 10) {
+    await h.server().triggerBatch(Array.from({ length: 10 }, (_, j) => ({ channel: 'long-stream', name: 'e', data: { i: i + j, data } })));
+  }
+  await h.server().trigger('long-stream', 'done', {});
+  await done;
+  assert.deepEqual(got, [...Array(80).keys()], 'every event, in order, across the new streams');
+  assert.equal(c.connection.socket_id, id, 'the same session');
+  assert.ok((await metric(h, 'herald_pusher_http_sessions_opened_total')) >= 1);
+  c.disconnect();
+});

@@ -58,6 +58,13 @@ pub const OUTBOX: usize = 64 * 1024;
 /// Longest `{server}` or `{session}` path segment.
 const MAX_SEGMENT: usize = 64;
 
+/// pusher-js ends a stream and opens a new one on the same session once it
+/// has read more than this many characters (UTF-16 code units, as
+/// JavaScript counts) of it. What the server wrote past that point, before
+/// the client let go, would be lost: a stream stops taking messages once
+/// it has sent this much, and the new stream takes them.
+const STREAM_LIMIT: usize = 256 * 1024;
+
 /// What pusher-js polls or streams with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Transport {
@@ -372,6 +379,7 @@ fn receive(
         streaming: transport == Transport::Streaming,
         first: new.then_some(Bytes::from_static(b"o\n")),
         done: false,
+        sent: 0,
     };
     let body = futures_util::stream::unfold(r, |mut r| async move {
         let chunk = r.next().await?;
@@ -390,6 +398,8 @@ struct Receiver {
     heartbeat: Duration,
     first: Option<Bytes>,
     done: bool,
+    /// Characters of this response so far, as pusher-js counts them.
+    sent: usize,
 }
 
 impl Drop for Receiver {
@@ -401,6 +411,12 @@ impl Drop for Receiver {
 impl Receiver {
     /// The next chunk of the response, or its end.
     async fn next(&mut self) -> Option<Bytes> {
+        let chunk = self.chunk().await?;
+        self.sent += utf16_len(&chunk);
+        Some(chunk)
+    }
+
+    async fn chunk(&mut self) -> Option<Bytes> {
         if self.done {
             return None;
         }
@@ -412,6 +428,15 @@ impl Receiver {
         tokio::pin!(superseded);
         superseded.as_mut().enable();
         if !session.current(self.number) {
+            return None;
+        }
+        if self.streaming && self.sent > STREAM_LIMIT {
+            // pusher-js has read it all and opens its next stream now;
+            // a client that does not is let go after a heartbeat's wait.
+            tokio::select! {
+                _ = &mut superseded => {}
+                _ = tokio::time::sleep(self.heartbeat) => {}
+            }
             return None;
         }
         let mut out = Vec::new();
@@ -445,6 +470,18 @@ impl Receiver {
         }
         Some(body.into())
     }
+}
+
+/// The length of `text` as JavaScript counts it (UTF-16 code units).
+fn utf16_len(text: &[u8]) -> usize {
+    // UTF-8 lead bytes: one unit per character, two for four-byte ones.
+    text.iter()
+        .map(|&b| match b {
+            0x80..=0xBF => 0,
+            0xF0..=0xFF => 2,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// Append the frames of `out` to `body`: runs of messages as one `a`
@@ -601,6 +638,12 @@ mod tests {
             body,
             "a[\"{\\\"event\\\":\\\"a\\\",\\\"data\\\":\\\"x\\\\\\\"y\\\"}\",\"{}\"]\nc[4009,\"Connection unauthorized\"]\n"
         );
+    }
+
+    #[test]
+    fn lengths_as_javascript_counts_them() {
+        assert_eq!(utf16_len("a\u{e9}\u{2713}\u{1F600}".as_bytes()), 5);
+        assert_eq!(utf16_len(b"o\n"), 2);
     }
 
     #[test]
