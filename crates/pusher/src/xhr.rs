@@ -442,8 +442,11 @@ impl Receiver {
         let mut out = Vec::new();
         let relay = &session.relay;
         let taken = tokio::select! {
-            t = poll_fn(|cx| relay.poll_take(cx, &mut out)) => t,
+            // A newer request first: what this one took would go to a
+            // client that stopped listening to it.
+            biased;
             _ = &mut superseded => return None,
+            t = poll_fn(|cx| relay.poll_take(cx, &mut out)) => t,
             _ = tokio::time::sleep(self.heartbeat) => {
                 self.done = !self.streaming;
                 return Some(Bytes::from_static(b"h\n"));
