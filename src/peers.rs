@@ -404,7 +404,8 @@ use Peer::{AnyCable, Laravel, Pusher, Reverb, Soketi};
 const CLIENT: &str = "where clients and the app connect, not where the server listens";
 const NO_PULSE: &str = "Laravel Pulse/Telescope ingestion: watch Herald's /metrics instead";
 const APP_MANAGER: &str = "apps come from Herald's config file ([[apps]]), not a database";
-const QUEUE: &str = "webhooks are sent by each node from memory (docs/operations.md), no queue";
+const QUEUE: &str =
+    "webhooks are sent by each node from memory (docs/webhooks-and-monitoring.md), no queue";
 const LIMITER: &str = "rate limits are per connection and in memory";
 const SOKETI_CLUSTER: &str = "UDP discovery is not offered: use a redis or nats adapter";
 const REDIS_OPTS: &str =

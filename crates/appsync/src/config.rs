@@ -107,24 +107,31 @@ impl Keys {
 
 /// Parse and check every app's keys, in the order of `config.apps`.
 pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
+    // Every error at once (see herald_core's ConfigError::all).
+    let mut errors = Vec::new();
     let mut out = Vec::with_capacity(config.apps.len());
     for i in 0..config.apps.len() {
-        let app: AppSettings = app_keys(config, i, APP_KEYS)?;
+        let app: AppSettings = match app_keys(config, i, APP_KEYS) {
+            Ok(app) => app,
+            Err(e) => {
+                errors.push(e);
+                AppSettings::default()
+            }
+        };
         let k = |field: &str| format!("apps[{i}].{field}");
         for (j, key) in app.api_keys.iter().enumerate() {
-            check_api_key(&k(&format!("api_keys[{j}]")), key)?;
+            errors.extend(check_api_key(&k(&format!("api_keys[{j}]")), key).err());
         }
         let mut names = std::collections::HashSet::new();
         for (j, ns) in app.namespaces.iter().enumerate() {
             let field = |f: &str| k(&format!("namespaces[{j}].{f}"));
             if !is_namespace_name(&ns.name) {
-                return Err(invalid(
+                errors.push(invalid(
                     field("name"),
                     "must be 1-50 characters of A-Z, a-z, 0-9 and '-'",
                 ));
-            }
-            if !names.insert(&ns.name) {
-                return Err(invalid(
+            } else if !names.insert(&ns.name) {
+                errors.push(invalid(
                     field("name"),
                     format!("duplicates namespace {:?}", ns.name),
                 ));
@@ -134,14 +141,14 @@ pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
                 ("subscribe_keys", &ns.subscribe_keys),
             ] {
                 for (n, key) in keys.iter().flatten().enumerate() {
-                    check_api_key(&field(&format!("{f}[{n}]")), key)?;
+                    errors.extend(check_api_key(&field(&format!("{f}[{n}]")), key).err());
                 }
             }
         }
         out.push(app);
     }
-    one_app_per_key(config, &out)?;
-    Ok(out)
+    errors.extend(one_app_per_key(config, &out).err());
+    ConfigError::all(errors).map(|()| out)
 }
 
 /// Every key an app names (its API keys in force, its namespaces' key

@@ -122,6 +122,7 @@ impl Default for WebhookSettings {
 
 impl WebhookSettings {
     fn validate(&self) -> Result<(), ConfigError> {
+        let mut errors = Vec::new();
         let positive = [
             ("webhook_batch_ms", self.webhook_batch_ms as usize),
             ("webhook_batch_size", self.webhook_batch_size),
@@ -131,25 +132,25 @@ impl WebhookSettings {
         ];
         for (field, value) in positive {
             if value == 0 {
-                return Err(invalid(field, "must be positive"));
+                errors.push(invalid(field, "must be positive"));
             }
         }
         if self.webhook_batch_ms > 60_000 || self.webhook_leave_delay_ms > 60_000 {
-            return Err(invalid(
+            errors.push(invalid(
                 "webhook_batch_ms/webhook_leave_delay_ms",
                 "must be at most 60000 (a minute)",
             ));
         }
         if self.webhook_queue_bytes < 64 * 1024 {
-            return Err(invalid(
+            errors.push(invalid(
                 "webhook_queue_bytes",
                 "must be at least 65536 (it must hold the largest client event)",
             ));
         }
         if self.webhook_batch_size > 1000 {
-            return Err(invalid("webhook_batch_size", "must be at most 1000"));
+            errors.push(invalid("webhook_batch_size", "must be at most 1000"));
         }
-        Ok(())
+        ConfigError::all(errors)
     }
 }
 
@@ -173,26 +174,50 @@ pub struct PusherConfig {
 impl PusherConfig {
     /// Parse and check this adapter's keys of `config`.
     pub fn load(config: &Config) -> Result<PusherConfig, ConfigError> {
+        // Every error at once: the top-level keys', then each app's.
+        let mut errors = Vec::new();
         let webhook_keys: Vec<&str> = TOP_KEYS
             .iter()
             .filter(|k| !HTTP_KEYS.contains(k))
             .copied()
             .collect();
-        let webhook: WebhookSettings = top_keys(config, &webhook_keys)?;
-        webhook.validate()?;
-        let http: HttpSettings = top_keys(config, HTTP_KEYS)?;
-        http.validate()?;
+        let webhook = match top_keys::<WebhookSettings>(config, &webhook_keys) {
+            Ok(w) => {
+                errors.extend(w.validate().err());
+                w
+            }
+            Err(e) => {
+                errors.push(e);
+                WebhookSettings::default()
+            }
+        };
+        let http = match top_keys::<HttpSettings>(config, HTTP_KEYS) {
+            Ok(h) => {
+                errors.extend(h.validate().err());
+                h
+            }
+            Err(e) => {
+                errors.push(e);
+                HttpSettings::default()
+            }
+        };
         let mut apps = Vec::with_capacity(config.apps.len());
         for i in 0..config.apps.len() {
-            let app: AppSettings = app_keys(config, i, APP_KEYS)?;
+            let app = match app_keys::<AppSettings>(config, i, APP_KEYS) {
+                Ok(app) => app,
+                Err(e) => {
+                    errors.push(e);
+                    AppSettings::default()
+                }
+            };
             for (j, hook) in app.webhooks.iter().enumerate() {
-                validate_webhook(hook).map_err(|(field, msg)| {
-                    invalid(format!("apps[{i}].webhooks[{j}]{field}"), msg)
-                })?;
+                if let Err((field, msg)) = validate_webhook(hook) {
+                    errors.push(invalid(format!("apps[{i}].webhooks[{j}]{field}"), msg));
+                }
             }
             apps.push(app);
         }
-        Ok(PusherConfig {
+        ConfigError::all(errors).map(|()| PusherConfig {
             webhook,
             http,
             apps,
