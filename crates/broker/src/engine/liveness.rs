@@ -346,7 +346,9 @@ impl Shared {
     /// Forget node `n`: its members leave, its counts are dropped.
     pub(super) fn bury(&self, s: &mut State, n: NodeId, acts: &mut Vec<Act>) {
         s.peers.remove(&n);
-        self.forget_recv(s, n);
+        for (a, p, _) in self.forget_recv(s, n) {
+            acts.push(Act::Publication(a, p));
+        }
         s.count_nodes();
         s.incoming.remove(&n);
         s.incoming_held.remove(&n);
