@@ -346,8 +346,9 @@ impl Shared {
     /// Forget node `n`: its members leave, its counts are dropped.
     pub(super) fn bury(&self, s: &mut State, n: NodeId, acts: &mut Vec<Act>) {
         s.peers.remove(&n);
-        for (a, p, _) in self.forget_recv(s, n) {
-            acts.push(Act::Publication(a, p));
+        let held = self.forget_recv(s, n);
+        if !held.is_empty() {
+            acts.push(Act::Publications(held));
         }
         s.count_nodes();
         s.incoming.remove(&n);

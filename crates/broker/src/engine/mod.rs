@@ -178,8 +178,9 @@ enum Act {
     ObservedGone(Flip),
     /// One another node reports (for displays).
     Seen(Flip),
-    /// A publication held for a recovery that will not complete.
-    Publication(String, Publication),
+    /// Publications held for a recovery that will not complete (app,
+    /// publication, number), in order.
+    Publications(Vec<(String, Publication, u64)>),
 }
 
 /// The engine's state, shared by the broker handle and its tasks.
@@ -329,7 +330,11 @@ fn run(inbox: &Arc<dyn Inbox>, acts: Vec<Act>) {
             Act::Observed(f) => inbox.observed(&f.key.0, f.key.1 .0, &change_of(&f)),
             Act::ObservedGone(f) => inbox.observed_gone(&f.key.0, f.key.1 .0, &change_of(&f)),
             Act::Seen(f) => inbox.seen(&f.key.0, f.key.1 .0, &change_of(&f)),
-            Act::Publication(app, p) => inbox.publication(&app, p),
+            Act::Publications(list) => {
+                for (app, p, _) in list {
+                    inbox.publication(&app, p);
+                }
+            }
         }
     }
 }

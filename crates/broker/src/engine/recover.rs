@@ -56,7 +56,9 @@ pub(super) const HOLD_MAX: usize = 4096;
 /// A publication to deliver: app, publication, its number.
 type Held = (String, Publication, u64);
 
-/// What to deliver after a live publication arrived.
+/// What to deliver after a live publication arrived. Returned and matched
+/// at once, never stored: the publication moves in place, unboxed.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Deliver {
     /// Nothing (a second copy, or held).
     Nothing,
