@@ -25,8 +25,16 @@
 //! src/server      this crate: one listener, routing by path to each
 //!                 adapter's routes, the adapters' tasks, health, metrics,
 //!                 TLS, graceful shutdown
+//! src/effective   this crate: the effective configuration, layer by layer
+//!                 (defaults, file, peers' variables, `HERALD_*`, flags)
+//! src/peers       this crate: the settings of the servers Herald replaces
+//!                 (Reverb, soketi, AnyCable), read as they are
+//! src/env_file    this crate: Laravel and Rails `.env` files, bounded
+//! src/build_info  this crate: version, commit and date (`/version`)
 //! adapters()      this crate: the adapters `herald` serves (the binary is
 //!                 the core plus this list; see docs/architecture.md)
+//! api, wire, ...  this crate: Pusher's modules re-exported at their old
+//!                 paths for the tests, fuzzers and benches
 //! crates/signing  herald-signing: Pusher's HMAC/MD5 signatures, shared by
 //!                 the server and the bench
 //! crates/bench    herald-bench: `herald bench`, the load generator

@@ -14,6 +14,11 @@
 //! broadcast   POST /_broadcast → node.publish; the broker's
 //!             `__anycable__` channel (Redis/NATS) → node.publish_here
 //!   └ remote       remote commands (disconnect by identifiers)
+//! ext         the extended protocol (`actioncable-v1-ext-json`): stream
+//!             positions, history requests, session restore
+//!   ├ reliable     reliable streams: publishing with positions
+//!   └ presence     presence and whispers as AnyCable 1.6 speaks them
+//! jwt         AnyCable's JWT identification (`?jid=`, `x-jid`)
 //! wire        parse/encode frames; the core's `Wire` (a frame per
 //!             (stream, identifier), shared by its subscribers)
 //! config      the `[rpc]` table, parsed and checked

@@ -43,7 +43,11 @@
 //! sessions a client restores), `metrics`, `observer` (what the node decided
 //! about channels and members, for webhooks and the dashboard), `confirm`
 //! (subscribers waiting for the broker to hold their channel's interest
-//! before they are confirmed), and
+//! before they are confirmed), `commands` (adapters' commands run on every
+//! node, such as a remote disconnect), `load` (the recent delivery rate that
+//! decides whether write coalescing is worth its delay, and the process
+//! clock), `reaper` (the bounded teardown of sessions whose clients went
+//! away), and
 //! `testing` (wires for tests; only with the `testing` feature, which
 //! dev-dependencies enable).
 
