@@ -17,7 +17,9 @@
 //! this node still waited for its answer (counted once).
 //!
 //! Order: while a recovery from a node is open, that node's live
-//! publications are held (at most [`HOLD_FOR`] and [`HOLD_MAX`] of them),
+//! publications are held (at most [`HOLD_FOR`] and [`HOLD_MAX`] of them;
+//! released by the next one to arrive, or else at this node's next
+//! heartbeat tick),
 //! and delivered with the recovered ones in the node's order once the
 //! answer is complete; so one publisher's order holds also across an
 //! outage. Past either bound (an answer that does not come), what is held
@@ -315,16 +317,14 @@ impl Shared {
             return Vec::new();
         };
         let held = r.release();
-        {
-            if r.resync {
-                metrics::count(&metrics::BROKER_UNRECOVERED);
-                tracing::warn!(
-                    node = n,
-                    after = r.seen.base,
-                    "a node went away before sending what it published while this node was \
-                     away; its publications since then may be missing here"
-                );
-            }
+        if r.resync {
+            metrics::count(&metrics::BROKER_UNRECOVERED);
+            tracing::warn!(
+                node = n,
+                after = r.seen.base,
+                "a node went away before sending what it published while this node was \
+                 away; its publications since then may be missing here"
+            );
         }
         held
     }
