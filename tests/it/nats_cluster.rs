@@ -167,7 +167,7 @@ async fn a_killed_server_is_left_for_another_and_the_gap_is_measured() {
          its client missed {lost} of {total} events published every 10 ms, {} twice; \
          {} recovered",
         seen.len() - unique.len(),
-        n[0].metric("herald_broker_recovered_total").await,
+        n[0].counter("herald_broker_recovered_total").await,
     );
     assert_eq!(lost, 0, "{seen:?}");
     assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");

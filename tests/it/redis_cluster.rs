@@ -495,8 +495,8 @@ async fn a_master_killed_under_load_is_replaced_and_nothing_is_lost_or_duplicate
         "failover: nodes ready again {back_after:?} after the SIGKILL; {} acknowledged; \
          (client, received, lost, twice): {lost:?}; recovered on nodes 1, 2: {}, {}",
         acked.len(),
-        n[1].metric("herald_broker_recovered_total").await,
-        n[2].metric("herald_broker_recovered_total").await,
+        n[1].counter("herald_broker_recovered_total").await,
+        n[2].counter("herald_broker_recovered_total").await,
     );
     assert!(
         lost.iter()

@@ -354,9 +354,9 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
         "sentinel failover: {} of {published} ticks acknowledged; recovered on nodes 0, 1, 2: \
          {}, {}, {}",
         acked.len(),
-        n[0].metric("herald_broker_recovered_total").await,
-        n[1].metric("herald_broker_recovered_total").await,
-        n[2].metric("herald_broker_recovered_total").await,
+        n[0].counter("herald_broker_recovered_total").await,
+        n[1].counter("herald_broker_recovered_total").await,
+        n[2].counter("herald_broker_recovered_total").await,
     );
     drop(a);
     drop(b);
