@@ -33,8 +33,6 @@
 //! src/build_info  this crate: version, commit and date (`/version`)
 //! adapters()      this crate: the adapters `herald` serves (the binary is
 //!                 the core plus this list; see docs/architecture.md)
-//! api, wire, ...  this crate: Pusher's modules re-exported at their old
-//!                 paths for the tests, fuzzers and benches
 //! crates/signing  herald-signing: Pusher's HMAC/MD5 signatures, shared by
 //!                 the server and the bench
 //! crates/bench    herald-bench: `herald bench`, the load generator
@@ -66,18 +64,4 @@ pub fn adapters() -> Adapters {
         Arc::new(herald_actioncable::ActionCable),
         Arc::new(herald_appsync::AppSync),
     ]
-}
-
-pub use herald_core::{
-    adapter, broker, config, connection, fanout, frame, hub, metrics, node, publication, session,
-    ws,
-};
-pub use herald_pusher::{names, presence_data, signing, wire};
-
-/// The Pusher HTTP API (kept at its old path for tests and tools).
-pub mod api {
-    pub use herald_pusher::api::*;
-    pub mod auth {
-        pub use herald_pusher::auth::*;
-    }
 }

@@ -556,7 +556,7 @@ async fn subscribe_room(ws: &mut Ws) {
     ws.send(Message::text(cmd)).await.unwrap();
 }
 
-// Issue 33, item 1, on Action Cable: on a node whose broker is not up
+// A confirmation is true, on Action Cable: on a node whose broker is not up
 // yet, `confirm_subscription` waits until the broker holds the stream's
 // interest (then every broadcast through another node arrives), and after
 // `broker.confirm_timeout` the client gets Action Cable's one retryable

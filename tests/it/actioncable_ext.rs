@@ -1,8 +1,8 @@
-//! `actioncable-v1-ext-json` (issue 19) over real sockets against a real
+//! `actioncable-v1-ext-json` over real sockets against a real
 //! herald: bad history requests get `reject_history` and leave the client
 //! connected and served; a forged or used `sid` gets a normal welcome; a
 //! closed session restores once, with what it missed, and never over a
-//! token naming another user (issue 32).
+//! token naming another user.
 
 use crate::common;
 
@@ -193,7 +193,7 @@ async fn a_session_restores_once_with_what_it_missed_and_a_forged_sid_connects_a
     );
 }
 
-/// Issue 32 in process: a session is restored only once its connection
+/// In process: a session is restored only once its connection
 /// closed, never over another user's token, and once.
 #[tokio::test]
 async fn a_session_restores_only_once_its_connection_is_gone_in_process() {
@@ -253,7 +253,7 @@ async fn a_followed_stream_idle_past_the_ttl_stays_reliable() {
     );
 }
 
-// ----- Presence and whispers (issue 19) ---------------------------------
+// ----- Presence and whispers ---------------------------------------------
 
 async fn join(ws: &mut common::Ws, identifier: &str, presence: Value) {
     send(

@@ -1,4 +1,4 @@
-//! Issue 19: a history answer larger than the connection's outbound queue
+//! A history answer larger than the connection's outbound queue
 //! (several streams × `history_limit` messages, asked for at once after a
 //! restore) reaches a client that reads, whole and in order, without it
 //! being cut as too slow; and another client's live deliveries on the same
@@ -161,7 +161,7 @@ async fn a_history_answer_over_history_max_bytes_is_rejected_and_the_client_stay
     );
 }
 
-/// Issue 32: history answers have a node-wide budget
+/// History answers have a node-wide budget
 /// (`rpc.history_answers_max_bytes`), and a connection whose socket does
 /// not drain gets no second answer. A client that stops reading asks for
 /// two streams' history (1,000 messages of 30 KB each, 30 MB an answer)

@@ -1,9 +1,8 @@
 //! `actioncable-v1-ext-json` over several real `herald serve` nodes on a
-//! real `redis-server` and `nats-server -js` (issue 19, the gaps the first
-//! slices left): the members of a SIGKILLed node leave, once, for every
-//! subscriber of the stream on the other nodes; on NATS JetStream a live
+//! real `redis-server` and `nats-server -js`: the members of a SIGKILLed
+//! node leave, once, for every subscriber of the stream on the other nodes; on NATS JetStream a live
 //! session is restored by no one, and a frozen node's restores elsewhere
-//! once (issue 32).
+//! once (a live session is never restored).
 
 use crate::common;
 
@@ -199,7 +198,7 @@ async fn nats_stored(
     None
 }
 
-/// Issue 32 on NATS JetStream, two nodes: a live session is restored by
+/// A live session is never restored, on NATS JetStream, two nodes: a live session is restored by
 /// no one, a closed one not over another user's token, and once.
 #[tokio::test]
 async fn a_nats_session_restores_only_once_its_connection_is_gone() {
@@ -214,7 +213,7 @@ async fn a_nats_session_restores_only_once_its_connection_is_gone() {
     .await;
 }
 
-/// Issue 32 on NATS JetStream: a frozen node's session restores on the
+/// On NATS JetStream: a frozen node's session restores on the
 /// other once it is declared gone, and the node, back, does not write it
 /// back (the compare-and-set on its last revision).
 #[tokio::test]

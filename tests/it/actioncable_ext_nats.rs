@@ -1,4 +1,4 @@
-//! `actioncable-v1-ext-json` on the NATS engine with JetStream (issue 19):
+//! `actioncable-v1-ext-json` on the NATS engine with JetStream:
 //! three real `herald serve` nodes on a real `nats-server -js`. History
 //! appended on any node is read from any node with the same positions; a
 //! session written by a node that is then SIGKILLed restores on another
@@ -158,7 +158,7 @@ async fn a_session_of_a_killed_node_restores_on_another_without_connect() {
     let broker = BrokerServer::start_jetstream();
     let rpc_port = free_port();
     let pre = prefix("sess");
-    // Its session restores once the others declared it gone (issue 32).
+    // Its session restores once the others declared it gone.
     let mut n = nodes_ttl(
         &broker,
         &pre,

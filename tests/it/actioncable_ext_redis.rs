@@ -1,5 +1,5 @@
 //! `actioncable-v1-ext-json` over three real `herald serve` nodes on a
-//! real `redis-server` (issue 19, history on redis): a publication made on
+//! real `redis-server` (history on redis): a publication made on
 //! one node is recovered by a client that reconnects to another, with the
 //! same offsets whichever node is asked; a session kept by a node that is
 //! then SIGKILLed is restored on another without a new `Connect`; the

@@ -1,5 +1,5 @@
 //! `actioncable-v1-ext-json` sessions on a real `redis-server` with two
-//! real herald nodes (issues 19 and 32): a live session is restored by no
+//! real herald nodes: a live session is restored by no
 //! one, a closed one not over another user's token, and once; a frozen
 //! node's session restores on the other once it is declared gone, and
 //! the node, back, does not write it back (the compare-and-set), so it

@@ -1,4 +1,4 @@
-//! Issue 19: server-side presence, AnyCable's `CommandResponse.presence`
+//! Server-side presence, AnyCable's `CommandResponse.presence`
 //! (field 9): the app's answer to `subscribe` joins the connection to the
 //! subscription's presence stream (`$p`), and its answer to an action
 //! leaves it; the stream's subscribers see the join and the leave and

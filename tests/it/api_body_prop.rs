@@ -18,12 +18,12 @@
 
 use axum::body::Body;
 use axum::http::Request;
-use herald::api::auth::sign_query;
-use herald::broker::local::LocalBroker;
-use herald::config::{AppConfig, Config};
-use herald::connection::{Connection, QueueLimit};
-use herald::hub::SubscribeOptions;
-use herald::node::Node;
+use herald_core::broker::local::LocalBroker;
+use herald_core::config::{AppConfig, Config};
+use herald_core::connection::{Connection, QueueLimit};
+use herald_core::hub::SubscribeOptions;
+use herald_core::node::Node;
+use herald_pusher::auth::sign_query;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -73,7 +73,7 @@ impl Harness {
         let conn = Arc::new(Connection::new(
             1,
             LISTENER.into(),
-            &herald::wire::WIRE,
+            &herald_pusher::wire::WIRE,
             QueueLimit {
                 frames: 4096,
                 bytes: 16 << 20,
@@ -81,7 +81,7 @@ impl Harness {
         ));
         for c in POOL {
             let opts = SubscribeOptions {
-                cache: herald::names::ChannelKind::of(c).cache,
+                cache: herald_pusher::names::ChannelKind::of(c).cache,
                 ..SubscribeOptions::default()
             };
             assert!(

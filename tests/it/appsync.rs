@@ -1276,7 +1276,7 @@ async fn until_metric(s: &Server, name: &str, want: u64) {
     }
 }
 
-// Issue 33, item 1, on both AppSync APIs: on a node whose broker is not up
+// A confirmation is true, on both AppSync APIs: on a node whose broker is not up
 // yet, `subscribe_success` and `start_ack` wait until the broker holds the
 // interest (then everything published through another node arrives), and
 // after `broker.confirm_timeout` the answer is the retryable

@@ -138,9 +138,12 @@ fn assert_server_memory(r: &herald_bench::Report) {
 /// development app, so `herald serve` + `herald bench` need no flags.
 #[test]
 fn bench_defaults_are_the_development_app() {
-    assert_eq!(herald_bench::DEV_APP_ID, herald::config::DEV_APP_ID);
-    assert_eq!(herald_bench::DEV_APP_KEY, herald::config::DEV_APP_KEY);
-    assert_eq!(herald_bench::DEV_APP_SECRET, herald::config::DEV_APP_SECRET);
+    assert_eq!(herald_bench::DEV_APP_ID, herald_core::config::DEV_APP_ID);
+    assert_eq!(herald_bench::DEV_APP_KEY, herald_core::config::DEV_APP_KEY);
+    assert_eq!(
+        herald_bench::DEV_APP_SECRET,
+        herald_core::config::DEV_APP_SECRET
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

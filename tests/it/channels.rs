@@ -270,10 +270,10 @@ async fn signin_and_server_to_user() {
     let server = Server::start().await;
     let mut a = server.client().await;
     let user_data = r#"{"id":"u1","user_info":{"n":1}}"#;
-    let auth = herald::signing::token(
+    let auth = herald_pusher::signing::token(
         APP_KEY,
         APP_SECRET,
-        &herald::signing::user_string(&a.socket_id, user_data),
+        &herald_pusher::signing::user_string(&a.socket_id, user_data),
     );
     a.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
         .await;

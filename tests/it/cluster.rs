@@ -40,10 +40,10 @@ async fn ready(s: &Server) -> (u16, String) {
 /// Sign a client in as `id` (pusher:signin).
 async fn sign_in(c: &mut Client, id: &str) {
     let user_data = json!({ "id": id }).to_string();
-    let auth = herald::signing::token(
+    let auth = herald_pusher::signing::token(
         common::APP_KEY,
         common::APP_SECRET,
-        &herald::signing::user_string(&c.socket_id, &user_data),
+        &herald_pusher::signing::user_string(&c.socket_id, &user_data),
     );
     c.send(json!({ "event": "pusher:signin", "data": { "auth": auth, "user_data": user_data } }))
         .await;
@@ -262,8 +262,9 @@ async fn channel_figures_agree_on_every_node(kind: Kind) {
 }
 
 both!(acknowledged_publishes_survive_broker_restarts);
-/// Issue 33: every event the HTTP API answered 2xx for reaches every
-/// subscriber on every node exactly once and in order, though the broker is SIGKILLed
+/// An acknowledgement is true: every event the HTTP API answered 2xx for
+/// reaches every subscriber on every node exactly once and in order,
+/// though the broker is SIGKILLed
 /// twice mid-stream (back after 1 s, then after 3 s). Events go to node
 /// 0 every 20 ms; subscribers on node 1 hear them only through the broker.
 async fn acknowledged_publishes_survive_broker_restarts(kind: Kind) {
@@ -411,7 +412,7 @@ async fn every_event_arrives(from: &Server, c: &mut Client, channel: &str, n: us
     }
 }
 
-// Issue 33, item 1: a node started before its broker is up confirms a
+// A confirmation is true: a node started before its broker is up confirms a
 // subscription only once the broker holds the interest, so events
 // published through another node right after the confirmation all arrive.
 both!(confirmation_waits_for_a_broker_not_up_yet);

@@ -132,6 +132,95 @@ fn invalid_toml_and_missing_file_fail() {
 }
 
 #[test]
+fn every_error_of_a_file_is_reported_at_once() {
+    // Values of the wrong type (each with TOML's snippet), a semantic
+    // error, an unknown key, an app's and an adapter's: all six in one run,
+    // each named, not only the first.
+    let out = serve_with(
+        "port = \"eighty\"\nactivity_timeout = 0\nprot = 1\n\
+         [broker]\nttl = \"x\"\n\
+         [rpc]\ndisconnect_queue = 0\n\
+         [[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"\"\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("herald: 6 configuration errors:\n"),
+        "{stderr}"
+    );
+    for key in [
+        "`port`",
+        "`activity_timeout`",
+        "`prot`",
+        "`broker.ttl`",
+        "`rpc.disconnect_queue`",
+        "`apps[0].secret`",
+    ] {
+        assert!(stderr.contains(key), "{key} not named: {stderr}");
+    }
+    // TOML's snippet: the line and a caret under the value.
+    assert!(stderr.contains("1 | port = \"eighty\""), "{stderr}");
+    assert!(stderr.contains("5 | ttl = \"x\""), "{stderr}");
+    assert!(stderr.contains("^^^^^^^^"), "{stderr}");
+
+    // Within one adapter's keys too: two of [rpc], two of the webhook
+    // settings, one of an app's webhooks and one of its AppSync keys.
+    let out = serve_with(
+        "webhook_batch_size = 0\nwebhook_queue_bytes = 1000\n\
+         [rpc]\ntimeout_ms = 0\ndisconnect_queue = 0\n\
+         [[apps]]\nid = \"a\"\nkey = \"k\"\nsecret = \"s\"\n\
+         webhooks = [{ url = \"ftp://x\", event_types = [\"channel_occupied\"] }]\n\
+         api_keys = [\"\"]\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("herald: 6 configuration errors:\n"),
+        "{stderr}"
+    );
+    for key in [
+        "`webhook_batch_size`",
+        "`webhook_queue_bytes`",
+        "`rpc.timeout_ms`",
+        "`rpc.disconnect_queue`",
+        "`apps[0].webhooks[0].url`",
+        "`apps[0].api_keys[0]`",
+    ] {
+        assert!(stderr.contains(key), "{key} not named: {stderr}");
+    }
+
+    // Syntax errors on two lines: both, each with its snippet.
+    let out = serve_with("port = = 1\nhost = \"127.0.0.1\"\nlog = [\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("herald: 2 configuration errors:\n"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("1 | port = = 1"), "{stderr}");
+    assert!(stderr.contains("3 | log = ["), "{stderr}");
+
+    // `herald config --check` says the same.
+    let dir = std::env::temp_dir().join(format!("herald-cfg-all-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "activity_timeout = 0\npong_timeout = 0\n").unwrap();
+    let out = config(&["--check", "--config", path.to_str().unwrap()], &[]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{shown}");
+    assert!(shown.contains("2 configuration errors"), "{shown}");
+    assert!(
+        shown.contains("`activity_timeout`") && shown.contains("`pong_timeout`"),
+        "{shown}"
+    );
+}
+
+#[test]
 fn bad_environment_values_name_their_variable() {
     for (var, value) in [
         ("HERALD_PORT", "abc"),

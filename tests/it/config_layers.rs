@@ -173,7 +173,7 @@ async fn ipv6_hosts_are_served() {
 /// `GET /apps/{id}/channels`, signed with `key`/`secret`.
 async fn api_get_channels(port: u16, id: &str, key: &str, secret: &str) -> (u16, String) {
     let path = format!("/apps/{id}/channels");
-    let query = herald::api::auth::sign_query(key, secret, "GET", &path, b"", &[]);
+    let query = herald_pusher::auth::sign_query(key, secret, "GET", &path, b"", &[]);
     let resp = tokio::time::timeout(
         TIMEOUT,
         reqwest::get(format!("http://127.0.0.1:{port}{path}?{query}")),

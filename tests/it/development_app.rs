@@ -56,8 +56,14 @@ async fn no_config_serves_the_development_app_and_warns() {
     // ...and the development secret signs HTTP API calls for app-id.
     let path = "/apps/app-id/events";
     let body = json!({ "name": "hello", "channel": "dev-channel", "data": "hi" }).to_string();
-    let query =
-        herald::api::auth::sign_query("app-key", "app-secret", "POST", path, body.as_bytes(), &[]);
+    let query = herald_pusher::auth::sign_query(
+        "app-key",
+        "app-secret",
+        "POST",
+        path,
+        body.as_bytes(),
+        &[],
+    );
     let resp = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{port}{path}?{query}"))
         .header("content-type", "application/json")

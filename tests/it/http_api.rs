@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::*;
-use herald::signing;
+use herald_pusher::signing;
 use serde_json::{json, Value};
 
 fn events_path() -> String {
@@ -58,7 +58,7 @@ async fn authentication_failures_are_401() {
     let path = events_path();
     let body = event("news");
     let good =
-        herald::api::auth::sign_query(APP_KEY, APP_SECRET, "POST", &path, body.as_bytes(), &[]);
+        herald_pusher::auth::sign_query(APP_KEY, APP_SECRET, "POST", &path, body.as_bytes(), &[]);
 
     let mut cases: Vec<(&str, String, String)> = vec![
         ("no query", String::new(), body.clone()),
@@ -111,7 +111,7 @@ async fn authentication_failures_are_401() {
     }
 
     // A request signed for another path is refused on this one.
-    let other = herald::api::auth::sign_query(
+    let other = herald_pusher::auth::sign_query(
         APP_KEY,
         APP_SECRET,
         "POST",
@@ -123,7 +123,7 @@ async fn authentication_failures_are_401() {
     assert_eq!(status, 401);
     // Signed as GET, sent as POST.
     let get =
-        herald::api::auth::sign_query(APP_KEY, APP_SECRET, "GET", &path, body.as_bytes(), &[]);
+        herald_pusher::auth::sign_query(APP_KEY, APP_SECRET, "GET", &path, body.as_bytes(), &[]);
     let (status, _) = server.raw_api("POST", &path, &get, &body).await;
     assert_eq!(status, 401);
 }
@@ -396,7 +396,7 @@ async fn channel_queries() {
 
 async fn api_get(server: &Server, rel: &str, extra: &[(&str, &str)]) -> (u16, Value) {
     let path = format!("/apps/{APP_ID}{rel}");
-    let q = herald::api::auth::sign_query(APP_KEY, APP_SECRET, "GET", &path, b"", extra);
+    let q = herald_pusher::auth::sign_query(APP_KEY, APP_SECRET, "GET", &path, b"", extra);
     server.raw_api("GET", &path, &q, "").await
 }
 
@@ -438,13 +438,14 @@ async fn terminate_connections_without_the_app_prefix() {
     let mut a = signed_in(&server, "u7").await;
     let path = "/users/u7/terminate_connections";
     // Signed with another secret: refused, the socket stays.
-    let forged = herald::api::auth::sign_query(APP_KEY, "not-the-secret", "POST", path, b"", &[]);
+    let forged = herald_pusher::auth::sign_query(APP_KEY, "not-the-secret", "POST", path, b"", &[]);
     let (status, _) = server.raw_api("POST", path, &forged, "").await;
     assert_eq!(status, 401);
-    let unknown = herald::api::auth::sign_query("no-such-key", APP_SECRET, "POST", path, b"", &[]);
+    let unknown =
+        herald_pusher::auth::sign_query("no-such-key", APP_SECRET, "POST", path, b"", &[]);
     let (status, _) = server.raw_api("POST", path, &unknown, "").await;
     assert_eq!(status, 404);
-    let q = herald::api::auth::sign_query(APP_KEY, APP_SECRET, "POST", path, b"", &[]);
+    let q = herald_pusher::auth::sign_query(APP_KEY, APP_SECRET, "POST", path, b"", &[]);
     let (status, reply) = server.raw_api("POST", path, &q, "").await;
     assert_eq!(status, 200, "{reply}");
     a.expect_closed_with(4009).await;

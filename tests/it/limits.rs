@@ -189,10 +189,10 @@ async fn roomy_client(server: &Server) -> Client {
 }
 
 async fn roomy_subscribe_private(c: &mut Client, channel: &str) {
-    let auth = herald::signing::token(
+    let auth = herald_pusher::signing::token(
         "roomy-key",
         "roomy-secret",
-        &herald::signing::channel_string(&c.socket_id, channel, None),
+        &herald_pusher::signing::channel_string(&c.socket_id, channel, None),
     );
     c.subscribe_raw(channel, Some(&auth), None).await;
     c.expect("pusher_internal:subscription_succeeded", Some(channel))
@@ -317,10 +317,10 @@ async fn per_app_presence_limits_are_honoured() {
     // The roomy app takes what this one refused.
     let mut r = roomy_client(&server).await;
     let cd = r#"{"user_id":"123456789"}"#;
-    let auth = herald::signing::token(
+    let auth = herald_pusher::signing::token(
         "roomy-key",
         "roomy-secret",
-        &herald::signing::channel_string(&r.socket_id, ch, Some(cd)),
+        &herald_pusher::signing::channel_string(&r.socket_id, ch, Some(cd)),
     );
     r.subscribe_raw(ch, Some(&auth), Some(cd)).await;
     r.expect("pusher_internal:subscription_succeeded", Some(ch))

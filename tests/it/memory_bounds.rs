@@ -1,5 +1,5 @@
 //! Memory a publisher or a client can make Herald keep, held to its
-//! bounds (issue 23, "memory any publisher can pin"), over real sockets
+//! bounds ("memory any publisher can pin"), over real sockets
 //! against a real `herald`: cache channels' last events within
 //! `max_cache_bytes` (by the metric and by the process's resident memory),
 //! least recently used evicted first, expired ones freed by the sweep.

@@ -2,14 +2,14 @@
 //! frames, channel names, presence `channel_data`, the protocol version,
 //! config TOML, client auth tokens and HTTP API request signatures.
 
-use herald::api::auth::{authenticate, sign_query, SignedRequest};
-use herald::broker::local::LocalBroker;
-use herald::config::{AppConfig, Config};
-use herald::node::Node;
-use herald::signing;
+use herald_core::broker::local::LocalBroker;
+use herald_core::config::{AppConfig, Config};
+use herald_core::node::Node;
+use herald_pusher::auth::{authenticate, sign_query, SignedRequest};
 use herald_pusher::names::{validate_name, validate_publish_name, NameError};
 use herald_pusher::presence_data::{parse_channel_data, MemberLimits};
 use herald_pusher::session::{check_version, ConnectParams};
+use herald_pusher::signing;
 use herald_pusher::wire::{parse, ClientMessage, ParseError};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -280,7 +280,7 @@ proptest! {
         let claimed = adapters.iter().any(|a| a.keys().top.contains(&key.as_str()));
         prop_assume!(!known.contains(&key.as_str()) && !claimed);
         let err = Config::from_toml(&format!("{key} = 1\n"), "x.toml")
-            .and_then(|c| herald::adapter::check_config(&c, &adapters))
+            .and_then(|c| herald_core::adapter::check_config(&c, &adapters))
             .unwrap_err()
             .to_string();
         prop_assert!(err.contains(&key), "{}", err);

@@ -45,7 +45,7 @@ async fn round_trip(port: u16, id: &str, key: &str, secret: &str) {
     c.subscribe("news").await;
     let body = json!({ "name": "headline", "channel": "news", "data": "{\"n\":1}" }).to_string();
     let path = format!("/apps/{id}/events");
-    let query = herald::api::auth::sign_query(key, secret, "POST", &path, body.as_bytes(), &[]);
+    let query = herald_pusher::auth::sign_query(key, secret, "POST", &path, body.as_bytes(), &[]);
     let resp = tokio::time::timeout(
         TIMEOUT,
         reqwest::Client::new()
@@ -453,7 +453,7 @@ fn malformed_peer_variables_are_named() {
     assert_eq!(code, 2, "{out}");
 }
 
-/// Issue 19's settings by AnyCable's names, Herald's variables and flags,
+/// The reliable streams' and resumable sessions' settings by AnyCable's names, Herald's variables and flags,
 /// and a malformed one named.
 #[test]
 fn history_and_sessions_settings_by_every_name() {

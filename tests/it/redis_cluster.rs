@@ -514,7 +514,7 @@ async fn publish_loop(base: String, stop: std::sync::Arc<tokio::sync::Notify>) -
     for k in 0u64.. {
         let body = json!({ "name": "seq", "channel": "news", "data": k.to_string() }).to_string();
         let path = "/apps/test-app/events";
-        let q = herald::api::auth::sign_query(
+        let q = herald_pusher::auth::sign_query(
             common::APP_KEY,
             common::APP_SECRET,
             "POST",
@@ -917,8 +917,8 @@ async fn a_frozen_channel_master_failed_over_is_followed() {
     drop(keep);
 }
 
-/// Issue 20 on a cluster: a master of channels only (not the shard of the
-/// cluster-wide subjects) stops answering with its sockets open. The
+/// One Redis Cluster master goes silent: a master of channels only (not
+/// the shard of the cluster-wide subjects) stops answering with its sockets open. The
 /// canary goes through every master, so both nodes notice within its
 /// interval and timeout: `/ready` 503, the failure counted and logged;
 /// they reconnect, follow the promoted replica and deliver again.

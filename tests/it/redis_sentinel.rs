@@ -191,7 +191,7 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
                 let body =
                     json!({ "name": "tick", "channel": "news", "data": k.to_string() }).to_string();
                 let path = format!("/apps/{}/events", common::APP_ID);
-                let query = herald::api::auth::sign_query(
+                let query = herald_pusher::auth::sign_query(
                     common::APP_KEY,
                     common::APP_SECRET,
                     "POST",

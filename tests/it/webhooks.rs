@@ -150,7 +150,7 @@ fn assert_signed(h: &Hook) {
     assert_eq!(h.headers["x-pusher-key"], APP_KEY);
     let sig = h.headers["x-pusher-signature"].to_str().unwrap();
     assert!(
-        herald::signing::verify_hex(APP_SECRET, &h.body, sig),
+        herald_pusher::signing::verify_hex(APP_SECRET, &h.body, sig),
         "bad signature on {}",
         h.body
     );

@@ -112,7 +112,7 @@ pub async fn rpc_app(port: u16, broadcast_url: &str) -> App {
     app
 }
 
-/// Issue 32: the JWT key of the nodes in the restore scenarios below
+/// The JWT key of the nodes in the restore scenarios below
 /// (`rpc.jwt_secret`; tokens in `?jid=`).
 pub const JWT_KEY: &str = "restore-key";
 
@@ -160,7 +160,7 @@ pub async fn until_stored(
     }
 }
 
-/// Issue 32, on every engine: alice's session (made on `nodes[0]` with
+/// A live session is never restored, on every engine: alice's session (made on `nodes[0]` with
 /// her token) is not restored on the last node while she is connected (by
 /// its sid alone, or with another user's token), nor after she left with
 /// another user's token; then she restores it with her own, once: the same
@@ -241,7 +241,7 @@ pub async fn a_session_restores_only_once_its_connection_is_gone(
     assert!(refused(b).await >= 1);
 }
 
-/// Issue 32, on the cluster engines: a session whose node is frozen
+/// On the cluster engines: a session whose node is frozen
 /// (SIGSTOP, the way a killed node looks to the others) restores on
 /// `b` once `b` has declared the node gone (its `broker.ttl` short); the
 /// node, thawed, does not write the session back when it changes (the

@@ -322,8 +322,14 @@ impl Server {
 
     /// A signed request to the test app; returns status and JSON body.
     pub async fn api(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
-        let query =
-            herald::api::auth::sign_query(APP_KEY, APP_SECRET, method, path, body.as_bytes(), &[]);
+        let query = herald_pusher::auth::sign_query(
+            APP_KEY,
+            APP_SECRET,
+            method,
+            path,
+            body.as_bytes(),
+            &[],
+        );
         self.raw_api(method, path, &query, body).await
     }
 
@@ -625,18 +631,18 @@ pub async fn still_healthy(server: &Server, c: &mut Client) {
 }
 
 pub fn private_auth(socket_id: &str, channel: &str) -> String {
-    herald::signing::token(
+    herald_pusher::signing::token(
         APP_KEY,
         APP_SECRET,
-        &herald::signing::channel_string(socket_id, channel, None),
+        &herald_pusher::signing::channel_string(socket_id, channel, None),
     )
 }
 
 pub fn presence_auth(socket_id: &str, channel: &str, channel_data: &str) -> String {
-    herald::signing::token(
+    herald_pusher::signing::token(
         APP_KEY,
         APP_SECRET,
-        &herald::signing::channel_string(socket_id, channel, Some(channel_data)),
+        &herald_pusher::signing::channel_string(socket_id, channel, Some(channel_data)),
     )
 }
 
@@ -644,7 +650,7 @@ pub fn presence_auth(socket_id: &str, channel: &str, channel_data: &str) -> Stri
 /// (docs/protocol.md, "User sign-in and watchlists"), spelled out here so
 /// the string signed is the documented one.
 pub fn user_auth(socket_id: &str, user_data: &str) -> String {
-    herald::signing::token(
+    herald_pusher::signing::token(
         APP_KEY,
         APP_SECRET,
         &format!("{socket_id}::user::{user_data}"),

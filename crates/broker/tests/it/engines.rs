@@ -545,7 +545,7 @@ async fn broker_restart_resumes_delivery_and_reconciles(kind: Kind) {
     })
     .await;
     // Local delivery goes on; the publication for the other node is held
-    // in the outbox (issue 33) and delivered once the broker is back.
+    // in the outbox (an acknowledgement is true) and delivered once the broker is back.
     n[0].publish(&app(&n[0]), publication("presence-room", "during"))
         .await
         .unwrap();

@@ -1,5 +1,5 @@
-//! The NATS engine's history over a real `nats-server -js` (issue 19),
-//! two engines in one process standing for two nodes: every way a read
+//! The NATS engine's history over a real `nats-server -js`, two
+//! engines in one process standing for two nodes: every way a read
 //! is answered (afresh through a consumer, from the cache at the same
 //! tip, extended by a few direct gets or by a consumer) gives the same
 //! entries, offsets and epoch as a fresh read on the other node, and the

@@ -1,5 +1,5 @@
 //! The NATS engine's session snapshots over a real `nats-server -js`
-//! (issue 19), two stores in one process standing for two nodes: a burst
+//! two stores in one process standing for two nodes: a burst
 //! of snapshots as large as a node's share of a reconnect storm is
 //! written whole (none dropped), only the newest snapshot of a session is
 //! kept, a session taken by another node is not written back by the

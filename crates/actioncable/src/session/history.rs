@@ -1,6 +1,7 @@
-//! Issue 19: the `actioncable-v1-ext-json` part of a session: restoring a
-//! session from the cache, `subscribe` with a history request, and
-//! `history` answers (a child of `session`, which it extends).
+//! A session's history and resumption (`actioncable-v1-ext-json`):
+//! restoring a session from the cache, `subscribe` with a history request,
+//! and `history` answers (a child of `session`, which it extends; the
+//! protocol's frames are `crate::ext::protocol`).
 
 use super::*;
 
@@ -13,11 +14,11 @@ pub const RESTORED_HOLD: std::time::Duration = std::time::Duration::from_secs(5)
 /// it is escaped JSON), stream and epoch: keys, offset, WebSocket header.
 const ANSWER_FRAME: usize = 96;
 
-/// Issue 19: `actioncable-v1-ext-json` history and resumption.
+/// `actioncable-v1-ext-json` history and resumption.
 impl CableSession {
     /// Put a restored session's subscriptions back, holding their live
     /// publications until the client's history requests are answered.
-    pub(super) async fn restore(&mut self, snap: crate::reliable::Snapshot) {
+    pub(super) async fn restore(&mut self, snap: Snapshot) {
         self.hold = true;
         for (identifier, streams) in snap.subs {
             super::push_boxed(
@@ -59,7 +60,7 @@ impl CableSession {
     /// subscription gets are held until it is answered, after the
     /// confirmation, as anycable-go answers it.
     pub(super) async fn subscribe_with_history(&mut self, identifier: String, text: &str) -> Next {
-        let request = crate::ext::history_request(text).ok().flatten();
+        let request = crate::ext::protocol::history_request(text).ok().flatten();
         if request.is_none() || self.find(&identifier).is_some() {
             return self.subscribe(identifier).await;
         }
@@ -78,7 +79,7 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, "history for an unknown identifier");
             return Next::Continue;
         };
-        match crate::ext::history_request(text) {
+        match crate::ext::protocol::history_request(text) {
             Ok(Some(req)) if !req.is_empty() => self.answer_history(at, identifier, &req).await,
             other => {
                 // Malformed, absent, or asking nothing (no `since`, no
@@ -98,12 +99,12 @@ impl CableSession {
     fn reject_history(&mut self, at: usize, identifier: &str) {
         metrics::count(&m::CABLE_HISTORY_REJECTED);
         self.release_all(at);
-        self.send(&crate::ext::reject_history(identifier));
+        self.send(&crate::ext::protocol::reject_history(identifier));
     }
 
     /// Take one history request from the bucket.
     fn history_allowed(&mut self) -> bool {
-        let rate = self.cable.reliable.history_rate;
+        let rate = self.cable.history.rate;
         self.rare().history.take(rate)
     }
 
@@ -125,7 +126,7 @@ impl CableSession {
         &mut self,
         at: usize,
         identifier: &str,
-        req: &crate::ext::HistoryRequest,
+        req: &crate::ext::protocol::HistoryRequest,
     ) {
         use herald_core::history::Miss;
         if req.is_empty() {
@@ -139,7 +140,7 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, "history request over rpc.history_rate");
             return self.reject_history(at, identifier);
         }
-        let history = self.cable.reliable.history.clone();
+        let history = self.cable.reliable.clone();
         let streams = self.subs[at].streams.clone();
         let mut answers = Vec::with_capacity(streams.len());
         for stream in &streams {
@@ -194,14 +195,14 @@ impl CableSession {
             metrics::count(&m::CABLE_HISTORY_OVER_BUDGET);
             tracing::debug!(sid = %self.conn.socket_id, size, "history answer over rpc.history_answers_max_bytes");
             self.release_all(at);
-            return self.send(&crate::ext::reject_history(identifier));
+            return self.send(&crate::ext::protocol::reject_history(identifier));
         }
         for (stream, channel, backlog) in &answers {
             gate.release(&self.conn, channel, &tag, backlog.as_ref(), |e, epoch| {
-                crate::ext::entry_frame(identifier, stream, epoch, e)
+                crate::ext::protocol::entry_frame(identifier, stream, epoch, e)
             });
         }
         budget.release(size);
-        self.send(&crate::ext::confirm_history(identifier));
+        self.send(&crate::ext::protocol::confirm_history(identifier));
     }
 }

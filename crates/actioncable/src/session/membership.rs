@@ -1,10 +1,11 @@
-//! Issue 19: a session's presence (`join`, `leave`, `presence`) and
-//! `whisper` commands, and what becomes of its memberships when a
-//! subscription or the connection ends (a child of `session`, which it
-//! extends; the protocol's part is `crate::presence`).
+//! A session's presence memberships and whispers (`actioncable-v1-ext-json`):
+//! its `join`, `leave`, `presence` and `whisper` commands, and what becomes
+//! of its memberships when a subscription or the connection ends (a child
+//! of `session`, which it extends; the protocol's part is
+//! `crate::ext::presence`).
 
 use super::*;
-use crate::presence as p;
+use crate::ext::presence as p;
 use herald_core::broker::Scope;
 use herald_core::hub::Refused;
 use herald_core::namespace::ChannelId;

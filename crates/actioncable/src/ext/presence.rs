@@ -1,5 +1,5 @@
 //! Presence and whispers as AnyCable 1.6 speaks them on
-//! `actioncable-v1-ext-json` (issue 19): which streams allow them, the
+//! `actioncable-v1-ext-json`: which streams allow them, the
 //! member a `join` names, the `presence` frames (join, leave, info, error),
 //! and what is left of a member whose connection closed without leaving.
 //!
@@ -43,9 +43,8 @@ use std::time::{Duration, Instant};
 /// apart from the streams' own so a stream's publications never reach it.
 pub const NAMESPACE: Namespace = Namespace::new("actioncable-presence");
 
-/// The event name marking a stream publication as a presence event. No
-/// broadcast sets an event name, so the app cannot forge one.
-pub const EVENT: &str = "$presence";
+/// The event name marking a stream publication as a presence event.
+pub use crate::wire::PRESENCE_EVENT as EVENT;
 
 /// Subscription state keys, AnyCable's: the stream a subscription may
 /// whisper on, and the stream whose presence it may join.
@@ -236,13 +235,7 @@ pub fn leave_event(id: &str) -> Box<RawValue> {
 }
 
 /// A `presence` frame for subscription `identifier` carrying `message`.
-pub fn frame(identifier: &str, message: &str) -> String {
-    format!(
-        r#"{{"type":"presence","identifier":{},"message":{}}}"#,
-        json_string(identifier),
-        message
-    )
-}
+pub use crate::wire::presence_frame as frame;
 
 /// The answer to `presence`: how many members, and (unless the client
 /// said `return_records: false`) up to `rpc.presence_max_records` of them.

@@ -1,5 +1,5 @@
-//! AnyCable's extended protocol, `actioncable-v1-ext-json`, as far as this
-//! slice goes (issue 19): stream positions on messages of reliable streams,
+//! The frames of AnyCable's extended protocol, `actioncable-v1-ext-json`:
+//! stream positions on messages of reliable streams,
 //! `history` requests and their `confirm_history` / `reject_history`
 //! answers, and the restored welcome. The frames are the ones
 //! anycable-go 1.6.16 sends (docs/actioncable.md, "Extended protocol").
@@ -16,6 +16,17 @@ pub const PROTOCOL: &str = "actioncable-v1-ext-json";
 
 /// Most streams one history request may name (more is a bad request).
 pub const MAX_REQUEST_STREAMS: usize = 1000;
+
+/// What one connection may ask of its streams' history (`[rpc]`).
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryLimits {
+    /// History requests per second (and the burst): `history_rate`.
+    pub rate: u32,
+    /// Bytes of history answers one connection may have waiting past its
+    /// outbound queue's bound (`history_max_bytes`: on one node no answer
+    /// can be larger than everything the node keeps).
+    pub answer_room: usize,
+}
 
 /// A stream position as the client gives it.
 #[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
