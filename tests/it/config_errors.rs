@@ -401,6 +401,21 @@ fn accepted_past_the_configuration(url: &str) {
 }
 
 #[test]
+fn bad_journal_bounds_are_named() {
+    assert_rejected("[broker]\noutbox = 0\n", "broker.outbox");
+    assert_rejected("[broker]\noutbox = 1048577\n", "broker.outbox");
+    assert_rejected(
+        "[broker]\nrecovery_window = 3601\n",
+        "broker.recovery_window",
+    );
+    assert_rejected("[broker]\nrecovery_max = 10000001\n", "broker.recovery_max");
+    assert_rejected(
+        "[broker]\njournal_max_bytes = 1000\n",
+        "broker.journal_max_bytes",
+    );
+}
+
+#[test]
 fn bad_confirm_timeouts_are_named() {
     assert_rejected("[broker]\nconfirm_timeout = 0\n", "broker.confirm_timeout");
     assert_rejected("[broker]\nconfirm_timeout = 61\n", "broker.confirm_timeout");
