@@ -46,6 +46,11 @@ for r in $(seq "$rounds"); do
     serve "${envs[@]}"
     "$bin" bench fanout "${fanout[@]}" "${flags[@]}" --url "ws://127.0.0.1:$port" \
       --server-pid "$pid" --no-progress --json "$out/fanout-$mode-$r.json" >"$out/fanout-$mode-$r.txt"
+    # The fan-out workers' own time (compression included) and the
+    # frames compressed, beside the process's CPU.
+    curl -s "http://127.0.0.1:$port/metrics" |
+      grep -E '^herald_(fanout_(jobs|microseconds)|frames_(compressed|encoded|delivered)|direct_writes|socket_writes)_total' \
+      >"$out/metrics-$mode-$r.txt" || true
     stop
   done
   [ -n "${SKIP_IDLE:-}" ] && continue

@@ -2,8 +2,9 @@
 //! `{"stream": "...", "data": "<JSON text>", "meta": {"exclude_socket": sid}}`
 //! or an array of such messages. With `rpc.broadcast_key` set the request
 //! must carry `Authorization: Bearer <key>` (checked in constant time).
-//! Accepted messages go through `node.publish`, so every node's
-//! subscribers get them; the answer is 201, as AnyCable's.
+//! Accepted messages go through `node.publish_reliably` (with a position
+//! on a reliable stream), so every node's subscribers get them; the answer
+//! is 201, as AnyCable's.
 //!
 //! With `rpc.broadcast_adapter` naming `redis` or `nats`, the same messages
 //! also arrive on the broker's server (Redis pub/sub channel or NATS
@@ -13,9 +14,8 @@
 //! ...}`) is run on every node instead: see [`crate::remote`].
 
 use crate::config::RpcConfig;
+use crate::config::MAX_STREAM_NAME;
 use crate::metrics as m;
-use crate::reliable::Reliable;
-use crate::session::MAX_STREAM_NAME;
 use crate::wire::message_value;
 use crate::{Cable, NAMESPACE};
 use axum::body::Body;
@@ -24,11 +24,13 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
+use herald_core::adapter::StreamEntry;
 use herald_core::config::BrokerConfig;
 use herald_core::hub::Hub;
 use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::publication::Publication;
+use herald_core::reliable::ReliableStreams;
 use serde::Deserialize;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
@@ -51,9 +53,10 @@ struct Meta {
     _rest: serde_json::Map<String, serde_json::Value>,
 }
 
+/// A broadcast body as sent: one message, or an array of them.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Body0 {
+enum Broadcasts {
     One(Message),
     Many(Vec<Message>),
 }
@@ -107,11 +110,8 @@ pub async fn handle(
         Err((status, message)) => return error(status, message),
     };
     for msg in messages {
-        let stream = msg.stream.clone();
-        let p = publication(msg);
-        if let Err(full) = cable
-            .reliable
-            .publish(&node, &cable.hub, &stream, p, false)
+        if let Err(full) = node
+            .publish_reliably(&cable.hub, &cable.reliable, publication(msg))
             .await
         {
             // The broker's outbox is full: 503 and retry, never a 201 for
@@ -131,9 +131,9 @@ pub async fn handle(
 /// 1 to [`MAX_STREAM_NAME`] bytes. The error is the HTTP status and what
 /// was wrong.
 fn parse(bytes: &[u8]) -> Result<Vec<Message>, (StatusCode, String)> {
-    let messages = match serde_json::from_slice::<Body0>(bytes) {
-        Ok(Body0::One(m)) => vec![m],
-        Ok(Body0::Many(v)) => v,
+    let messages = match serde_json::from_slice::<Broadcasts>(bytes) {
+        Ok(Broadcasts::One(m)) => vec![m],
+        Ok(Broadcasts::Many(v)) => v,
         Err(_) => {
             return Err((
                 StatusCode::BAD_REQUEST,
@@ -235,59 +235,95 @@ pub fn check_adapter(rpc: &RpcConfig, broker: &BrokerConfig) -> Result<(), Strin
 /// Such messages carry no stream position: every node would append each
 /// one to the shared history, N times in an N-node cluster (the adapter
 /// warns at start; `http` and `redisx` broadcasts are reliable).
-/// From a Redis stream read in a consumer group (not `local`): each entry
-/// reaches one node, which appends it to the history where the stream is
-/// reliable and publishes it to the whole cluster ([`Reliable::publish`]).
+/// From a Redis stream read in a consumer group ([`ingest_stream`]; not
+/// `local`): each entry reaches one node, which appends it to the history
+/// where the stream is reliable and publishes it to the whole cluster
+/// ([`Node::publish_reliably`]).
 /// A message that is not a broadcast is counted in
 /// `herald_broadcast_errors_total` and logged.
 pub async fn ingest(
     node: Arc<Node>,
     hub: Arc<Hub>,
-    reliable: Arc<Reliable>,
+    reliable: Arc<ReliableStreams>,
     mut rx: mpsc::Receiver<Bytes>,
     local: bool,
 ) {
     while let Some(bytes) = rx.recv().await {
-        if let Some(command) = crate::remote::parse(&bytes) {
-            match command {
-                Ok(d) => {
-                    metrics::count(&m::BROADCASTS);
-                    let body = crate::remote::body(&d);
-                    if local {
-                        // Every node reads the channel: each runs it here.
-                        node.command_here(&hub.app.id, NAMESPACE.as_str(), &body);
-                    } else {
-                        node.command(&hub, NAMESPACE, &body);
-                    }
-                }
-                Err(why) => {
-                    metrics::count(&m::BROADCAST_ERRORS);
-                    tracing::debug!(error = %why, "broadcast channel: bad remote command; ignored");
+        take(&node, &hub, &reliable, &bytes, local).await;
+    }
+}
+
+/// [`ingest`] from a Redis stream (`redisx`): each entry is acknowledged
+/// in the stream once its publications were taken by the engine; one the
+/// engine refuses (its outbox full: `herald_broker_refused_total`) stays
+/// pending and is read again, never dropped. (An entry carrying an array
+/// refused part way is read again whole: the messages before the refusal
+/// go out twice.)
+pub async fn ingest_stream(
+    node: Arc<Node>,
+    hub: Arc<Hub>,
+    reliable: Arc<ReliableStreams>,
+    mut rx: mpsc::Receiver<StreamEntry>,
+) {
+    while let Some(entry) = rx.recv().await {
+        let taken = take(&node, &hub, &reliable, &entry.payload, false).await;
+        entry.answer(taken);
+    }
+}
+
+/// One message from the broker's server: run, published here (`local`)
+/// or to the cluster. False only when the engine refused a publication
+/// (the ones before it in the message went out).
+async fn take(
+    node: &Arc<Node>,
+    hub: &Arc<Hub>,
+    reliable: &ReliableStreams,
+    bytes: &[u8],
+    local: bool,
+) -> bool {
+    if let Some(command) = crate::remote::parse(bytes) {
+        match command {
+            Ok(d) => {
+                metrics::count(&m::BROADCASTS);
+                let body = crate::remote::body(&d);
+                if local {
+                    // Every node reads the channel: each runs it here.
+                    node.command_here(&hub.app.id, NAMESPACE.as_str(), &body);
+                } else {
+                    node.command(hub, NAMESPACE, &body);
                 }
             }
-            continue;
-        }
-        match parse(&bytes) {
-            Ok(messages) => {
-                for msg in messages {
-                    if local {
-                        node.publish_here(&hub, publication(msg)).await;
-                    } else {
-                        let stream = msg.stream.clone();
-                        // Refused only while the broker's outbox is full:
-                        // counted (herald_broker_refused_total).
-                        let _ = reliable
-                            .publish(&node, &hub, &stream, publication(msg), false)
-                            .await;
-                    }
-                }
-            }
-            Err((_, why)) => {
+            Err(why) => {
                 metrics::count(&m::BROADCAST_ERRORS);
-                tracing::debug!(error = %why, "broadcast channel: not a broadcast; ignored")
+                tracing::debug!(error = %why, "broadcast channel: bad remote command; ignored");
             }
+        }
+        return true;
+    }
+    match parse(bytes) {
+        Ok(messages) => {
+            for msg in messages {
+                if local {
+                    node.publish_here(hub, publication(msg)).await;
+                } else {
+                    // Refused only while the broker's outbox is full
+                    // (counted: herald_broker_refused_total).
+                    if node
+                        .publish_reliably(hub, reliable, publication(msg))
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                }
+            }
+        }
+        Err((_, why)) => {
+            metrics::count(&m::BROADCAST_ERRORS);
+            tracing::debug!(error = %why, "broadcast channel: not a broadcast; ignored")
         }
     }
+    true
 }
 
 #[cfg(test)]

@@ -23,10 +23,10 @@
 //! redis_cluster  the Redis Cluster transport (sharded pub/sub)
 //!   ├ redis_shards  the canary through every master
 //!   └ redis_conn  one command connection type for a server or a cluster
-//! jetstream   history and sessions on NATS JetStream (issue 19)
+//! jetstream   history and sessions on NATS JetStream
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! redis_master   where the Redis master is (one server, or asked of Sentinels)
-//! redis_streams  history and sessions on the Redis server (issue 19)
+//! redis_streams  history and sessions on the Redis server
 //!   └ redis_sessions  resumable session snapshots (compare-and-set writes)
 //! urls        `broker.url` checked at start; NATS server lists
 //! tls         `broker.tls_ca` / `tls_cert` / `tls_key`, checked at start
@@ -80,6 +80,7 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
     let url = config.url.as_str();
     let bad = |e: String| format!("broker.url {:?}: {e}", config.shown_url());
     let (every, deadline) = config.canary();
+    let journal = engine::journal::Limits::of(config);
     let kind = urls::check(config)?;
     let tls = tls::BrokerTls::load(config)?;
     let tls = tls.as_ref();
@@ -88,12 +89,14 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
         urls::Kind::Redis => Arc::new(
             redis::engine_with_tls(url, &config.prefix, config.ttl(), tls)
                 .map_err(bad)?
-                .with_canary(every, deadline),
+                .with_canary(every, deadline)
+                .with_journal(journal),
         ),
         urls::Kind::RedisCluster => Arc::new(
             redis_cluster::engine_with_tls(url, &config.prefix, config.ttl(), tls)
                 .map_err(bad)?
-                .with_canary(every, deadline),
+                .with_canary(every, deadline)
+                .with_journal(journal),
         ),
         urls::Kind::Nats => Arc::new(
             nats::engine_with_replicas(
@@ -104,7 +107,8 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
                 tls,
             )
             .map_err(bad)?
-            .with_canary(every, deadline),
+            .with_canary(every, deadline)
+            .with_journal(journal),
         ),
     })
 }

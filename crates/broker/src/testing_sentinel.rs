@@ -334,7 +334,7 @@ impl Drop for RedisSentinel {
 
 // The Sentinel tests of the crate's own pieces (the locator, the ingress)
 // live here, beside the helper they need; the nodes' tests are in
-// tests/redis_sentinel.rs.
+// tests/it/redis_sentinel.rs.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,7 +388,7 @@ mod tests {
         stream: &str,
         payload: &str,
         sub: &mut tokio::sync::mpsc::Receiver<bytes::Bytes>,
-        group: &mut tokio::sync::mpsc::Receiver<bytes::Bytes>,
+        group: &mut tokio::sync::mpsc::Receiver<herald_core::adapter::StreamEntry>,
     ) {
         let mut c = redis::Client::open(url)
             .unwrap()
@@ -423,7 +423,7 @@ mod tests {
                 from_sub |= m.as_ref() == payload.as_bytes();
             }
             while let Ok(Some(m)) = tokio::time::timeout_at(until, group.recv()).await {
-                from_group |= m.as_ref() == payload.as_bytes();
+                from_group |= m.answer(true).as_ref() == payload.as_bytes();
             }
         }
     }

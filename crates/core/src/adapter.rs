@@ -68,7 +68,29 @@ pub trait Ingress: Send + Sync {
     /// Every message on a pub/sub channel (Redis) or subject (NATS).
     fn subscribe(&self, channel: &str) -> Result<mpsc::Receiver<Bytes>, String>;
     /// A Redis stream read in a consumer group (each entry to one node).
-    fn consume_stream(&self, stream: &str, group: &str) -> Result<mpsc::Receiver<Bytes>, String>;
+    fn consume_stream(
+        &self,
+        stream: &str,
+        group: &str,
+    ) -> Result<mpsc::Receiver<StreamEntry>, String>;
+}
+
+/// One entry of a stream read in a consumer group. It is acknowledged in
+/// the stream only once the reader says it was taken; one refused (the
+/// broker's outbox is full) stays pending and is read again.
+pub struct StreamEntry {
+    pub payload: Bytes,
+    /// `true`: taken (acknowledge it); `false`: refused. Dropped
+    /// unanswered: taken.
+    pub taken: tokio::sync::oneshot::Sender<bool>,
+}
+
+impl StreamEntry {
+    /// Say whether the entry was taken.
+    pub fn answer(self, taken: bool) -> Bytes {
+        let _ = self.taken.send(taken);
+        self.payload
+    }
 }
 
 /// A protocol front door, as the server sees it. Every method but
@@ -190,7 +212,8 @@ fn subset(table: &toml::Table, keys: &[&str]) -> toml::Value {
 }
 
 /// Check every key of `config` is the core's or an adapter's, then each
-/// adapter's keys (the whole load's last step, after [`Config::validate`]).
+/// adapter's keys (the whole load's last step, after [`Config::validate`]);
+/// every error at once.
 pub fn check_config(config: &Config, adapters: &[Arc<dyn Adapter>]) -> Result<(), ConfigError> {
     let claimed = |key: &str, app: bool| {
         adapters.iter().any(|a| {
@@ -198,22 +221,23 @@ pub fn check_config(config: &Config, adapters: &[Arc<dyn Adapter>]) -> Result<()
             (if app { k.app } else { k.top }).contains(&key)
         })
     };
+    let mut errors = Vec::new();
     for key in config.sections.keys() {
         if !claimed(key, false) {
-            return Err(crate::config::unknown(key));
+            errors.push(crate::config::unknown(key));
         }
     }
     for (i, app) in config.apps.iter().enumerate() {
         for key in app.extra.keys() {
             if !claimed(key, true) {
-                return Err(crate::config::unknown(&format!("apps[{i}].{key}")));
+                errors.push(crate::config::unknown(&format!("apps[{i}].{key}")));
             }
         }
     }
     for a in adapters {
-        a.config(config)?;
+        errors.extend(a.config(config).err());
     }
-    Ok(())
+    ConfigError::all(errors)
 }
 
 #[cfg(test)]

@@ -328,7 +328,7 @@ pub struct Connection {
     /// permessage-deflate was negotiated: publications go compressed
     /// ([`crate::deflate`]). Set by the session when it starts.
     deflate: std::sync::atomic::AtomicBool,
-    /// Reliable streams (issue 19): set once for connections whose
+    /// Reliable streams: set once for connections whose
     /// protocol resumes streams; fan-out consults it for positioned
     /// publications only.
     gate: std::sync::OnceLock<Box<gate::Gate>>,

@@ -17,7 +17,65 @@ pub const TOP_KEYS: &[&str] = &[
     "webhook_retry_for",
     "webhook_queue",
     "webhook_queue_bytes",
+    "http_fallback",
+    "http_session_timeout_ms",
+    "http_heartbeat_ms",
+    "http_max_sessions",
 ];
+
+/// The top-level keys of pusher-js's HTTP transports (`crate::xhr`).
+pub const HTTP_KEYS: &[&str] = &[
+    "http_fallback",
+    "http_session_timeout_ms",
+    "http_heartbeat_ms",
+    "http_max_sessions",
+];
+
+/// pusher-js's HTTP transports (`xhr_streaming`, `xhr_polling`), server-wide.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// Serve `/pusher/app/{key}/{server}/{session}/xhr_streaming`, `/xhr`
+    /// and `/xhr_send`.
+    pub http_fallback: bool,
+    /// How long a session may go without a receiving request (a held poll
+    /// or stream) before it is closed, in milliseconds.
+    pub http_session_timeout_ms: u64,
+    /// Longest silence on a held poll or stream before an `h` frame, in
+    /// milliseconds (also at most half of `activity_timeout`).
+    pub http_heartbeat_ms: u64,
+    /// Most HTTP sessions one node holds at once; more are refused (503).
+    pub http_max_sessions: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            http_fallback: true,
+            http_session_timeout_ms: 15_000,
+            http_heartbeat_ms: 25_000,
+            http_max_sessions: 10_000,
+        }
+    }
+}
+
+impl HttpSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1000..=300_000).contains(&self.http_session_timeout_ms) {
+            return Err(invalid(
+                "http_session_timeout_ms",
+                "must be from 1000 to 300000 (five minutes)",
+            ));
+        }
+        if !(100..=60_000).contains(&self.http_heartbeat_ms) {
+            return Err(invalid("http_heartbeat_ms", "must be from 100 to 60000"));
+        }
+        if self.http_max_sessions == 0 {
+            return Err(invalid("http_max_sessions", "must be positive"));
+        }
+        Ok(())
+    }
+}
 
 /// The keys of an app this adapter owns.
 pub const APP_KEYS: &[&str] = &["webhooks"];
@@ -64,6 +122,7 @@ impl Default for WebhookSettings {
 
 impl WebhookSettings {
     fn validate(&self) -> Result<(), ConfigError> {
+        let mut errors = Vec::new();
         let positive = [
             ("webhook_batch_ms", self.webhook_batch_ms as usize),
             ("webhook_batch_size", self.webhook_batch_size),
@@ -73,25 +132,25 @@ impl WebhookSettings {
         ];
         for (field, value) in positive {
             if value == 0 {
-                return Err(invalid(field, "must be positive"));
+                errors.push(invalid(field, "must be positive"));
             }
         }
         if self.webhook_batch_ms > 60_000 || self.webhook_leave_delay_ms > 60_000 {
-            return Err(invalid(
+            errors.push(invalid(
                 "webhook_batch_ms/webhook_leave_delay_ms",
                 "must be at most 60000 (a minute)",
             ));
         }
         if self.webhook_queue_bytes < 64 * 1024 {
-            return Err(invalid(
+            errors.push(invalid(
                 "webhook_queue_bytes",
                 "must be at least 65536 (it must hold the largest client event)",
             ));
         }
         if self.webhook_batch_size > 1000 {
-            return Err(invalid("webhook_batch_size", "must be at most 1000"));
+            errors.push(invalid("webhook_batch_size", "must be at most 1000"));
         }
-        Ok(())
+        ConfigError::all(errors)
     }
 }
 
@@ -107,6 +166,7 @@ pub struct AppSettings {
 #[derive(Debug, Clone, Default)]
 pub struct PusherConfig {
     pub webhook: WebhookSettings,
+    pub http: HttpSettings,
     /// Per app, in the order of `config.apps`.
     pub apps: Vec<AppSettings>,
 }
@@ -114,24 +174,64 @@ pub struct PusherConfig {
 impl PusherConfig {
     /// Parse and check this adapter's keys of `config`.
     pub fn load(config: &Config) -> Result<PusherConfig, ConfigError> {
-        let webhook: WebhookSettings = top_keys(config, TOP_KEYS)?;
-        webhook.validate()?;
+        // Every error at once: the top-level keys', then each app's.
+        let mut errors = Vec::new();
+        let webhook_keys: Vec<&str> = TOP_KEYS
+            .iter()
+            .filter(|k| !HTTP_KEYS.contains(k))
+            .copied()
+            .collect();
+        let webhook = match top_keys::<WebhookSettings>(config, &webhook_keys) {
+            Ok(w) => {
+                errors.extend(w.validate().err());
+                w
+            }
+            Err(e) => {
+                errors.push(e);
+                WebhookSettings::default()
+            }
+        };
+        let http = match top_keys::<HttpSettings>(config, HTTP_KEYS) {
+            Ok(h) => {
+                errors.extend(h.validate().err());
+                h
+            }
+            Err(e) => {
+                errors.push(e);
+                HttpSettings::default()
+            }
+        };
         let mut apps = Vec::with_capacity(config.apps.len());
         for i in 0..config.apps.len() {
-            let app: AppSettings = app_keys(config, i, APP_KEYS)?;
+            let app = match app_keys::<AppSettings>(config, i, APP_KEYS) {
+                Ok(app) => app,
+                Err(e) => {
+                    errors.push(e);
+                    AppSettings::default()
+                }
+            };
             for (j, hook) in app.webhooks.iter().enumerate() {
-                validate_webhook(hook).map_err(|(field, msg)| {
-                    invalid(format!("apps[{i}].webhooks[{j}]{field}"), msg)
-                })?;
+                if let Err((field, msg)) = validate_webhook(hook) {
+                    errors.push(invalid(format!("apps[{i}].webhooks[{j}]{field}"), msg));
+                }
             }
             apps.push(app);
         }
-        Ok(PusherConfig { webhook, apps })
+        ConfigError::all(errors).map(|()| PusherConfig {
+            webhook,
+            http,
+            apps,
+        })
     }
 
     /// The keys with their defaults, shaped as the file (for `herald config`).
     pub fn shown(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(&self.webhook).unwrap_or_default();
+        if let (Some(v), Ok(serde_json::Value::Object(http))) =
+            (v.as_object_mut(), serde_json::to_value(&self.http))
+        {
+            v.extend(http);
+        }
         v["apps"] = serde_json::to_value(&self.apps).unwrap_or_default();
         v
     }

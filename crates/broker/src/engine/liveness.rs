@@ -346,7 +346,10 @@ impl Shared {
     /// Forget node `n`: its members leave, its counts are dropped.
     pub(super) fn bury(&self, s: &mut State, n: NodeId, acts: &mut Vec<Act>) {
         s.peers.remove(&n);
-        self.forget_recv(s, n);
+        let held = self.forget_recv(s, n);
+        if !held.is_empty() {
+            acts.push(Act::Publications(held));
+        }
         s.count_nodes();
         s.incoming.remove(&n);
         s.incoming_held.remove(&n);
@@ -457,9 +460,9 @@ impl Shared {
 }
 
 impl Shared {
-    /// Whether node `n` is gone from the cluster (issue 32: a session it
-    /// holds may then be restored elsewhere): it left or was declared gone,
-    /// or it is unknown to this settled node. A node known alive is asked
+    /// Whether node `n` is gone from the cluster (a live session is never
+    /// restored: one it holds may be restored elsewhere only then): it left
+    /// or was declared gone, or it is unknown to this settled node. A node known alive is asked
     /// directly ([`reach::PROBE_TIMEOUT`]): one that answers is alive; one
     /// that does not (killed, but not yet declared gone) is waited for, at
     /// most `wait`, until its missed heartbeats bury it.
