@@ -60,6 +60,10 @@ pub struct RpcConfig {
     pub app: Option<String>,
     /// The WebSocket path the adapter serves (unset: its own default).
     pub path: Option<String>,
+    /// Serve Server-Sent Events at `sse_path` (AnyCable's `--sse`).
+    pub sse: bool,
+    /// The path of Server-Sent Events (AnyCable's `--sse_path`).
+    pub sse_path: String,
     /// Bearer token the broadcast endpoint requires (unset: none).
     pub broadcast_key: Option<String>,
     /// Allow subscriptions to unsigned stream names without the backend.
@@ -141,6 +145,8 @@ impl Default for RpcConfig {
             disconnect_queue_bytes: 64 * 1024 * 1024,
             app: None,
             path: None,
+            sse: false,
+            sse_path: crate::sse::DEFAULT_PATH.into(),
             broadcast_key: None,
             public_streams: false,
             streams_secret: None,
@@ -270,6 +276,20 @@ impl RpcConfig {
                 ));
             }
         }
+        let p = &self.sse_path;
+        if !p.starts_with('/') || p.len() < 2 || p.chars().any(|c| c.is_whitespace()) {
+            errors.push(invalid(
+                "rpc.sse_path",
+                "must be a path such as /events (a '/' and a name)",
+            ));
+        } else if self.sse
+            && (self.path.as_deref().unwrap_or(crate::DEFAULT_PATH) == p || p == "/_broadcast")
+        {
+            errors.push(invalid(
+                "rpc.sse_path",
+                format!("{p:?} is already served (rpc.path or /_broadcast)"),
+            ));
+        }
         for a in self.broadcast_adapter.split(',').map(str::trim) {
             if !["http", "redis", "redisx", "nats"].contains(&a) {
                 errors.push(invalid(
@@ -347,6 +367,23 @@ pub static SETTINGS: &[Setting] = &[
         parse: header_list,
     },
     Setting {
+        key: "rpc.sse",
+        flag: "sse",
+        env: "HERALD_SSE",
+        help: "Serve Server-Sent Events at rpc.sse_path: EventSource clients of \
+               streams and channels (AnyCable's --sse; default false)",
+        secret: false,
+        parse: switch,
+    },
+    Setting {
+        key: "rpc.sse_path",
+        flag: "sse-path",
+        env: "HERALD_SSE_PATH",
+        help: "The path of Server-Sent Events (AnyCable's --sse_path; default /events)",
+        secret: false,
+        parse: text,
+    },
+    Setting {
         key: "rpc.broadcast_key",
         flag: "broadcast-key",
         env: "HERALD_BROADCAST_KEY",
@@ -400,6 +437,15 @@ pub static SETTINGS: &[Setting] = &[
         parse: whole,
     },
 ];
+
+/// A true/false setting (`true`, `false`, `1`, `0`, `yes`, `no`).
+fn switch(v: &str) -> Result<toml::Value, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(toml::Value::Boolean(true)),
+        "false" | "0" | "no" | "off" | "" => Ok(toml::Value::Boolean(false)),
+        _ => Err(format!("{v:?} is not true or false")),
+    }
+}
 
 /// A whole number setting (its range is checked with the section).
 fn whole(v: &str) -> Result<toml::Value, String> {
