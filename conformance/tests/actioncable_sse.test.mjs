@@ -3,15 +3,16 @@
 // subscribe to a public stream, a signed stream and an Action Cable
 // channel of an app served over AnyCable's HTTP RPC; an EventSource cut
 // off mid-stream reconnects by itself with Last-Event-ID and gets exactly
-// what it missed, on one node (memory) and on another node of a Redis
-// cluster.
+// what it missed, on one node (memory) and on another node of a cluster
+// on Redis and on NATS JetStream.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHmac } from 'node:crypto';
-import { execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { EventSource } from 'eventsource';
-import { startHerald, freePort, within } from '../lib/herald.mjs';
+import { startHerald, freePort } from '../lib/herald.mjs';
 import { chatApp, httpRpcServer, until } from '../lib/cable.mjs';
 import { balancer, startServer } from '../lib/nodes.mjs';
 import { metric } from '../lib/raw.mjs';
@@ -248,55 +249,71 @@ describe('Server-Sent Events in headless Chromium', () => {
   });
 });
 
-describe('Server-Sent Events on a Redis cluster', () => {
-  test('an EventSource cut off from one node resumes on another with Last-Event-ID', async () => {
-    const port = await freePort();
-    const redis = await startServer(
-      'redis-server',
-      ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
-      port,
-    );
-    const nodes = [];
-    let lb = null;
-    let s = null;
-    try {
-      for (let i = 0; i < 2; i++) {
-        nodes.push(
-          await startHerald({
-            'broker.url': `redis://127.0.0.1:${port}`,
-            'broker.prefix': 'sse',
-            rpc: { sse: true, public_streams: true },
-          }),
+/** A broker server for the cluster test: redis-server, or nats-server with JetStream. */
+async function startBroker(kind) {
+  const port = await freePort();
+  if (kind === 'redis') {
+    const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'];
+    const child = await startServer('redis-server', args, port);
+    return { url: `redis://127.0.0.1:${port}`, stop: () => child.kill('SIGKILL') };
+  }
+  const store = mkdtempSync(join(tmpdir(), 'herald-sse-js-'));
+  const child = await startServer('nats-server', ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', store], port);
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    stop: () => {
+      child.kill('SIGKILL');
+      rmSync(store, { recursive: true, force: true });
+    },
+  };
+}
+
+for (const kind of ['redis', 'nats']) {
+  describe(`Server-Sent Events on a ${kind} cluster`, () => {
+    test('an EventSource cut off from one node resumes on another with Last-Event-ID', async () => {
+      const broker = await startBroker(kind);
+      const nodes = [];
+      let lb = null;
+      let s = null;
+      try {
+        for (let i = 0; i < 2; i++) {
+          nodes.push(
+            await startHerald({
+              'broker.url': broker.url,
+              'broker.prefix': 'sse',
+              rpc: { sse: true, public_streams: true },
+            }),
+          );
+        }
+        for (const h of nodes) {
+          await until(async () => (await fetch(`${h.base}/ready`)).status === 200, '/ready', 10000);
+        }
+        lb = await balancer(nodes[0]);
+        s = source(`http://127.0.0.1:${lb.port}/events?stream=orders`);
+        await s.confirmed();
+        // The stream is reliable on the server once confirmed: publish from the other node.
+        await broadcast(nodes[1], 'orders', { n: 1 });
+        await until(() => s.messages().length === 1, 'message 1 from the other node');
+        // Node 0 drops out of the balancer; the client's next connection reaches node 1.
+        lb.route(nodes[1]);
+        lb.cut();
+        for (let n = 2; n <= 4; n++) await broadcast(nodes[n % 2], 'orders', { n });
+        await until(() => s.messages().length === 4, 'messages 2-4 on node 1', 15000);
+        await broadcast(nodes[0], 'orders', { n: 5 });
+        await until(() => s.messages().length === 5, 'message 5');
+        assert.deepEqual(
+          s.messages().map((m) => m.data.n),
+          [1, 2, 3, 4, 5],
         );
+        const offsets = s.messages().map((m) => Number(m.id.split('/')[0]));
+        assert.deepEqual(offsets, [1, 2, 3, 4, 5], 'positions from the shared history');
+        assert.equal(await metric(nodes[1], 'herald_sse_resumes_total'), 1, 'node 1 resumed it');
+      } finally {
+        s?.close();
+        lb?.close();
+        for (const h of nodes) await h.stop();
+        broker.stop();
       }
-      for (const h of nodes) {
-        await until(async () => (await fetch(`${h.base}/ready`)).status === 200, '/ready', 10000);
-      }
-      lb = await balancer(nodes[0]);
-      s = source(`http://127.0.0.1:${lb.port}/events?stream=orders`);
-      await s.confirmed();
-      // The stream is reliable on the server once confirmed: publish from the other node.
-      await broadcast(nodes[1], 'orders', { n: 1 });
-      await until(() => s.messages().length === 1, 'message 1 from the other node');
-      // Node 0 drops out of the balancer; the client's next connection reaches node 1.
-      lb.route(nodes[1]);
-      lb.cut();
-      for (let n = 2; n <= 4; n++) await broadcast(nodes[n % 2], 'orders', { n });
-      await until(() => s.messages().length === 4, 'messages 2-4 on node 1', 15000);
-      await broadcast(nodes[0], 'orders', { n: 5 });
-      await until(() => s.messages().length === 5, 'message 5');
-      assert.deepEqual(
-        s.messages().map((m) => m.data.n),
-        [1, 2, 3, 4, 5],
-      );
-      const offsets = s.messages().map((m) => Number(m.id.split('/')[0]));
-      assert.deepEqual(offsets, [1, 2, 3, 4, 5], 'positions from the shared history');
-      assert.equal(await metric(nodes[1], 'herald_sse_resumes_total'), 1, 'node 1 resumed it');
-    } finally {
-      s?.close();
-      lb?.close();
-      for (const h of nodes) await h.stop();
-      redis.kill('SIGKILL');
-    }
+    });
   });
-});
+}
