@@ -1,7 +1,7 @@
 // Server-Sent Events at /events (rpc.sse), as AnyCable serves them: the
 // `eventsource` package in Node and EventSource in headless Chromium
-// subscribe to a public stream, a signed stream and an Action Cable
-// channel of an app served over AnyCable's HTTP RPC; an EventSource cut
+// subscribe to a public stream, a signed stream, a Turbo stream and an
+// Action Cable channel of an app served over AnyCable's HTTP RPC; an EventSource cut
 // off mid-stream reconnects by itself with Last-Event-ID and gets exactly
 // what it missed, on one node (memory) and on another node of a cluster
 // on Redis and on NATS JetStream.
@@ -18,6 +18,7 @@ import { balancer, startServer } from '../lib/nodes.mjs';
 import { metric } from '../lib/raw.mjs';
 
 const STREAMS_SECRET = 'sse-streams-secret';
+const TURBO_SECRET = 'sse-turbo-secret';
 
 /** A signed stream name as Rails' MessageVerifier (and AnyCable) make it. */
 function signed(name, key = STREAMS_SECRET) {
@@ -73,7 +74,14 @@ describe('Server-Sent Events on one node', () => {
     chat = chatApp();
     rpc = await httpRpcServer(chat.app);
     herald = await startHerald({
-      rpc: { host: rpc.url, sse: true, public_streams: true, streams_secret: STREAMS_SECRET },
+      rpc: {
+        host: rpc.url,
+        sse: true,
+        public_streams: true,
+        streams_secret: STREAMS_SECRET,
+        turbo_streams: true,
+        turbo_streams_secret: TURBO_SECRET,
+      },
     });
     chat.setBroadcast(`${herald.base}/_broadcast`);
   });
@@ -125,6 +133,22 @@ describe('Server-Sent Events on one node', () => {
     const bad = open(`/events?signed_stream=${encodeURIComponent(signed('private:7', 'wrong'))}`);
     await until(() => bad.errors.length > 0, 'an error');
     assert.equal(bad.es.readyState, EventSource.CLOSED);
+  });
+
+  test('a Turbo stream (turbo_signed_stream_name), verified with the Turbo secret', async () => {
+    const s = open(`/events?turbo_signed_stream_name=${encodeURIComponent(signed('board:1', TURBO_SECRET))}`);
+    await s.confirmed();
+    assert.equal(JSON.parse(s.events[1].data.identifier).channel, 'Turbo::StreamsChannel');
+    await broadcast(herald, 'board:1', '<turbo-stream action="append" target="b"></turbo-stream>');
+    await until(() => s.messages().length === 1, 'the turbo stream');
+    assert.equal(s.messages()[0].data, '<turbo-stream action="append" target="b"></turbo-stream>');
+    assert.match(s.messages()[0].id, /^1\/board:1\//);
+    // Signed with the streams secret, not Turbo's: rejected.
+    const res = await fetch(
+      `${herald.base}/events?turbo_signed_stream_name=${encodeURIComponent(signed('board:1'))}`,
+      { headers: { cookie: 'user=sse' } },
+    );
+    assert.equal(res.status, 401);
   });
 
   test('an Action Cable channel over RPC: Connect with the cookie, Command subscribe, Disconnect when it goes', async () => {

@@ -110,6 +110,9 @@ fn semantic_errors_are_named() {
         "apps[0].max_cache_bytes",
     );
     assert_rejected("webhook_queue_bytes = 1000\n", "webhook_queue_bytes");
+    assert_rejected("http_session_timeout_ms = 10\n", "http_session_timeout_ms");
+    assert_rejected("http_max_sessions = 0\n", "http_max_sessions");
+    assert_rejected("http_fallback = \"yes\"\n", "http_fallback");
     assert_rejected("[rpc]\ndisconnect_queue = 0\n", "rpc.disconnect_queue");
     assert_rejected(
         "[rpc]\ndisconnect_queue_bytes = 1000\n",

@@ -70,6 +70,16 @@ pub struct RpcConfig {
     pub public_streams: bool,
     /// Key for signed stream names (unset: the app's secret).
     pub streams_secret: Option<String>,
+    /// Turbo Streams subscriptions (`Turbo::StreamsChannel` with a
+    /// `signed_stream_name`) are verified here, without the app.
+    pub turbo_streams: bool,
+    /// Key of Turbo's signed stream names (unset: `streams_secret`'s).
+    pub turbo_streams_secret: Option<String>,
+    /// CableReady stream subscriptions (`CableReady::Stream`) are verified
+    /// here, without the app.
+    pub cable_ready_streams: bool,
+    /// Key of CableReady's signed identifiers (unset: `streams_secret`'s).
+    pub cable_ready_secret: Option<String>,
     /// Key of HMAC-signed JSON Web Tokens that identify clients without a
     /// backend call (unset: tokens are not accepted).
     pub jwt_secret: Option<String>,
@@ -150,6 +160,10 @@ impl Default for RpcConfig {
             broadcast_key: None,
             public_streams: false,
             streams_secret: None,
+            turbo_streams: false,
+            turbo_streams_secret: None,
+            cable_ready_streams: false,
+            cable_ready_secret: None,
             jwt_secret: None,
             jwt_param: "jid".into(),
             jwt_force: false,
@@ -317,6 +331,8 @@ impl RpcConfig {
             ("rpc.secret", &self.secret),
             ("rpc.broadcast_key", &self.broadcast_key),
             ("rpc.streams_secret", &self.streams_secret),
+            ("rpc.turbo_streams_secret", &self.turbo_streams_secret),
+            ("rpc.cable_ready_secret", &self.cable_ready_secret),
             ("rpc.jwt_secret", &self.jwt_secret),
         ] {
             if v.as_deref() == Some("") {
@@ -373,7 +389,7 @@ pub static SETTINGS: &[Setting] = &[
         help: "Serve Server-Sent Events at rpc.sse_path: EventSource clients of \
                streams and channels (AnyCable's --sse; default false)",
         secret: false,
-        parse: switch,
+        parse: flag,
     },
     Setting {
         key: "rpc.sse_path",
@@ -399,6 +415,42 @@ pub static SETTINGS: &[Setting] = &[
                or nats (AnyCable's --broadcast_adapter; default http, i.e. only \
                POST /_broadcast)",
         secret: false,
+        parse: text,
+    },
+    Setting {
+        key: "rpc.turbo_streams",
+        flag: "turbo-streams",
+        env: "HERALD_TURBO_STREAMS",
+        help: "Verify Turbo Streams subscriptions (Turbo::StreamsChannel) here, \
+               without RPC (AnyCable's --turbo_streams)",
+        secret: false,
+        parse: flag,
+    },
+    Setting {
+        key: "rpc.turbo_streams_secret",
+        flag: "turbo-streams-secret",
+        env: "HERALD_TURBO_STREAMS_SECRET",
+        help: "Key of Turbo's signed stream names, Rails' \
+               config.turbo.signed_stream_verifier_key (default: rpc.streams_secret)",
+        secret: true,
+        parse: text,
+    },
+    Setting {
+        key: "rpc.cable_ready_streams",
+        flag: "cable-ready-streams",
+        env: "HERALD_CABLE_READY_STREAMS",
+        help: "Verify CableReady stream subscriptions (CableReady::Stream) here, \
+               without RPC (AnyCable's --cable_ready_streams)",
+        secret: false,
+        parse: flag,
+    },
+    Setting {
+        key: "rpc.cable_ready_secret",
+        flag: "cable-ready-secret",
+        env: "HERALD_CABLE_READY_SECRET",
+        help: "Key of CableReady's signed identifiers, its verifier_key \
+               (default: rpc.streams_secret)",
+        secret: true,
         parse: text,
     },
     Setting {
@@ -438,12 +490,12 @@ pub static SETTINGS: &[Setting] = &[
     },
 ];
 
-/// A true/false setting (`true`, `false`, `1`, `0`, `yes`, `no`).
-fn switch(v: &str) -> Result<toml::Value, String> {
+/// A true/false setting.
+fn flag(v: &str) -> Result<toml::Value, String> {
     match v.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(toml::Value::Boolean(true)),
         "false" | "0" | "no" | "off" | "" => Ok(toml::Value::Boolean(false)),
-        _ => Err(format!("{v:?} is not true or false")),
+        _ => Err(format!("{v:?} is not a boolean (true or false)")),
     }
 }
 

@@ -13,6 +13,7 @@
 //!   ├ history      history answers and restores (extended protocol)
 //!   ├ membership   presence and whisper commands (extended protocol)
 //!   ├ streams      `$pubsub` streams: signed names, public names
+//!   ├ turbo        Turbo Streams and CableReady signed names, no RPC
 //!   └ disconnects  Disconnect calls, queued and rate-limited
 //! ext         AnyCable's extended protocol (`actioncable-v1-ext-json`)
 //!   ├ protocol     its frames, history requests, its wire, their limits
@@ -56,6 +57,7 @@ pub mod rpc;
 pub mod session;
 pub mod sse;
 pub mod streams;
+pub mod turbo;
 pub mod wire;
 
 use axum::routing::{get, post};
@@ -87,6 +89,8 @@ pub struct Cable {
     pub public_streams: bool,
     /// Key of signed stream names.
     pub streams_key: Option<String>,
+    /// Turbo Streams and CableReady subscriptions verified here.
+    pub signed: turbo::SignedChannels,
     pub broadcast_key: Option<String>,
     /// JWT identification: the key, the query parameter, and whether a
     /// token is required.
@@ -181,6 +185,7 @@ impl Cable {
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
             public_streams: config.public_streams,
+            signed: turbo::SignedChannels::new(config, streams_key.as_deref()),
             streams_key,
             broadcast_key: config.broadcast_key.clone(),
             jwt: config.jwt_secret.clone().map(|secret| Jwt {

@@ -43,7 +43,6 @@ use herald_core::frame::Frame;
 use herald_core::hub::SubscribeOptions;
 use herald_core::metrics;
 use herald_core::node::Node;
-use herald_core::reliable::ReliableStreams;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
 use std::collections::HashMap;
 use std::future::Future;
@@ -355,6 +354,10 @@ impl CableSession {
                 return Next::Continue;
             }
         }
+        if let Some(stream) = self.cable.signed.check(&identifier) {
+            Box::pin(self.subscribe_verified(identifier, stream, None)).await;
+            return Next::Continue;
+        }
         let Some(rpc) = self.cable.rpc.clone() else {
             // Without an RPC server only `$pubsub` streams exist.
             self.reject(&identifier);
@@ -402,6 +405,19 @@ impl CableSession {
                 .and_then(|k| streams::verify(k, &s)),
             _ => None,
         };
+        self.subscribe_verified(identifier, stream, Some(public))
+            .await;
+    }
+
+    /// A stream subscription the server decided: `stream` verified (or
+    /// `None`: rejected); `pubsub` says whether it is a `$pubsub` one
+    /// (and public), whose state enables presence and whispers.
+    async fn subscribe_verified(
+        &mut self,
+        identifier: String,
+        stream: Option<String>,
+        pubsub: Option<bool>,
+    ) {
         let Some(stream) = stream else {
             return self.reject(&identifier);
         };
@@ -415,7 +431,9 @@ impl CableSession {
                 streams: Box::default(),
             },
         );
-        self.pubsub_state(&identifier, &stream, public);
+        if let Some(public) = pubsub {
+            self.pubsub_state(&identifier, &stream, public);
+        }
         self.add_stream(&identifier, stream).await;
         if self.broker_away {
             // Not confirmed: the session ends, the client reconnects.
@@ -424,13 +442,20 @@ impl CableSession {
         self.send(&wire::confirm(&identifier));
     }
 
+    /// A subscription the server decided without the app (`$pubsub`,
+    /// Turbo Streams, CableReady): its commands never reach the app.
+    fn decided_here(&self, identifier: &str) -> bool {
+        !matches!(streams::request(identifier), StreamRequest::NotPubsub)
+            || self.cable.signed.handles(identifier)
+    }
+
     async fn unsubscribe(&mut self, identifier: &str) -> Next {
         let Some(at) = self.find(identifier) else {
             metrics::count(&metrics::BAD_MESSAGES);
             tracing::debug!(sid = %self.conn.socket_id, "unsubscribe from an unknown identifier");
             return Next::Continue;
         };
-        let pubsub = !matches!(streams::request(identifier), StreamRequest::NotPubsub);
+        let pubsub = self.decided_here(identifier);
         let answer = match (&self.cable.rpc, pubsub) {
             (Some(rpc), false) => {
                 let rpc = rpc.clone();
@@ -468,7 +493,7 @@ impl CableSession {
         let Some(rpc) = self.cable.rpc.clone() else {
             return Next::Continue;
         };
-        if !matches!(streams::request(identifier), StreamRequest::NotPubsub) {
+        if self.decided_here(identifier) {
             return Next::Continue;
         }
         let req = CommandMessage {

@@ -130,7 +130,7 @@ pub fn ask(query: &str, last_event_id: Option<&str>) -> Result<Ask, String> {
             })
             .to_string(),
             "turbo_signed_stream_name" => serde_json::json!({
-                "channel": "Turbo::StreamsChannel",
+                "channel": crate::turbo::TURBO_CHANNEL,
                 "signed_stream_name": v
             })
             .to_string(),

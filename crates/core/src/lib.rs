@@ -37,7 +37,9 @@
 //! boxed future of the async interfaces), `namespace` (each protocol's own
 //! space of channel names) and `frame` (finished WebSocket frames, shared).
 //!
-//! Around them: `ws` (the upgrade and the client-frame decoder), `config`
+//! Around them: `ws` (the upgrade and the client-frame decoder), `relay`
+//! (a session socket in memory, for transports that carry messages: HTTP
+//! fallbacks run the same session loop on it), `config`
 //! (the core's settings; adapters' keys kept raw for them), `adapter` (the
 //! seam: what a protocol crate hands the server: its keys, routes, tasks),
 //! `reliable` (reliable publishing, what a protocol that resumes its
@@ -73,6 +75,7 @@ pub mod node;
 pub mod observer;
 pub mod publication;
 pub mod reaper;
+pub mod relay;
 pub mod reliable;
 pub mod session;
 pub mod sessions;

@@ -33,14 +33,18 @@
 //!    subscribing, then `release` it with the backlog read, so live
 //!    deliveries and the answer never overlap; where the engine is
 //!    [`ReliableStreams::shared`], let the gate fill gaps in the live
-//!    offsets from [`ReliableStreams::after`] (`Gate::heal_with`).
+//!    offsets from the history: `gate.heal_with(streams.healer(..))`
+//!    ([`ReliableStreams::healer`]).
 //!
 //! A stream's history is keyed by the stream's name alone: two protocols
 //! on one engine that name the same stream share it.
 
 use crate::broker::Broker;
+use crate::connection::gate::{Gap, Healer};
+use crate::connection::Connection;
+use crate::frame::Frame;
 use crate::future::BoxFuture;
-use crate::history::{Backlog, History, Limits, MemoryHistory, Miss};
+use crate::history::{Backlog, Entry, History, Limits, MemoryHistory, Miss};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -139,6 +143,40 @@ impl ReliableStreams {
     /// [`ReliableStreams::after`].
     pub fn shared(&self) -> bool {
         self.history.shared()
+    }
+
+    /// A healer for `conn`'s gate ([`crate::connection::gate::Gate::heal_with`], where the engine
+    /// is [`ReliableStreams::shared`]): a gap in a stream's live offsets
+    /// (publications from several nodes crossed, or the broker lost one) is
+    /// read from the history after the last offset the connection got, off
+    /// the fan-out worker, and the missing publications go out before the
+    /// held live ones. `frame` encodes one history entry for the gap's
+    /// subscription (the protocol's history frame); `filled` hears whether
+    /// the read answered (the protocol counts it); unanswered, the live
+    /// publications go on without the missing ones.
+    pub fn healer<F>(self: &Arc<Self>, conn: &Arc<Connection>, frame: F, filled: fn(bool)) -> Healer
+    where
+        F: Fn(&Gap, &Entry, &Arc<str>) -> Frame + Send + Sync + 'static,
+    {
+        let me = self.clone();
+        let conn = Arc::downgrade(conn);
+        let frame = Arc::new(frame);
+        Box::new(move |gap| {
+            let (me, conn, frame) = (me.clone(), conn.clone(), frame.clone());
+            tokio::spawn(async move {
+                let read = me.after(&gap.channel, &gap.epoch, gap.after).await;
+                let Some(conn) = conn.upgrade() else { return };
+                let Some(gate) = conn.gate() else { return };
+                filled(read.is_ok());
+                gate.release(
+                    &conn,
+                    &gap.channel,
+                    &gap.tag,
+                    read.as_ref().ok(),
+                    |e, epoch| frame(&gap, e, epoch),
+                );
+            });
+        })
     }
 
     /// Retain every followed stream again (see `followed`).

@@ -384,7 +384,22 @@ async fn open<S: Transport>(
         let gate = conn.with_gate();
         gate.allow_burst(cable.history.answer_room);
         if cable.reliable.shared() {
-            gate.heal_with(healer(&cable.reliable, &conn));
+            // A gap in a stream's live offsets is filled from the shared
+            // history with the same frames as a history answer.
+            gate.heal_with(cable.reliable.healer(
+                &conn,
+                |gap, e, epoch| {
+                    let identifier = gap.tag.as_deref().unwrap_or_default();
+                    crate::ext::protocol::entry_frame(identifier, &gap.channel, epoch, e)
+                },
+                |filled| {
+                    metrics::count(if filled {
+                        &m::CABLE_GAPS_FILLED
+                    } else {
+                        &m::CABLE_GAPS_UNFILLED
+                    })
+                },
+            ));
         }
     }
     for f in welcome {
@@ -421,38 +436,5 @@ async fn open<S: Transport>(
             settings,
             shutdown,
         },
-    })
-}
-
-/// Fills a gap in a reliable stream's live offsets (publications from
-/// several nodes crossed, or the broker lost one) from the shared history,
-/// off the fan-out worker. See `herald_core::connection::gate::Gate`.
-fn healer(
-    history: &Arc<ReliableStreams>,
-    conn: &Arc<Connection>,
-) -> herald_core::connection::gate::Healer {
-    let history = history.clone();
-    let conn = Arc::downgrade(conn);
-    Box::new(move |gap| {
-        let history = history.clone();
-        let conn = conn.clone();
-        tokio::spawn(async move {
-            let read = history.after(&gap.channel, &gap.epoch, gap.after).await;
-            let Some(conn) = conn.upgrade() else { return };
-            let Some(gate) = conn.gate() else { return };
-            metrics::count(if read.is_ok() {
-                &m::CABLE_GAPS_FILLED
-            } else {
-                &m::CABLE_GAPS_UNFILLED
-            });
-            let identifier = gap.tag.as_deref().unwrap_or_default();
-            gate.release(
-                &conn,
-                &gap.channel,
-                &gap.tag,
-                read.as_ref().ok(),
-                |e, epoch| crate::ext::protocol::entry_frame(identifier, &gap.channel, epoch, e),
-            );
-        });
     })
 }

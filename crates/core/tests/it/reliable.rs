@@ -194,3 +194,58 @@ async fn a_stream_nobody_follows_publishes_without_a_position() {
         .unwrap();
     assert_eq!(got, None);
 }
+
+/// A gap in a stream's live offsets (another node's publications not yet
+/// here, or lost by the broker) is filled from the history by the core's
+/// healer, with the protocol's history frames, each publication once and
+/// in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_in_the_live_offsets_is_filled_from_the_history() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static FILLED: AtomicUsize = AtomicUsize::new(0);
+    let node = node();
+    let hub = node.hub_by_id("app-id").unwrap().clone();
+    let history = Arc::new(MemoryHistory::new(LIMITS));
+    let streams = Arc::new(ReliableStreams::with_history(history.clone(), LIMITS));
+    streams.follow("room").await;
+    let c = subscriber(&node, "room").await;
+    c.with_gate().heal_with(streams.healer(
+        &c,
+        |gap, e, epoch| Frame::text(&format!("healed {epoch}:{}|{}", e.offset, gap.channel)),
+        |filled| {
+            if filled {
+                FILLED.fetch_add(1, Ordering::Relaxed);
+            }
+        },
+    ));
+
+    // Offset 1 published here; 2 and 3 appended elsewhere (only in the
+    // history); 4 published here reveals the gap.
+    let first = node
+        .publish_reliably(&hub, &streams, publication("room", 1))
+        .await
+        .unwrap()
+        .unwrap();
+    node.settle().await;
+    history.append("room", "2").await.unwrap();
+    history.append("room", "3").await.unwrap();
+    node.publish_reliably(&hub, &streams, publication("room", 4))
+        .await
+        .unwrap();
+    node.settle().await;
+    let epoch = first.epoch;
+    let expected = [
+        format!("{epoch}:1|1"),
+        format!("healed {epoch}:2|room"),
+        format!("healed {epoch}:3|room"),
+        format!("healed {epoch}:4|room"),
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut got = Vec::new();
+    while got.len() < expected.len() && std::time::Instant::now() < deadline {
+        got.extend(frames(&c));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(got, expected);
+    assert_eq!(FILLED.load(Ordering::Relaxed), 1);
+}
