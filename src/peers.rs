@@ -419,6 +419,12 @@ const STREAMS_WHISPER: Target = target!("rpc.streams_whisper", false, |c, v| {
 const PUBLIC_STREAMS: Target = target!("rpc.public_streams", false, |c, v| {
     set(c, "rpc.public_streams", toml::Value::Boolean(boolean(v)?))
 });
+const SSE: Target = target!("rpc.sse", false, |c, v| {
+    set(c, "rpc.sse", toml::Value::Boolean(boolean(v)?))
+});
+const SSE_PATH: Target = target!("rpc.sse_path", false, |c, v| {
+    set(c, "rpc.sse_path", text(v.trim()))
+});
 const RPC_TLS: Target = target!("rpc.tls", false, |c, v| {
     set(c, "rpc.tls", toml::Value::Boolean(boolean(v)?))
 });
@@ -613,6 +619,8 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_RPC_TLS_ROOT_CA", peer: AnyCable, does: Set(RPC_TLS_ROOT_CA) },
     Var { name: "ANYCABLE_DISCONNECT_RATE", peer: AnyCable, does: Set(DISCONNECT_RATE) },
     Var { name: "ANYCABLE_PUBLIC_STREAMS", peer: AnyCable, does: Set(PUBLIC_STREAMS) },
+    Var { name: "ANYCABLE_SSE", peer: AnyCable, does: Set(SSE) },
+    Var { name: "ANYCABLE_SSE_PATH", peer: AnyCable, does: Set(SSE_PATH) },
     Var { name: "ANYCABLE_BROADCAST_ADAPTER", peer: AnyCable, does: Set(BROADCAST_ADAPTER) },
     Var { name: "ANYCABLE_BROADCAST_KEY", peer: AnyCable, does: Set(BROADCAST_KEY) },
     Var { name: "ANYCABLE_HTTP_BROADCAST_SECRET", peer: AnyCable, does: Set(BROADCAST_KEY) },

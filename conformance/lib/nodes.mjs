@@ -41,6 +41,10 @@ export async function balancer(target) {
   return {
     port: server.address().port,
     route: (node) => (to.port = node.port),
+    /** Drop every connection through it; the listener stays. */
+    cut: () => {
+      for (const s of sockets) s.destroy();
+    },
     close: () => {
       for (const s of sockets) s.destroy();
       server.close();

@@ -21,6 +21,7 @@ mod actioncable_ext_redis;
 mod actioncable_ext_redis_sessions;
 mod actioncable_ext_rpc_presence;
 mod actioncable_remote;
+mod actioncable_sse;
 mod api_body_prop;
 mod appsync;
 mod bad_input;

@@ -60,6 +60,10 @@ pub struct RpcConfig {
     pub app: Option<String>,
     /// The WebSocket path the adapter serves (unset: its own default).
     pub path: Option<String>,
+    /// Serve Server-Sent Events at `sse_path` (AnyCable's `--sse`).
+    pub sse: bool,
+    /// The path of Server-Sent Events (AnyCable's `--sse_path`).
+    pub sse_path: String,
     /// Bearer token the broadcast endpoint requires (unset: none).
     pub broadcast_key: Option<String>,
     /// Allow subscriptions to unsigned stream names without the backend.
@@ -151,6 +155,8 @@ impl Default for RpcConfig {
             disconnect_queue_bytes: 64 * 1024 * 1024,
             app: None,
             path: None,
+            sse: false,
+            sse_path: crate::sse::DEFAULT_PATH.into(),
             broadcast_key: None,
             public_streams: false,
             streams_secret: None,
@@ -284,6 +290,20 @@ impl RpcConfig {
                 ));
             }
         }
+        let p = &self.sse_path;
+        if !p.starts_with('/') || p.len() < 2 || p.chars().any(|c| c.is_whitespace()) {
+            errors.push(invalid(
+                "rpc.sse_path",
+                "must be a path such as /events (a '/' and a name)",
+            ));
+        } else if self.sse
+            && (self.path.as_deref().unwrap_or(crate::DEFAULT_PATH) == p || p == "/_broadcast")
+        {
+            errors.push(invalid(
+                "rpc.sse_path",
+                format!("{p:?} is already served (rpc.path or /_broadcast)"),
+            ));
+        }
         for a in self.broadcast_adapter.split(',').map(str::trim) {
             if !["http", "redis", "redisx", "nats"].contains(&a) {
                 errors.push(invalid(
@@ -361,6 +381,23 @@ pub static SETTINGS: &[Setting] = &[
                (default cookie)",
         secret: false,
         parse: header_list,
+    },
+    Setting {
+        key: "rpc.sse",
+        flag: "sse",
+        env: "HERALD_SSE",
+        help: "Serve Server-Sent Events at rpc.sse_path: EventSource clients of \
+               streams and channels (AnyCable's --sse; default false)",
+        secret: false,
+        parse: flag,
+    },
+    Setting {
+        key: "rpc.sse_path",
+        flag: "sse-path",
+        env: "HERALD_SSE_PATH",
+        help: "The path of Server-Sent Events (AnyCable's --sse_path; default /events)",
+        secret: false,
+        parse: text,
     },
     Setting {
         key: "rpc.broadcast_key",

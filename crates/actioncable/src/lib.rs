@@ -22,6 +22,9 @@
 //!                  `herald_core::reliable`), resumable session snapshots
 //! rpc         the client: gRPC (one multiplexed connection) or HTTP;
 //!   └ proto        AnyCable's messages, field numbers as in rpc.proto
+//! sse         Server-Sent Events (`rpc.sse_path`): query → subscribe
+//!             commands to a session over an in-process pipe, its frames →
+//!             events, `id:` positions, `Last-Event-ID` → history requests
 //! jwt         AnyCable's JWT identification (`?jid=`, `x-jid`)
 //! broadcast   POST /_broadcast → node.publish_reliably; the broker's
 //!             `__anycable__` channel (Redis/NATS) → node.publish_here
@@ -52,6 +55,7 @@ pub use herald_anycable_proto as proto;
 pub mod remote;
 pub mod rpc;
 pub mod session;
+pub mod sse;
 pub mod streams;
 pub mod turbo;
 pub mod wire;
@@ -322,10 +326,14 @@ pub fn router(node: &Arc<Node>, rpc: &RpcConfig) -> Router<Arc<Node>> {
                     "Action Cable RPC"
                 );
             }
-            Router::new()
+            let mut router = Router::new()
                 .route(&path, get(session::upgrade))
-                .route("/_broadcast", post(broadcast::handle))
-                .layer(Extension(Arc::new(cable)))
+                .route("/_broadcast", post(broadcast::handle));
+            if rpc.sse {
+                tracing::info!(path = %rpc.sse_path, "Action Cable Server-Sent Events");
+                router = router.route(&rpc.sse_path, get(sse::handle));
+            }
+            router.layer(Extension(Arc::new(cable)))
         }
         Err(e) => {
             tracing::error!(error = %e, "Action Cable disabled");

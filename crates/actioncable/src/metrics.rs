@@ -94,6 +94,19 @@ pub static CABLE_WHISPERS_DROPPED: Counter = Counter::new(
     "Whispers dropped: the subscription may not whisper, or the connection was over rpc.whisper_rate",
 );
 
+pub static SSE_OPENED: Counter = Counter::new(
+    "herald_sse_connections_total",
+    "Server-Sent Events streams opened at rpc.sse_path (every subscription confirmed); their live count is herald_connections{protocol=\"actioncable-sse\"}",
+);
+pub static SSE_REFUSED: Counter = Counter::new(
+    "herald_sse_refused_total",
+    "Server-Sent Events requests refused: no or bad subscription parameters (400), unauthorized or a subscription rejected (401), over capacity, draining or the app unreachable (503)",
+);
+pub static SSE_RESUMES: Counter = Counter::new(
+    "herald_sse_resumes_total",
+    "Server-Sent Events requests resuming from a Last-Event-ID (header or last_event_id parameter)",
+);
+
 pub fn register_all() {
     for c in [
         &RPC_CALLS,
@@ -119,6 +132,9 @@ pub fn register_all() {
         &CABLE_PRESENCE_REFUSED,
         &CABLE_WHISPERS,
         &CABLE_WHISPERS_DROPPED,
+        &SSE_OPENED,
+        &SSE_REFUSED,
+        &SSE_RESUMES,
     ] {
         register(c);
     }

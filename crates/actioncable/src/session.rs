@@ -21,6 +21,7 @@ mod history;
 mod membership;
 mod opening;
 
+pub(crate) use opening::serve_sse;
 pub use opening::upgrade;
 
 use crate::ext::resume::Snapshot;
@@ -43,7 +44,6 @@ use herald_core::hub::SubscribeOptions;
 use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, Why};
-use herald_core::ws::Socket;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -11,8 +11,18 @@ pub const PROTOCOLS: &[&str] = &[
     "actioncable-unsupported",
 ];
 
+/// What a connection's bytes go through: the upgraded socket, or the SSE
+/// transport's in-process pipe (`crate::sse`), which speaks the same
+/// frames.
+pub(crate) trait Transport:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> Transport for S {}
+
 /// What the client's upgrade request tells the app.
-struct ClientRequest {
+pub(crate) struct ClientRequest {
     /// The URL, the client's address and the forwarded headers, as the
     /// session keeps them for every call.
     env: SessionEnv,
@@ -40,8 +50,25 @@ pub async fn upgrade(
     let deflate = node.config.compression(&cable.hub.app);
     herald_core::ws::upgrade(req, PROTOCOLS, deflate, move |socket, protocol| {
         let ext = protocol == Some(crate::ext::protocol::PROTOCOL);
-        start(node, cable, socket, info, ext)
+        start(node, cable, socket, info, ext, None)
     })
+}
+
+/// A session over the SSE transport (`crate::sse`): the request's URL,
+/// headers and token as an upgrade's, the extended protocol (positions on
+/// reliable streams, history), never a restored session, and its own wire
+/// (its own connection and traffic metrics).
+pub(crate) fn serve_sse<S: Transport>(
+    node: Arc<Node>,
+    cable: Arc<Cable>,
+    socket: S,
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+    peer: Option<SocketAddr>,
+) -> impl std::future::Future<Output = ()> + Send {
+    let mut info = request_info(&node, &cable, headers, uri, peer);
+    info.restore = None;
+    start(node, cable, socket, info, true, Some(&crate::sse::SSE_WIRE))
 }
 
 /// A connection's life: its opening (who it is: a restored session, a
@@ -52,12 +79,13 @@ pub async fn upgrade(
 /// for its place behind `rpc.concurrency` here, before the opening is
 /// built: in a reconnect storm thousands wait, each holding only its
 /// request and this small future, not the opening (1.2 KB) and its call.
-fn start(
+fn start<S: Transport>(
     node: Arc<Node>,
     cable: Arc<Cable>,
-    socket: Socket,
+    socket: S,
     info: ClientRequest,
     ext: bool,
+    wire: Option<&'static dyn herald_core::publication::Wire>,
 ) -> impl std::future::Future<Output = ()> + Send {
     // Both stages boxed and built out here: what the block captures stays
     // in the task beside the session for the session's whole life.
@@ -69,7 +97,7 @@ fn start(
             Some(rpc) if needs_connect(&cable, &info, ext) => Some(rpc.slot().await),
             _ => None,
         };
-        Box::pin(open(node, cable, socket, info, ext, slot))
+        Box::pin(open(node, cable, socket, info, ext, wire, slot))
     });
     async move {
         let opening = waiting.await;
@@ -90,13 +118,13 @@ fn needs_connect(cable: &Cable, info: &ClientRequest, ext: bool) -> bool {
 }
 
 /// An opened connection, ready for its session.
-struct Open {
-    socket: Socket,
+struct Open<S> {
+    socket: S,
     session: CableSession,
     opened: session::Opened,
 }
 
-impl Open {
+impl<S: Transport> Open<S> {
     fn run(self) -> impl std::future::Future<Output = ()> + Send {
         let session::Opened {
             conn,
@@ -107,7 +135,7 @@ impl Open {
     }
 }
 
-fn request_info(
+pub(crate) fn request_info(
     node: &Node,
     cable: &Cable,
     headers: &HeaderMap,
@@ -194,12 +222,12 @@ fn restore_claim(cable: &Cable, token: Option<&str>) -> Result<Option<String>, (
 /// drop the socket (a connection refused before its session started).
 /// Refuse the connection; nothing is left to run. Boxed: the opening's
 /// future would otherwise be sized for the refusal's state too.
-fn refuse(
-    socket: Socket,
+fn refuse<S: Transport>(
+    socket: S,
     frames: Vec<Frame>,
     code: u16,
     message: &'static str,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Open>> + Send>> {
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Open<S>>> + Send>> {
     Box::pin(async move {
         let mut all = frames;
         all.push(Frame::close(code, message));
@@ -212,14 +240,15 @@ fn text_frames(transmissions: &[String]) -> Vec<Frame> {
     transmissions.iter().map(|t| Frame::text(t)).collect()
 }
 
-async fn open(
+async fn open<S: Transport>(
     node: Arc<Node>,
     cable: Arc<Cable>,
-    socket: Socket,
+    socket: S,
     info: ClientRequest,
     ext: bool,
+    wire: Option<&'static dyn herald_core::publication::Wire>,
     slot: Option<Result<crate::rpc::Slot, RpcError>>,
-) -> Option<Open> {
+) -> Option<Open<S>> {
     let hub = cable.hub.clone();
     if hub.admit().is_err() {
         let bye = Frame::text(&wire::disconnect(reason::OVER_CAPACITY, true));
@@ -342,10 +371,10 @@ async fn open(
     } else {
         welcome.push(Frame::text(&wire::welcome(&sid)));
     }
-    let wire: &'static dyn herald_core::publication::Wire = if ext {
-        &crate::ext::protocol::EXT_WIRE
-    } else {
-        &WIRE
+    let wire: &'static dyn herald_core::publication::Wire = match wire {
+        Some(wire) => wire,
+        None if ext => &crate::ext::protocol::EXT_WIRE,
+        None => &WIRE,
     };
     let session::Opened {
         conn,
