@@ -331,7 +331,7 @@ fn effective_config(
     // A bad broker URL is a configuration error like any other, for
     // `serve` (refused before anything listens) and `config` alike: the
     // engine's own parser, naming the setting, never the password.
-    herald_broker::urls::check(&eff.config.broker)?;
+    herald_broker::check(&eff.config.broker)?;
     // The broker's TLS files too: read and checked here, so that a
     // missing or garbage file is refused before anything listens.
     herald_broker::tls::BrokerTls::load(&eff.config.broker)?;

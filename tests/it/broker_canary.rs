@@ -11,8 +11,8 @@
 use crate::common;
 
 use common::{wait_ready, Client, Server, TIMEOUT};
+use herald_broker::testing::delay::DelayRelay;
 use herald_broker::testing::{BrokerServer, Kind, NatsCluster};
-use herald_broker::testing_delay::DelayRelay;
 use std::time::Duration;
 
 /// Nodes with a 1 s canary and a long TTL (so nothing but the canary can

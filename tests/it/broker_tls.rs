@@ -21,8 +21,8 @@ use crate::common;
 
 use common::{Client, Server, Spawned, TIMEOUT};
 use futures_util::{SinkExt, StreamExt};
+use herald_broker::testing::sentinel::RedisSentinel;
 use herald_broker::testing::{BrokerServer, Kind, RedisCluster, Tls};
-use herald_broker::testing_sentinel::RedisSentinel;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! Three real `herald serve` nodes on `redis-sentinel://` (a real master, a
-//! replica and three sentinels from `herald_broker::testing_sentinel`):
+//! replica and three sentinels from `herald_broker::testing::sentinel`):
 //! publications cross nodes exactly once; the master SIGKILLed under a
 //! publish loop, the sentinels promote the replica and the nodes follow it
 //! without a restart (`/ready` back, every acknowledged publication at
@@ -11,7 +11,7 @@ use crate::common;
 
 use common::ext::{broadcast, cable, frame, ident, send};
 use common::{users_everywhere, wait_ready, Client, Server, Ws, TIMEOUT};
-use herald_broker::testing_sentinel::RedisSentinel;
+use herald_broker::testing::sentinel::RedisSentinel;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;

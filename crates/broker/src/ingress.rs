@@ -24,8 +24,8 @@
 //! Every connection carries the broker's TLS settings (`broker.tls_*`,
 //! [`crate::tls`]), as the engine's do.
 
-use crate::redis_conn::Connector;
-use crate::redis_master::Master;
+use crate::redis::conn::Connector;
+use crate::redis::master::Master;
 use crate::tls::BrokerTls;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -239,7 +239,7 @@ async fn nats_loop(
     tx: mpsc::Sender<Bytes>,
 ) {
     // The engine's options: credentials, TLS, retries for ever.
-    let options = crate::jetstream::options(&servers, "herald-ingress", tls.as_ref());
+    let options = crate::nats::jetstream::options(&servers, "herald-ingress", tls.as_ref());
     let client = match options.connect(servers).await {
         Ok(c) => c,
         Err(e) => {

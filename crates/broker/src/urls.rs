@@ -1,6 +1,7 @@
-//! `broker.url`, read once at start: which engine, and for NATS the list of
-//! servers. A bad URL is refused before the node listens, with a message
-//! that names the setting and never shows the credentials.
+//! `broker.url`'s parsers: a Redis server, a Redis Cluster's seeds, a list
+//! of NATS servers (nothing connects). [`crate::check`] reads the URL with
+//! them at start, so a bad one is refused before the node listens, with a
+//! message that names the setting and never shows the credentials.
 //!
 //! NATS takes several servers as NATS clients do: comma-separated URLs
 //! (`nats://a:4222,nats://b:4222`; an entry without a scheme takes the
@@ -16,7 +17,6 @@
 //! but 0, so no `/db` path.
 
 use async_nats::ServerAddr;
-use herald_core::config::BrokerConfig;
 use std::str::FromStr;
 
 /// Most servers in one `nats://` list (a bound on what a setting can make
@@ -26,50 +26,8 @@ pub const MAX_NATS_SERVERS: usize = 64;
 /// Most seed nodes in one `redis-cluster://` list.
 pub const MAX_CLUSTER_SEEDS: usize = 64;
 
-/// The engine a URL names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Local,
-    Redis,
-    Nats,
-    /// `redis-cluster://` / `rediss-cluster://` ([`crate::redis_cluster`]).
-    RedisCluster,
-}
-
-/// Check `config.url` the way the engine will read it; the error names
-/// `broker.url` and shows the URL without credentials.
-pub fn check(config: &BrokerConfig) -> Result<Kind, String> {
-    let url = config.url.as_str();
-    let bad = |why: String| format!("broker.url {:?}: {why}", config.shown_url());
-    if url == "local" {
-        return Ok(Kind::Local);
-    }
-    if crate::redis_master::Master::is_sentinel_url(url) {
-        crate::redis_master::Master::parse(url).map_err(bad)?;
-        return Ok(Kind::Redis);
-    }
-    if url.starts_with("redis://") || url.starts_with("rediss://") {
-        redis_client(url).map_err(bad)?;
-        return Ok(Kind::Redis);
-    }
-    if url.starts_with("nats://") || url.starts_with("tls://") {
-        nats_servers(url).map_err(bad)?;
-        return Ok(Kind::Nats);
-    }
-    if url.starts_with("redis-cluster://") || url.starts_with("rediss-cluster://") {
-        redis_cluster_seeds(url).map_err(bad)?;
-        return Ok(Kind::RedisCluster);
-    }
-    Err(bad(
-        "expected local, redis://, rediss://, redis-sentinel://, rediss-sentinel://, \
-         redis-cluster://, rediss-cluster://, nats:// or tls:// (several NATS servers, \
-         sentinels or cluster seeds comma-separated)"
-            .into(),
-    ))
-}
-
 /// The Redis client for `url` (parsing only; nothing connects).
-pub(crate) fn redis_client(url: &str) -> Result<redis::Client, String> {
+pub fn redis_client(url: &str) -> Result<redis::Client, String> {
     if url.contains(',') {
         return Err("one Redis server only (a comma-separated list is for NATS)".into());
     }
@@ -190,6 +148,8 @@ pub fn nats_servers(url: &str) -> Result<Vec<ServerAddr>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{check, Kind};
+    use herald_core::config::BrokerConfig;
 
     fn config(url: &str) -> BrokerConfig {
         BrokerConfig {

@@ -10,7 +10,7 @@
 //! same queue and connections as its publications, and expects to hear it
 //! back within `broker.canary_timeout`. When it does not:
 //! `herald_broker_canary_failures_total` counts it, one warning is logged
-//! (then at most one per [`crate::jetstream::LOG_EVERY`] while it lasts),
+//! (then at most one per [`crate::nats::jetstream::LOG_EVERY`] while it lasts),
 //! and the node reports itself not connected (`/ready` 503 `BROKER DOWN`,
 //! `herald_broker_up` 0). While failing it checks every `canary_timeout`
 //! rather than every interval, and once a canary is heard again the node
@@ -53,7 +53,7 @@ pub struct Canary {
     ok: AtomicBool,
     /// Poked when the transport should drop its connection and reconnect.
     pub reconnect: Notify,
-    log: crate::jetstream::Throttle,
+    log: crate::nats::jetstream::Throttle,
 }
 
 impl Default for Canary {

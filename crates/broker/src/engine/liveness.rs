@@ -551,8 +551,8 @@ impl Cluster for Engine {
             return;
         }
         let _ = self.shared.inbox.set(inbox);
-        if let Some((start, rx)) = self.start.lock().take() {
-            start(self.shared.clone(), rx);
+        if let Some((transport, rx)) = self.start.lock().take() {
+            tokio::spawn(transport.run(self.shared.clone(), rx));
             tokio::spawn(super::canary::run(self.shared.clone()));
         }
     }

@@ -350,25 +350,42 @@ fn change_of(f: &Flip) -> Change<'_> {
     }
 }
 
-/// Starts the transport once the node is known.
-pub type Starter = Box<dyn FnOnce(Arc<Shared>, mpsc::Receiver<Out>) + Send>;
+/// The seam a broker plugs in at: the transport. It connects to its
+/// broker, subscribes to what [`Shared`] says this node needs, sends what
+/// the cluster logic queues (`outgoing`), hands each message it receives to
+/// the logic, and reconnects by itself until the node leaves. It moves
+/// bytes and knows no cluster rule: Redis (`crate::redis`), Redis Cluster
+/// (`crate::redis::cluster`) and NATS (`crate::nats`) are each one type
+/// implementing it, and [`Engine::new`] puts any of them under the same
+/// logic.
+pub trait Transport: Send + 'static {
+    /// The engine's name in logs and metrics (`"redis"`, `"nats"`, ...).
+    fn name(&self) -> &'static str;
+    /// The wildcard of a pattern subscription on this broker (`"*"` on
+    /// Redis, `">"` on NATS).
+    fn wildcard(&self) -> &'static str;
+    /// Runs for the life of the engine; started once the node is known.
+    fn run(self: Box<Self>, shared: Arc<Shared>, outgoing: mpsc::Receiver<Out>) -> BoxFuture<()>;
+}
+
+/// A transport and the queue it will send from, until the node is known.
+type Unstarted = (Box<dyn Transport>, mpsc::Receiver<Out>);
 
 /// A networked engine: the cluster logic over a transport.
 pub struct Engine {
     shared: Arc<Shared>,
-    start: Mutex<Option<(Starter, mpsc::Receiver<Out>)>>,
+    start: Mutex<Option<Unstarted>>,
     /// Where the transport keeps history and sessions (None: per node).
     streams: Option<Arc<dyn herald_core::broker::Streams>>,
 }
 
 impl Engine {
-    pub fn new(
-        name: &'static str,
-        prefix: &str,
-        ttl: Duration,
-        wildcard: &'static str,
-        start: Starter,
-    ) -> Engine {
+    /// The one way an engine is made: `transport` under the cluster logic,
+    /// with `prefix` before every subject and key and `ttl` for the node's
+    /// liveness.
+    pub fn new(transport: impl Transport, prefix: &str, ttl: Duration) -> Engine {
+        let (name, wildcard) = (transport.name(), transport.wildcard());
+        let start: Box<dyn Transport> = Box::new(transport);
         let (tx, rx) = mpsc::channel(QUEUE + RESERVED);
         Engine {
             shared: Arc::new(Shared {

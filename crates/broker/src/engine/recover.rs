@@ -489,13 +489,23 @@ mod tests {
 
     #[tokio::test]
     async fn recovered_publications_come_in_their_nodes_order() {
-        let engine = Engine::new(
-            "test",
-            "p",
-            Duration::from_secs(30),
-            ">",
-            Box::new(|_, _| {}),
-        );
+        struct Idle;
+        impl crate::engine::Transport for Idle {
+            fn name(&self) -> &'static str {
+                "test"
+            }
+            fn wildcard(&self) -> &'static str {
+                ">"
+            }
+            fn run(
+                self: Box<Self>,
+                _: Arc<Shared>,
+                _: mpsc::Receiver<Out>,
+            ) -> herald_core::future::BoxFuture<()> {
+                Box::pin(async {})
+            }
+        }
+        let engine = Engine::new(Idle, "p", Duration::from_secs(30));
         let got = Arc::new(Got::default());
         engine.attach(1, got.clone());
         let sh = engine.shared().clone();

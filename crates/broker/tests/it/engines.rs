@@ -61,8 +61,8 @@ impl Cluster {
             let ttl = c.broker.ttl();
             let engine = Arc::new(
                 match kind {
-                    Kind::Redis => herald_broker::redis::engine(&broker.url(), &prefix, ttl),
-                    Kind::Nats => herald_broker::nats::engine(&broker.url(), &prefix, ttl),
+                    Kind::Redis => herald_broker::redis::engine(&broker.url(), &prefix, ttl, None),
+                    Kind::Nats => herald_broker::nats::engine(&broker.url(), &prefix, ttl, 1, None),
                 }
                 .unwrap(),
             );

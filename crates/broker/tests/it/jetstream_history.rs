@@ -5,7 +5,7 @@
 //! entries, offsets and epoch as a fresh read on the other node, and the
 //! server's bounds; concurrent reads of one stream share one read.
 
-use herald_broker::jetstream::{metrics as m, JetStream};
+use herald_broker::nats::jetstream::{metrics as m, JetStream};
 use herald_broker::testing::BrokerServer;
 use herald_core::broker::Streams as _;
 use herald_core::history::{Backlog, History, Limits, Miss};

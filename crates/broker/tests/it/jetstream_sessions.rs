@@ -6,7 +6,7 @@
 //! node that had it (the compare-and-set on its last revision), and a
 //! take of a snapshot rewritten since it was read takes nothing.
 
-use herald_broker::jetstream::{metrics as m, JetStream};
+use herald_broker::nats::jetstream::{metrics as m, JetStream};
 use herald_broker::testing::BrokerServer;
 use herald_core::broker::Streams as _;
 use herald_core::sessions::SessionStore;

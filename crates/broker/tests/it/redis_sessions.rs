@@ -4,9 +4,9 @@
 //! changes it snapshots (each write is a compare-and-set on the last
 //! token this node wrote), so the session restores once.
 
-use herald_broker::redis_conn::Connector;
-use herald_broker::redis_master::Master;
-use herald_broker::redis_streams::RedisStreams;
+use herald_broker::redis::conn::Connector;
+use herald_broker::redis::master::Master;
+use herald_broker::redis::streams::RedisStreams;
 use herald_broker::testing::{BrokerServer, Kind};
 use herald_core::broker::Streams as _;
 use herald_core::sessions::SessionStore;

@@ -11,7 +11,7 @@
 //! include some queued just before it.) Results: docs/cluster.md, Known
 //! limits.
 
-use herald_broker::redis_conn::slot;
+use herald_broker::redis::conn::slot;
 use herald_broker::testing::RedisCluster;
 use redis::cluster::ClusterClient;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};

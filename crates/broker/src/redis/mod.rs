@@ -6,14 +6,22 @@
 //! Sentinels), subscribes to
 //! everything wanted again and announces the node (see [`crate::engine`]).
 //! Stream history and sessions live on the same server, over a connection
-//! of their own: [`crate::redis_streams`].
+//! of their own: [`crate::redis::streams`].
 //!
 //! Each session asks [`Master`] where the master is, so with a Sentinel
 //! URL a session ended by a failover (the old master gone, a `-READONLY`
 //! answer, a silent canary) starts again on the promoted replica.
 
+pub mod cluster;
+pub mod conn;
+pub mod link;
+pub mod master;
+pub mod sessions;
+pub mod shards;
+pub mod streams;
+
 use crate::engine::{Engine, Out, Shared};
-use crate::redis_master::Master;
+use crate::redis::master::Master;
 use futures_util::StreamExt;
 use redis::AsyncConnectionConfig;
 use std::collections::HashSet;
@@ -34,27 +42,42 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// clients itself, this is the backstop).
 const ROLE_EVERY: Duration = Duration::from_secs(5);
 
-pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    engine_with_tls(url, prefix, ttl, None)
-}
-
-/// [`engine`] with the broker's TLS settings (`broker.tls_*`) on every
-/// connection: the master's, and the sentinels' for a Sentinel URL.
-pub fn engine_with_tls(
+/// A Redis engine on the server a `redis://` URL names, or on the master
+/// the Sentinels of a `redis-sentinel://` URL name, with the broker's TLS
+/// settings (`broker.tls_*`) on every connection.
+pub fn engine(
     url: &str,
     prefix: &str,
     ttl: Duration,
     tls: Option<&crate::tls::BrokerTls>,
 ) -> Result<Engine, String> {
     let master = Master::parse_with(url, tls)?;
-    let streams = crate::redis_streams::RedisStreams::new(
-        crate::redis_conn::Connector::Single(master.clone()),
+    let streams = crate::redis::streams::RedisStreams::new(
+        crate::redis::conn::Connector::Single(master.clone()),
         prefix,
     );
-    let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, master));
-    });
-    Ok(Engine::new("redis", prefix, ttl, "*", start).with_streams(Arc::new(streams)))
+    Ok(Engine::new(Single { master }, prefix, ttl).with_streams(Arc::new(streams)))
+}
+
+/// The transport over one Redis server (or the Sentinels' master).
+struct Single {
+    master: Master,
+}
+
+impl crate::engine::Transport for Single {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+    fn wildcard(&self) -> &'static str {
+        "*"
+    }
+    fn run(
+        self: Box<Self>,
+        shared: Arc<Shared>,
+        outgoing: mpsc::Receiver<Out>,
+    ) -> herald_core::future::BoxFuture<()> {
+        Box::pin(run(shared, outgoing, self.master))
+    }
 }
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Out>, master: Master) {

@@ -21,10 +21,10 @@
 //! whichever node appends (offsets consecutive), and a read sees the
 //! marker and the entries at one instant.
 //!
-//! Sessions: `<prefix>:sess:<h>`, in [`crate::redis_sessions`], sharing
+//! Sessions: `<prefix>:sess:<h>`, in [`crate::redis::sessions`], sharing
 //! this module's command connection.
 //!
-//! On Redis Cluster ([`crate::redis_cluster`]) the same names work as they
+//! On Redis Cluster ([`crate::redis::cluster`]) the same names work as they
 //! are: a stream's two keys share the hash tag `{<h>}`, so the scripts
 //! that touch both run on one slot's master; different streams spread
 //! over the slots; a session is one key. The names are the single
@@ -32,12 +32,13 @@
 //!
 //! The commands use their own multiplexed connection (not the pub/sub
 //! one), connected on first use and again after a failure (at most once
-//! per [`RETRY`]). Every call is bounded by [`CALL_TIMEOUT`]; when the
+//! per [`RETRY`](crate::redis::link::RETRY)). Every call is bounded by [`CALL_TIMEOUT`](crate::redis::link::CALL_TIMEOUT); when the
 //! server cannot answer, appends give no position (the publication goes
 //! out without one), reads give [`Miss::Unavailable`], stores are dropped,
-//! and one warning per [`LOG_EVERY`] says how many calls failed.
+//! and one warning per [`LOG_EVERY`](crate::redis::link::LOG_EVERY) says how many calls failed.
 
-use crate::redis_conn::{Conn, Connector};
+use crate::redis::conn::Connector;
+use crate::redis::link::{hashed, Bodies, Link};
 use futures_util::future::{FutureExt, Shared};
 use herald_core::broker::Streams;
 use herald_core::future::BoxFuture;
@@ -46,25 +47,9 @@ use herald_core::publication::Position;
 use herald_core::sessions::SessionStore;
 use parking_lot::Mutex;
 use redis::Value;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Longest wait for one call (append, read, restore) before it counts as
-/// unavailable. An append holds its stream's publications while it waits.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Longest wait for a connection.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// After a failed connection, calls fail at once for this long (rather
-/// than each waiting for a connection that will not come).
-pub const RETRY: Duration = Duration::from_secs(1);
-
-/// A failing server is logged once per this interval, with the count.
-pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A retain of a stream is sent at most once per this interval per node:
 /// a reconnect storm of many clients following one stream costs one call.
@@ -117,147 +102,6 @@ end
 return r
 ";
 
-/// A short, fixed-length key part for any name: the first 128 bits of its
-/// SHA-256, in hex.
-pub(crate) fn hashed(name: &str) -> String {
-    let d = Sha256::digest(name.as_bytes());
-    d[..16].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Counts failed calls and logs them once per [`LOG_EVERY`].
-pub(crate) struct Outage {
-    failed: AtomicU64,
-    logged: Mutex<Option<Instant>>,
-}
-
-impl Outage {
-    pub(crate) fn fail(&self, what: &str, error: &str) {
-        let n = self.failed.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut logged = self.logged.lock();
-        if logged.is_some_and(|at| at.elapsed() < LOG_EVERY) {
-            return;
-        }
-        *logged = Some(Instant::now());
-        self.failed.store(0, Ordering::Relaxed);
-        drop(logged);
-        tracing::warn!(
-            engine = "redis",
-            failed = n,
-            last = what,
-            error = %error,
-            "history/sessions: the Redis server did not answer; publications go out without \
-             positions and history requests are rejected until it does"
-        );
-    }
-}
-
-/// The loaded scripts' SHA1s (`SCRIPT LOAD` on each new connection).
-#[derive(Clone)]
-pub(crate) struct Scripts {
-    retain: String,
-    append: String,
-    read: String,
-    /// [`crate::redis_sessions::SAVE`].
-    pub(crate) save: String,
-    /// [`crate::redis_sessions::TAKE`].
-    pub(crate) take: String,
-}
-
-/// The command connection: made on first use, dropped on any error, made
-/// again (with the scripts loaded) at most once per [`RETRY`], on the
-/// master [`crate::redis_master::Master`] names then (a Sentinel failover
-/// followed), or on the cluster.
-pub(crate) struct Link {
-    client: Connector,
-    conn: tokio::sync::Mutex<Option<(Conn, Scripts)>>,
-    tried: Mutex<Option<Instant>>,
-    pub(crate) outage: Outage,
-}
-
-impl Link {
-    fn new(client: Connector) -> Link {
-        Link {
-            client,
-            conn: tokio::sync::Mutex::new(None),
-            tried: Mutex::new(None),
-            outage: Outage {
-                failed: AtomicU64::new(0),
-                logged: Mutex::new(None),
-            },
-        }
-    }
-
-    pub(crate) async fn get(&self) -> Result<(Conn, Scripts), String> {
-        let mut slot = self.conn.lock().await;
-        if let Some(c) = &*slot {
-            return Ok(c.clone());
-        }
-        {
-            let mut tried = self.tried.lock();
-            if tried.is_some_and(|at| at.elapsed() < RETRY) {
-                return Err("not connected (retrying)".into());
-            }
-            *tried = Some(Instant::now());
-        }
-        let conn = self.client.connect(CONNECT_TIMEOUT, CALL_TIMEOUT).await?;
-        let load = |body: &'static str| {
-            let mut c = conn.clone();
-            async move {
-                redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(body)
-                    .query_async::<String>(&mut c)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-        };
-        let scripts = Scripts {
-            retain: load(RETAIN).await?,
-            append: load(APPEND).await?,
-            read: load(READ).await?,
-            save: load(crate::redis_sessions::SAVE).await?,
-            take: load(crate::redis_sessions::TAKE).await?,
-        };
-        *slot = Some((conn.clone(), scripts.clone()));
-        Ok((conn, scripts))
-    }
-
-    /// Forget the connection (the next call connects anew).
-    pub(crate) async fn broken(&self) {
-        *self.conn.lock().await = None;
-    }
-
-    /// Run `cmd` (built with the scripts' SHA1s) within [`CALL_TIMEOUT`];
-    /// on failure, count and maybe log it under `what`.
-    pub(crate) async fn call(
-        &self,
-        what: &str,
-        cmd: impl FnOnce(&Scripts) -> redis::Cmd,
-    ) -> Option<Value> {
-        let run = async {
-            let (mut conn, scripts) = self.get().await?;
-            cmd(&scripts)
-                .query_async::<Value>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        let r = match tokio::time::timeout(CALL_TIMEOUT, run).await {
-            Ok(r) => r,
-            Err(_) => Err("timed out".into()),
-        };
-        match r {
-            Ok(v) => Some(v),
-            Err(e) => {
-                // NOSCRIPT (a restarted server), a closed socket, a timeout:
-                // a fresh connection reloads the scripts.
-                self.broken().await;
-                self.outage.fail(what, &e);
-                None
-            }
-        }
-    }
-}
-
 /// What the Redis engine hands Action Cable: history and sessions on the
 /// server, sharing one command connection.
 pub struct RedisStreams {
@@ -270,7 +114,16 @@ impl RedisStreams {
     /// keys below are placed on slots deliberately (see the module doc).
     pub fn new(client: Connector, prefix: &str) -> RedisStreams {
         RedisStreams {
-            link: Arc::new(Link::new(client)),
+            link: Arc::new(Link::new(
+                client,
+                Bodies {
+                    retain: RETAIN,
+                    append: APPEND,
+                    read: READ,
+                    save: crate::redis::sessions::SAVE,
+                    take: crate::redis::sessions::TAKE,
+                },
+            )),
             prefix: prefix.to_owned(),
         }
     }
@@ -287,7 +140,7 @@ impl Streams for RedisStreams {
     }
 
     fn sessions(&self, ttl: Duration, _max: usize) -> Arc<dyn SessionStore> {
-        Arc::new(crate::redis_sessions::RedisSessions::new(
+        Arc::new(crate::redis::sessions::RedisSessions::new(
             self.link.clone(),
             &self.prefix,
             ttl,
@@ -419,7 +272,7 @@ impl History for RedisHistory {
     /// its way, on this node, all wait for that one call, so none is
     /// confirmed before the stream is reliable on the server, and a
     /// publication on any node after the confirmation is appended with a
-    /// position. The wait is bounded by [`CALL_TIMEOUT`] (a server away:
+    /// position. The wait is bounded by [`CALL_TIMEOUT`](crate::redis::link::CALL_TIMEOUT) (a server away:
     /// the subscription goes on, without positions, as publications do).
     fn retain_now(&self, stream: &str) -> BoxFuture<()> {
         if !self.limits.enabled() {

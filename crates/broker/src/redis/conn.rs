@@ -1,4 +1,4 @@
-//! The command connection of history and sessions ([`crate::redis_streams`])
+//! The command connection of history and sessions ([`crate::redis::streams`])
 //! to one Redis server or to a Redis Cluster, behind one type: the callers
 //! build the same commands, and a cluster connection routes each to the
 //! master of its key's slot.
@@ -22,7 +22,7 @@ use std::time::Duration;
 pub enum Connector {
     /// One server: the one a `redis://` URL names, or the master the
     /// Sentinels name at each connection.
-    Single(crate::redis_master::Master),
+    Single(crate::redis::master::Master),
     Cluster(ClusterClient),
 }
 

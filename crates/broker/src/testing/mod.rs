@@ -5,7 +5,14 @@
 //! of six `redis-server`s, three masters and three replicas
 //! ([`RedisCluster`]).
 
-pub use crate::testing_tls::Tls;
+/// A slow link for the test servers.
+pub mod delay;
+/// A Sentinel-watched Redis for tests.
+pub mod sentinel;
+/// TLS for the test servers.
+pub mod tls;
+
+pub use crate::testing::tls::Tls;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -270,7 +277,7 @@ impl NatsCluster {
     /// reaches the other `delay` late.
     pub fn start_slow_route(delay: Duration) -> NatsCluster {
         let mut c = Self::unstarted(2, false);
-        let relay = crate::testing_delay::DelayRelay::start(c.members[0].route_port, delay);
+        let relay = crate::testing::delay::DelayRelay::start(c.members[0].route_port, delay);
         c.routes = Some(vec![
             Vec::new(),
             vec![format!("nats://127.0.0.1:{}", relay.port)],

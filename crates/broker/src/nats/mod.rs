@@ -1,5 +1,5 @@
 //! The NATS transport (core NATS; history and sessions on JetStream are
-//! [`crate::jetstream`]'s, over a connection of their own): one connection; one
+//! [`crate::nats::jetstream`]'s, over a connection of their own): one connection; one
 //! subscription per wanted subject (a pattern is a `>` wildcard subject),
 //! each forwarding into the engine's single inbound task. The client
 //! reconnects by itself (backoff 100 ms doubling to 5 s) and restores the
@@ -7,6 +7,9 @@
 //! is away and when to announce the node again. While the connection is
 //! down the writer drops what is queued instead of letting the client
 //! buffer it.
+
+pub mod jetstream;
+pub mod tls_probe;
 
 use crate::engine::{Engine, Out, Shared};
 use async_nats::{Event, ServerAddr};
@@ -24,14 +27,11 @@ const INBOUND: usize = 8192;
 /// The messages received, with the subscription they came through.
 type Inbound = (Arc<str>, Bytes);
 
-pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    engine_with_replicas(url, prefix, ttl, 1, None)
-}
-
-/// [`engine`] keeping `replicas` copies of the JetStream history stream
-/// and sessions bucket (`broker.jetstream_replicas`), every connection
-/// with the broker's TLS settings `tls` (`broker.tls_*`).
-pub fn engine_with_replicas(
+/// A NATS engine on the servers `url` lists (or the cluster they
+/// announce), keeping `replicas` copies of the JetStream history stream and
+/// sessions bucket (`broker.jetstream_replicas`), every connection with the
+/// broker's TLS settings `tls` (`broker.tls_*`).
+pub fn engine(
     url: &str,
     prefix: &str,
     ttl: Duration,
@@ -40,15 +40,37 @@ pub fn engine_with_replicas(
 ) -> Result<Engine, String> {
     let servers = crate::urls::nats_servers(url)?;
     let streams = Arc::new(
-        crate::jetstream::JetStream::new(servers.clone(), prefix)
+        crate::nats::jetstream::JetStream::new(servers.clone(), prefix)
             .with_replicas(replicas)
             .with_tls(tls.cloned()),
     );
-    let tls = tls.cloned();
-    let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, servers, tls));
-    });
-    Ok(Engine::new("nats", prefix, ttl, ">", start).with_streams(streams))
+    let transport = Core {
+        servers,
+        tls: tls.cloned(),
+    };
+    Ok(Engine::new(transport, prefix, ttl).with_streams(streams))
+}
+
+/// The transport over NATS core subjects.
+struct Core {
+    servers: Vec<async_nats::ServerAddr>,
+    tls: Option<crate::tls::BrokerTls>,
+}
+
+impl crate::engine::Transport for Core {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+    fn wildcard(&self) -> &'static str {
+        ">"
+    }
+    fn run(
+        self: Box<Self>,
+        shared: Arc<Shared>,
+        outgoing: mpsc::Receiver<Out>,
+    ) -> herald_core::future::BoxFuture<()> {
+        Box::pin(run(shared, outgoing, self.servers, self.tls))
+    }
 }
 
 async fn run(
@@ -58,13 +80,13 @@ async fn run(
     tls: Option<crate::tls::BrokerTls>,
 ) {
     let several = servers.len() > 1;
-    let mut options = crate::jetstream::options(&servers, "herald", tls.as_ref());
+    let mut options = crate::nats::jetstream::options(&servers, "herald", tls.as_ref());
     let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
     // Why the client cannot connect (a refused certificate, a wrong
     // password, no server): logged once per outage, as the Redis engine
     // does, not at every attempt.
     // With the broker's TLS settings, async-nats's bare "IO error" is
-    // completed by a probe of the first server (crate::nats_tls_probe).
+    // completed by a probe of the first server (crate::nats::tls_probe).
     let told = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let probe = tls.clone().zip(servers.first().cloned());
     options = options.event_callback(move |ev| {
@@ -88,7 +110,7 @@ async fn run(
                         // In a task of its own: the client waits for this
                         // callback before it hands on the next event.
                         Some((tls, server)) => drop(tokio::spawn(async move {
-                            let why = crate::nats_tls_probe::probe(&tls, &server).await;
+                            let why = crate::nats::tls_probe::probe(&tls, &server).await;
                             tracing::warn!(engine = "nats", error = %e, tls = %why, "cannot reach the broker; retrying");
                         })),
                         None => {

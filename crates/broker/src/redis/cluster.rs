@@ -18,7 +18,7 @@
 //!   (one shard, one connection).
 //! - **The canary** (`canary.{id}`) goes as one copy per master of the
 //!   slot map, each behind a hash tag of that master's slots, and counts
-//!   as heard once every copy is ([`crate::redis_shards`]): a node that
+//!   as heard once every copy is ([`crate::redis::shards`]): a node that
 //!   stops hearing one channel shard is noticed as one that stops hearing
 //!   the broker.
 //! - **Patterns** (AppSync's trailing wildcards): there is no sharded
@@ -56,8 +56,8 @@
 //! mid-call could be delivered twice.
 
 use crate::engine::{Engine, Out, Shared};
-use crate::redis_conn::slot;
-use crate::redis_shards::ShardCanary;
+use crate::redis::conn::slot;
+use crate::redis::shards::ShardCanary;
 use crate::tls::BrokerTls;
 use futures_util::stream::{self, StreamExt};
 use redis::cluster::ClusterClient;
@@ -93,13 +93,10 @@ const RETRY_CAP: Duration = Duration::from_secs(1);
 /// master's connection).
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-pub fn engine(url: &str, prefix: &str, ttl: Duration) -> Result<Engine, String> {
-    engine_with_tls(url, prefix, ttl, None)
-}
-
-/// [`engine`] with the broker's TLS settings (`broker.tls_*`) on every
-/// node's connections (pub/sub and commands).
-pub fn engine_with_tls(
+/// A Redis Cluster engine on the `redis-cluster://` seeds, with the
+/// broker's TLS settings (`broker.tls_*`) on every node's connections
+/// (pub/sub and commands).
+pub fn engine(
     url: &str,
     prefix: &str,
     ttl: Duration,
@@ -107,13 +104,35 @@ pub fn engine_with_tls(
 ) -> Result<Engine, String> {
     let seeds = crate::urls::redis_cluster_seeds(url)?;
     let commands =
-        crate::redis_conn::Connector::cluster(seeds.clone(), NODE_TIMEOUT, NODE_TIMEOUT, tls)?;
-    let streams = crate::redis_streams::RedisStreams::new(commands, prefix);
-    let tls = tls.cloned();
-    let start: crate::engine::Starter = Box::new(move |shared, rx| {
-        tokio::spawn(run(shared, rx, seeds, tls));
-    });
-    Ok(Engine::new("redis-cluster", prefix, ttl, "*", start).with_streams(Arc::new(streams)))
+        crate::redis::conn::Connector::cluster(seeds.clone(), NODE_TIMEOUT, NODE_TIMEOUT, tls)?;
+    let streams = crate::redis::streams::RedisStreams::new(commands, prefix);
+    let transport = Sharded {
+        seeds,
+        tls: tls.cloned(),
+    };
+    Ok(Engine::new(transport, prefix, ttl).with_streams(Arc::new(streams)))
+}
+
+/// The transport over a Redis Cluster (sharded pub/sub).
+struct Sharded {
+    seeds: Vec<redis::ConnectionInfo>,
+    tls: Option<BrokerTls>,
+}
+
+impl crate::engine::Transport for Sharded {
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+    fn wildcard(&self) -> &'static str {
+        "*"
+    }
+    fn run(
+        self: Box<Self>,
+        shared: Arc<Shared>,
+        outgoing: mpsc::Receiver<Out>,
+    ) -> herald_core::future::BoxFuture<()> {
+        Box::pin(run(shared, outgoing, self.seeds, self.tls))
+    }
 }
 
 /// The name a subject has on the wire: the cluster-wide ones behind the
@@ -498,7 +517,7 @@ async fn send_batch(
                 }
                 run_control = control;
                 if subject == canary.subject() {
-                    // A copy through every master (crate::redis_shards).
+                    // A copy through every master (crate::redis::shards).
                     for w in canary.wires() {
                         run.push((w.clone(), payload.clone()));
                     }

@@ -1,4 +1,4 @@
-//! TLS for the test servers ([`crate::testing`], [`crate::testing_sentinel`]):
+//! TLS for the test servers ([`crate::testing`], [`crate::testing::sentinel`]):
 //! a server certificate and key, the authority both sides trust, and
 //! optionally a client certificate the servers then require.
 

@@ -338,7 +338,7 @@ impl Drop for RedisSentinel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis_master::Master;
+    use crate::redis::master::Master;
 
     fn at(c: &redis::Client, port: u16) -> bool {
         c.get_connection_info()

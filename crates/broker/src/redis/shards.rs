@@ -21,7 +21,7 @@
 //! `n` in turn (a master of a third of the slots takes a few tries; one
 //! that owns a single slot about 16,384).
 
-use crate::redis_conn::slot;
+use crate::redis::conn::slot;
 
 /// Most tags tried to find one per master (each try is one CRC16 of a few
 /// bytes): enough for a master that owns a single slot many times over.

@@ -19,9 +19,9 @@
 //! sessions written in that time). A batch whose outcome is unknown (an
 //! error, a timeout) lets the next write accept either token: what landed
 //! last stays restorable. Like the NATS engine's KV revisions
-//! (`crate::jetstream::sessions`).
+//! (`crate::nats::jetstream::sessions`).
 
-use crate::redis_streams::{hashed, Link, CALL_TIMEOUT};
+use crate::redis::link::{hashed, Link, CALL_TIMEOUT};
 use herald_core::future::BoxFuture;
 use herald_core::sessions::{Kept, SessionStore};
 use redis::Value;
@@ -168,7 +168,7 @@ async fn write_sessions(link: Arc<Link>, ttl: Duration, mut rx: mpsc::Receiver<(
             let mut groups: HashMap<u16, (Vec<usize>, redis::Pipeline)> = HashMap::new();
             for (i, (key, snap, [a, b], token)) in writes.iter().enumerate() {
                 let slot = if conn.is_cluster() {
-                    crate::redis_conn::slot(key.as_bytes())
+                    crate::redis::conn::slot(key.as_bytes())
                 } else {
                     0
                 };
