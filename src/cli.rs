@@ -122,6 +122,10 @@ struct ServeArgs {
     /// Secret of the single app.
     #[arg(long, env = "HERALD_APP_SECRET", hide_env_values = true)]
     app_secret: Option<String>,
+    /// Web pages that may connect to the single app, comma-separated:
+    /// hosts, `*.domain` wildcards, full origins, or `*` (any; the default).
+    #[arg(long, env = "HERALD_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Option<Vec<String>>,
     /// PEM certificate chain: serve wss:// and https:// (needs --tls-key).
     #[arg(long, env = "HERALD_TLS_CERT")]
     tls_cert: Option<String>,
@@ -264,6 +268,7 @@ fn key_of(id: &str) -> Option<&str> {
         "app_id" => "apps[0].id",
         "app_key" => "apps[0].key",
         "app_secret" => "apps[0].secret",
+        "allowed_origins" => "apps[0].allowed_origins",
         // Adapters' arguments are named by the key they set.
         other => other,
     })
@@ -524,6 +529,7 @@ fn overrides(args: ServeArgs) -> Overrides {
         app_id: args.app_id,
         app_key: args.app_key,
         app_secret: args.app_secret,
+        allowed_origins: args.allowed_origins,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
         log_format: args.log_format,

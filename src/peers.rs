@@ -34,6 +34,9 @@ pub enum Peer {
     AnyCable,
     /// A Laravel app's Pusher credentials (`config/broadcasting.php`).
     Pusher,
+    /// sockudo's default app (only the variables listed here: its
+    /// prefix is not reported as unknown).
+    Sockudo,
 }
 
 impl Peer {
@@ -44,6 +47,7 @@ impl Peer {
             Peer::Soketi => "soketi",
             Peer::AnyCable => "AnyCable",
             Peer::Pusher => "Laravel (Pusher)",
+            Peer::Sockudo => "sockudo",
         }
     }
 }
@@ -238,6 +242,20 @@ const CLIENT_EVENT_RATE: Target = target!("apps[0].client_event_rate", false, |c
         }
     }
 });
+const ALLOWED_ORIGINS: Target = target!("apps[0].allowed_origins", false, |c, v| {
+    // Comma-separated, as AnyCable and sockudo write them; checked with the
+    // rest of the app at load.
+    let list: Vec<String> = v
+        .split(',')
+        .map(|o| o.trim().to_owned())
+        .filter(|o| !o.is_empty())
+        .collect();
+    if list.is_empty() {
+        return Err("lists no origin (\"*\" for any)".into());
+    }
+    app(c)?.allowed_origins = list;
+    Ok(())
+});
 const WEBHOOKS: Target = target!("apps[0].webhooks", true, |c, v| {
     let hooks: Vec<WebhookConfig> = serde_json::from_str(v).map_err(|e| {
         format!("is not a JSON list of {{\"url\", \"event_types\", \"headers\", \"filter\"}}: {e}")
@@ -399,7 +417,7 @@ const RPC_TLS_ROOT_CA: Target = target!("rpc.tls_root_ca", false, |c, v| {
 });
 
 use Does::{Nothing, Part, Set, Unsupported};
-use Peer::{AnyCable, Laravel, Pusher, Reverb, Soketi};
+use Peer::{AnyCable, Laravel, Pusher, Reverb, Sockudo, Soketi};
 
 const CLIENT: &str = "where clients and the app connect, not where the server listens";
 const NO_PULSE: &str = "Laravel Pulse/Telescope ingestion: watch Herald's /metrics instead";
@@ -614,7 +632,7 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_WEBSOCKET_URL", peer: AnyCable, does: Nothing(CLIENT) },
     Var { name: "ANYCABLE_HTTP_RPC_MOUNT_PATH", peer: AnyCable, does: Nothing("the app's HTTP RPC path: put it in rpc.host's URL") },
     Var { name: "ANYCABLE_HTTP_BROADCAST_PORT", peer: AnyCable, does: Unsupported("POST /_broadcast is on Herald's own port") },
-    Var { name: "ANYCABLE_ALLOWED_ORIGINS", peer: AnyCable, does: Unsupported("Origin is not checked: restrict it in the proxy") },
+    Var { name: "ANYCABLE_ALLOWED_ORIGINS", peer: AnyCable, does: Set(ALLOWED_ORIGINS) },
     Var { name: "ANYCABLE_PROXY_COOKIES", peer: AnyCable, does: Unsupported("every cookie is passed (ANYCABLE_HEADERS)") },
     Var { name: "ANYCABLE_DISCONNECT_MODE", peer: AnyCable, does: Unsupported("Herald behaves as `auto`") },
     Var { name: "ANYCABLE_PING_INTERVAL", peer: AnyCable, does: Unsupported("pings go every 3 s, as AnyCable's default") },
@@ -634,6 +652,11 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_METRICS_PORT", peer: AnyCable, does: Set(METRICS_PORT) },
     Var { name: "ANYCABLE_REDIS_SENTINELS", peer: AnyCable, does: Unsupported("Herald takes one Redis URL") },
     Var { name: "ANYCABLE_NOAUTH", peer: AnyCable, does: Unsupported("leave rpc.host unset to welcome every client") },
+    // sockudo's default app (its documented SOCKUDO_DEFAULT_APP_* names).
+    Var { name: "SOCKUDO_DEFAULT_APP_ID", peer: Sockudo, does: Set(APP_ID) },
+    Var { name: "SOCKUDO_DEFAULT_APP_KEY", peer: Sockudo, does: Set(APP_KEY) },
+    Var { name: "SOCKUDO_DEFAULT_APP_SECRET", peer: Sockudo, does: Set(APP_SECRET) },
+    Var { name: "SOCKUDO_DEFAULT_APP_ALLOWED_ORIGINS", peer: Sockudo, does: Set(ALLOWED_ORIGINS) },
 ];
 
 /// The variables read as they are set, empty values counting as unset (an

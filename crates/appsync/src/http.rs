@@ -109,6 +109,13 @@ fn authorize(
             "App is disabled",
         ));
     }
+    if !herald_core::origin::check(headers, &hub.origins, &hub.app.id, "appsync") {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            auth::UNAUTHORIZED,
+            herald_core::origin::REFUSED_MESSAGE,
+        ));
+    }
     Ok((hub, app_keys, key.to_owned()))
 }
 

@@ -95,6 +95,11 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
     let offered = auth::subprotocols(req.headers());
     let speaks = offered.iter().any(|p| p == api.subprotocol());
     let key = auth::upgrade_key(&offered, req.uri().query());
+    // A page the key's app does not list (checked here, where the
+    // request's headers are; refused below, as a bad key is).
+    let foreign = matches!(&key, Ok(Some(k)) if keys.app_for_key(&node, k).is_some_and(|(hub, _)| {
+        !herald_core::origin::check(req.headers(), &hub.origins, &hub.app.id, api.wire().name())
+    }));
     herald_core::ws::upgrade(req, &[api.subprotocol()], move |socket, _| async move {
         if !speaks {
             let msg = format!(
@@ -125,6 +130,14 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
                 .await
             }
         };
+        if foreign {
+            let error = api.connection_error(
+                auth::UNAUTHORIZED,
+                herald_core::origin::REFUSED_MESSAGE,
+                403,
+            );
+            return refuse(socket, error).await;
+        }
         let Some((hub, app_keys)) = keys.app_for_key(&node, &key) else {
             let error = api.connection_error(auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE, 401);
             return refuse(socket, error).await;

@@ -297,6 +297,10 @@ pub struct AppConfig {
     pub secret: String,
     /// A disabled app refuses connections with 4003 and API calls with 403.
     pub enabled: bool,
+    /// Web pages that may connect (see [`crate::origin`]): hosts
+    /// (`app.example.com`), wildcards (`*.example.org`), full origins
+    /// (`https://app.example.com`), or `*` for any (the default).
+    pub allowed_origins: Vec<String>,
     /// Concurrent connections allowed; 0 means unlimited. Over it: 4004.
     pub max_connections: u32,
     /// Whether `client-*` events are accepted at all.
@@ -341,6 +345,7 @@ impl Default for AppConfig {
             key: String::new(),
             secret: String::new(),
             enabled: true,
+            allowed_origins: vec!["*".into()],
             max_connections: 0,
             client_events: true,
             client_event_rate: 10,
@@ -397,6 +402,8 @@ pub struct Overrides {
     pub app_id: Option<String>,
     pub app_key: Option<String>,
     pub app_secret: Option<String>,
+    /// The single app's `allowed_origins`.
+    pub allowed_origins: Option<Vec<String>>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub log_format: Option<LogFormat>,
@@ -624,6 +631,17 @@ impl Config {
             }
             if let Some(v) = &o.app_secret {
                 app.secret = v.clone();
+            }
+        }
+        if let Some(origins) = &o.allowed_origins {
+            match self.apps.as_mut_slice() {
+                [one] => one.allowed_origins = origins.clone(),
+                _ => {
+                    return Err(invalid(
+                        "HERALD_ALLOWED_ORIGINS",
+                        "can only be used with exactly one app; set allowed_origins per app in the file",
+                    ))
+                }
             }
         }
         for (key, name, value) in &o.adapter {
@@ -880,6 +898,13 @@ impl Config {
                     k("max_cache_bytes"),
                     "must be at least 4 × max_payload (it must hold the largest cached event)",
                 ));
+            }
+            if let Err((j, why)) = crate::origin::AllowedOrigins::parse(&app.allowed_origins) {
+                let key = match app.allowed_origins.is_empty() {
+                    true => k("allowed_origins"),
+                    false => k(&format!("allowed_origins[{j}]")),
+                };
+                return Err(invalid(key, why));
             }
             if app.max_frame_size < 1024 {
                 return Err(invalid(k("max_frame_size"), "must be at least 1024 bytes"));

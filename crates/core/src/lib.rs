@@ -41,7 +41,8 @@
 //! `history` (bounded stream history, for protocols that resume; each
 //! connection's gate is `connection::gate`), `sessions` (snapshots of
 //! sessions a client restores), `metrics`, `observer` (what the node decided
-//! about channels and members, for webhooks and the dashboard), `confirm`
+//! about channels and members, for webhooks and the dashboard), `origin` (which web pages may
+//! connect to an app), `confirm`
 //! (subscribers waiting for the broker to hold their channel's interest
 //! before they are confirmed), and
 //! `testing` (wires for tests; only with the `testing` feature, which
@@ -63,6 +64,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod observer;
+pub mod origin;
 pub mod publication;
 pub mod reaper;
 pub mod session;

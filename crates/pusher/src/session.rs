@@ -19,6 +19,7 @@ use herald_core::hub::{Hub, Refused, SubscribeOptions};
 use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::observer::Change;
+use herald_core::origin;
 use herald_core::publication::Publication;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, RateWindow, Why};
 use herald_core::ws::Socket;
@@ -80,14 +81,23 @@ pub async fn upgrade(
     if node.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
+    // A page the app does not list is refused as Reverb does (4009),
+    // before anything is counted or opened.
+    let foreign = node
+        .hub_by_key(&key)
+        .is_some_and(|h| !origin::check(req.headers(), &h.origins, &h.app.id, WIRE_NAME));
     // The closure decides synchronously and returns either future: an
     // `async` block would keep `key`, `params` and the socket twice in every
     // connection's task for its whole life.
     herald_core::ws::upgrade(req, &[], move |socket, _| {
-        match admit(&node, &key, &params) {
+        let admitted = match foreign {
+            true => Err((code::UNAUTHORIZED, origin::REFUSED_MESSAGE)),
+            false => admit(&node, &key, &params).map_err(|c| (c, close_message(c))),
+        };
+        match admitted {
             Ok(hub) => Either::Left(run(node, hub, socket)),
             // Boxed: a refusal's state is larger than a session's.
-            Err(code) => Either::Right(Box::pin(refuse(socket, code))),
+            Err((code, message)) => Either::Right(Box::pin(refuse(socket, code, message))),
         }
     })
 }
@@ -106,8 +116,7 @@ fn admit(node: &Node, key: &str, params: &ConnectParams) -> Result<Arc<Hub>, u16
 
 /// Refuse a connection after the upgrade, as Pusher clients expect: a
 /// `pusher:error` with the code, then a close with the same code.
-async fn refuse(socket: Socket, code: u16) {
-    let message = close_message(code);
+async fn refuse(socket: Socket, code: u16, message: &'static str) {
     let frames = [
         Frame::text(&wire::error(Some(code), message)),
         Frame::close(code, message),

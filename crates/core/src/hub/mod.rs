@@ -123,6 +123,8 @@ pub struct ChannelStats {
 
 pub struct Hub {
     pub app: AppConfig,
+    /// `app.allowed_origins`, parsed.
+    pub origins: crate::origin::AllowedOrigins,
     /// One space per namespace used on this node, created on first use and
     /// kept (a handful: one or two per protocol).
     spaces: RwLock<Vec<Arc<Space>>>,
@@ -138,8 +140,13 @@ pub struct Hub {
 impl Hub {
     pub fn new(app: AppConfig) -> Hub {
         let cache = cache::Cache::new(Duration::from_secs(app.cache_ttl), app.max_cache_bytes);
+        // Checked at load; a list that does not parse (a hub built in a
+        // test from an unchecked config) lets no browser in.
+        let origins = crate::origin::AllowedOrigins::parse(&app.allowed_origins)
+            .unwrap_or_else(|_| crate::origin::AllowedOrigins::none());
         Hub {
             app,
+            origins,
             spaces: RwLock::new(Vec::new()),
             cache,
             users: users::Users::default(),
