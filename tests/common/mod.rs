@@ -271,6 +271,12 @@ impl Server {
         format!("ws://127.0.0.1:{}/app/{key}{query}", self.port)
     }
 
+    /// The config file the server was started with (rewrite it, then
+    /// SIGHUP, to change its apps while it runs).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("herald.toml")
+    }
+
     /// The server's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("herald.log")).unwrap_or_default()

@@ -102,14 +102,14 @@ fn authorize(
         .and_then(|v| v.to_str().ok())
         .ok_or_else(unauthorized)?;
     let (hub, app_keys) = keys.app_for_key(node, key).ok_or_else(unauthorized)?;
-    if !hub.app.enabled {
+    if !hub.config().enabled {
         return Err(error(
             StatusCode::FORBIDDEN,
             auth::UNAUTHORIZED,
             "App is disabled",
         ));
     }
-    if !herald_core::origin::check(headers, &hub.origins, &hub.app.id, "appsync") {
+    if !herald_core::origin::check(headers, &hub.config().origins, &hub.app.id, "appsync") {
         return Err(error(
             StatusCode::FORBIDDEN,
             auth::UNAUTHORIZED,

@@ -98,7 +98,7 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
     // A page the key's app does not list (checked here, where the
     // request's headers are; refused below, as a bad key is).
     let foreign = matches!(&key, Ok(Some(k)) if keys.app_for_key(&node, k).is_some_and(|(hub, _)| {
-        !herald_core::origin::check(req.headers(), &hub.origins, &hub.app.id, api.wire().name())
+        !herald_core::origin::check(req.headers(), &hub.config().origins, &hub.app.id, api.wire().name())
     }));
     herald_core::ws::upgrade(req, &[api.subprotocol()], move |socket, _| async move {
         if !speaks {
@@ -268,7 +268,7 @@ impl Base {
                 message: "A subscription with this id already exists on this connection".into(),
             });
         }
-        let max = self.hub.app.max_subscriptions_per_connection as usize;
+        let max = self.hub.config().max_subscriptions_per_connection as usize;
         if self.subs.len() >= max {
             return Err(SubscribeError {
                 error_type: "LimitExceededException",
@@ -343,7 +343,7 @@ impl Base {
     /// The close both APIs send for `why`; `error` wraps a message in the
     /// API's error shape for the last frame.
     pub fn closing(&self, why: &Why, error: impl Fn(&str, &str) -> String) -> Closing {
-        let max = self.hub.app.max_messages_per_second;
+        let max = self.hub.config().max_messages_per_second;
         let (code, message, last) = match why {
             Why::Reason(Reason::SlowConsumer) => (
                 1008,
@@ -351,6 +351,9 @@ impl Base {
                 None,
             ),
             Why::Reason(Reason::Terminated) => (1008, "Connection terminated".to_owned(), None),
+            Why::Reason(Reason::AppClosed) => {
+                (1008, "App is disabled".to_owned(), Some(auth::UNAUTHORIZED))
+            }
             Why::Reason(Reason::ShuttingDown) => {
                 (1001, "Server is shutting down; reconnect".to_owned(), None)
             }

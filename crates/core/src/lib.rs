@@ -35,7 +35,8 @@
 //! boxed future of the async interfaces), `namespace` (each protocol's own
 //! space of channel names) and `frame` (finished WebSocket frames, shared).
 //!
-//! Around them: `ws` (the upgrade and the client-frame decoder), `config`
+//! Around them: `apps` (the apps a node serves, changed while it runs),
+//! `ws` (the upgrade and the client-frame decoder), `config`
 //! (the core's settings; adapters' keys kept raw for them), `adapter` (the
 //! seam: what a protocol crate hands the server: its keys, routes, tasks),
 //! `history` (bounded stream history, for protocols that resume; each
@@ -49,6 +50,7 @@
 //! dev-dependencies enable).
 
 pub mod adapter;
+pub mod apps;
 pub mod broker;
 pub mod commands;
 pub mod config;

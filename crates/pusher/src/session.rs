@@ -85,7 +85,7 @@ pub async fn upgrade(
     // before anything is counted or opened.
     let foreign = node
         .hub_by_key(&key)
-        .is_some_and(|h| !origin::check(req.headers(), &h.origins, &h.app.id, WIRE_NAME));
+        .is_some_and(|h| !origin::check(req.headers(), &h.config().origins, &h.app.id, WIRE_NAME));
     // The closure decides synchronously and returns either future: an
     // `async` block would keep `key`, `params` and the socket twice in every
     // connection's task for its whole life.
@@ -105,7 +105,7 @@ pub async fn upgrade(
 /// The app of `key`, if it exists, speaks this protocol version and takes
 /// one more connection; else the Pusher error code to close with.
 fn admit(node: &Node, key: &str, params: &ConnectParams) -> Result<Arc<Hub>, u16> {
-    let hub = node.hub_by_key(key).cloned().ok_or(code::APP_NOT_FOUND)?;
+    let hub = node.hub_by_key(key).ok_or(code::APP_NOT_FOUND)?;
     check_version(params)?;
     hub.admit().map_err(|e| match e {
         Refused::OverLimit(_) => code::OVER_CONNECTION_QUOTA,
@@ -225,6 +225,11 @@ impl Handler for PusherSession {
             Why::Reason(Reason::ShuttingDown) => {
                 (code::RECONNECT, close_message(code::RECONNECT).to_owned())
             }
+            // Disabled or removed while open: as a disabled app's refusal.
+            Why::Reason(Reason::AppClosed) => (
+                code::APP_DISABLED,
+                close_message(code::APP_DISABLED).to_owned(),
+            ),
             Why::Reason(Reason::KeepAliveTimeout) => (
                 code::PONG_NOT_RECEIVED,
                 close_message(code::PONG_NOT_RECEIVED).to_owned(),
@@ -233,7 +238,7 @@ impl Handler for PusherSession {
                 code::OVER_CAPACITY,
                 format!(
                     "Too many messages: the limit is {} per second",
-                    self.hub.app.max_messages_per_second
+                    self.hub.config().max_messages_per_second
                 ),
             ),
             // Pusher sessions are never idle-closed (pings decide), but
@@ -310,7 +315,7 @@ impl PusherSession {
             }
             return;
         }
-        let max = self.hub.app.max_subscriptions_per_connection as usize;
+        let max = self.hub.config().max_subscriptions_per_connection as usize;
         let already = self.channels.iter().any(|c| **c == *channel);
         if !already && self.channels.len() >= max {
             let msg = format!("Subscription limit reached: at most {max} channels per connection");
@@ -352,7 +357,7 @@ impl PusherSession {
         auth: Option<&str>,
         channel_data: Option<&str>,
     ) -> Result<SubscribeOptions, (&'static str, String, u16)> {
-        let app = &self.hub.app;
+        let app = self.hub.config();
         validate_name(channel, app.max_channel_name)
             .map_err(|e| ("InvalidChannel", e.to_string(), 400))?;
         let kind = ChannelKind::of(channel);
@@ -409,7 +414,7 @@ impl PusherSession {
         channel: String,
         data: Box<serde_json::value::RawValue>,
     ) {
-        let app = &self.hub.app;
+        let app = self.hub.config();
         if !app.client_events {
             return self.reject_client_event("disabled", "Client events are disabled for this app");
         }
@@ -466,7 +471,7 @@ impl PusherSession {
     }
 
     fn signin(&mut self, auth: &str, user_data: &str) -> Next {
-        let app = &self.hub.app;
+        let app = self.hub.config();
         let message = signing::user_string(&self.conn.socket_id, user_data);
         if !signing::verify_token(&app.key, &app.secret, auth, &message) {
             return Next::Close(Why::Said(

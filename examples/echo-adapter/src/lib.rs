@@ -87,7 +87,7 @@ impl Adapter for Echo {
         let (Ok(c), Some(app)) = (load(&node.config), node.config.apps.first()) else {
             return Router::new();
         };
-        let Some(hub) = node.hub_by_id(&app.id).cloned() else {
+        let Some(hub) = node.hub_by_id(&app.id) else {
             return Router::new();
         };
         Router::new()
