@@ -642,10 +642,24 @@ async fn run(
     let broker = herald_broker::from_config(&config.broker)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let shown = config.broker.shown_url();
+    let database = config.apps_database.clone();
     let node = Node::new(config, broker);
-    node.apps.set_source(source);
+    match database.url {
+        Some(_) => {
+            // The table's apps before the first client: a start with the
+            // database away serves the file's apps and retries.
+            let db = crate::apps_db::DbSource::new(source, database);
+            let every = db.refresh();
+            node.apps.set_source(db);
+            if let Err(e) = node.apps.reload().await {
+                tracing::error!(error = %e, "apps database: not read at start; retrying every refresh");
+            }
+            crate::apps_db::spawn(node.clone(), every);
+        }
+        None => node.apps.set_source(source),
+    }
     node.start_fanout();
-    tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
+    tracing::info!(%addr, apps = node.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
     if node.config.dashboard_token().is_some() {
         let scheme = if node.config.tls_cert.is_some() {
             "https"

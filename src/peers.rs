@@ -256,6 +256,23 @@ const ALLOWED_ORIGINS: Target = target!("apps[0].allowed_origins", false, |c, v|
     app(c)?.allowed_origins = list;
     Ok(())
 });
+const APPS_DB_URL: Target = target!("apps_database.url", true, |c, v| {
+    c.apps_database.url = Some(v.to_string());
+    Ok(())
+});
+const APPS_DB_TABLE: Target = target!("apps_database.table", false, |c, v| {
+    c.apps_database.table = v.trim().to_string();
+    Ok(())
+});
+const APPS_DB_REFRESH: Target = target!("apps_database.refresh", false, |c, v| {
+    // soketi's -1 (cache forever) and 0 keep Herald's default: the table
+    // is re-read whatever soketi's cache would do.
+    let n: i64 = parse(v, "a whole number of seconds")?;
+    if n > 0 {
+        c.apps_database.refresh = n as u64;
+    }
+    Ok(())
+});
 const WEBHOOKS: Target = target!("apps[0].webhooks", true, |c, v| {
     let hooks: Vec<WebhookConfig> = serde_json::from_str(v).map_err(|e| {
         format!("is not a JSON list of {{\"url\", \"event_types\", \"headers\", \"filter\"}}: {e}")
@@ -421,7 +438,7 @@ use Peer::{AnyCable, Laravel, Pusher, Reverb, Sockudo, Soketi};
 
 const CLIENT: &str = "where clients and the app connect, not where the server listens";
 const NO_PULSE: &str = "Laravel Pulse/Telescope ingestion: watch Herald's /metrics instead";
-const APP_MANAGER: &str = "apps come from Herald's config file ([[apps]]), not a database";
+const APP_MANAGER: &str = "apps come from the config file and PostgreSQL (SOKETI_APP_MANAGER_DRIVER=postgres); MySQL/MariaDB and DynamoDB are not supported yet";
 const QUEUE: &str = "webhooks are sent by each node from memory (docs/operations.md), no queue";
 const LIMITER: &str = "rate limits are per connection and in memory";
 const SOKETI_CLUSTER: &str = "UDP discovery is not offered: use a redis or nats adapter";
@@ -537,17 +554,17 @@ pub static VARS: &[Var] = &[
     Var { name: "SOKETI_DB_REDIS_SENTINEL_PASSWORD", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_DB_REDIS_CLUSTER_NODES", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_DB_REDIS_INSTANCE_NAME", peer: Soketi, does: Unsupported(REDIS_OPTS) },
-    Var { name: "SOKETI_APP_MANAGER_DRIVER", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_CACHE_ENABLED", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_CACHE_TTL", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_APP_MANAGER_DRIVER", peer: Soketi, does: Part },
+    Var { name: "SOKETI_APP_MANAGER_CACHE_ENABLED", peer: Soketi, does: Nothing("the table's apps are always kept in memory and re-read every apps_database.refresh seconds") },
+    Var { name: "SOKETI_APP_MANAGER_CACHE_TTL", peer: Soketi, does: Set(APPS_DB_REFRESH) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_REGION", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_ENDPOINT", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_MYSQL_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_MYSQL_VERSION", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_MYSQL_USE_V2", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_POSTGRES_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_POSTGRES_VERSION", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_APP_MANAGER_POSTGRES_TABLE", peer: Soketi, does: Set(APPS_DB_TABLE) },
+    Var { name: "SOKETI_APP_MANAGER_POSTGRES_VERSION", peer: Soketi, does: Nothing("the PostgreSQL driver needs no version") },
     Var { name: "SOKETI_DB_POOLING_ENABLED", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_POOLING_MIN", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_POOLING_MAX", peer: Soketi, does: Unsupported(APP_MANAGER) },
@@ -556,11 +573,11 @@ pub static VARS: &[Var] = &[
     Var { name: "SOKETI_DB_MYSQL_USERNAME", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_MYSQL_PASSWORD", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_MYSQL_DATABASE", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_HOST", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_PORT", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_USERNAME", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_PASSWORD", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_DATABASE", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_DB_POSTGRES_HOST", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_PORT", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_USERNAME", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_PASSWORD", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_DATABASE", peer: Soketi, does: Part },
     Var { name: "SOKETI_CACHE_DRIVER", peer: Soketi, does: Unsupported("cache channels keep their last event in the node (and the broker)") },
     Var { name: "SOKETI_CACHE_REDIS_CLUSTER_MODE", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_CACHE_REDIS_OPTIONS", peer: Soketi, does: Unsupported(REDIS_OPTS) },
@@ -776,6 +793,51 @@ fn nats_url(
 }
 
 static RULES: &[Rule] = &[
+    // soketi's app manager: PostgreSQL from its DB_POSTGRES_* connection,
+    // with soketi's defaults for what is unset.
+    Rule {
+        reads: &[
+            "SOKETI_APP_MANAGER_DRIVER",
+            "SOKETI_DB_POSTGRES_HOST",
+            "SOKETI_DB_POSTGRES_PORT",
+            "SOKETI_DB_POSTGRES_USERNAME",
+            "SOKETI_DB_POSTGRES_PASSWORD",
+            "SOKETI_DB_POSTGRES_DATABASE",
+        ],
+        peer: Soketi,
+        build: |env| {
+            let Some(driver) = env.get("SOKETI_APP_MANAGER_DRIVER") else {
+                return Ok(vec![]);
+            };
+            match driver.trim() {
+                "array" => Ok(vec![]),
+                "postgres" => {
+                    let vars = [
+                        "SOKETI_DB_POSTGRES_HOST",
+                        "SOKETI_DB_POSTGRES_PORT",
+                        "SOKETI_DB_POSTGRES_USERNAME",
+                        "SOKETI_DB_POSTGRES_PASSWORD",
+                        "SOKETI_DB_POSTGRES_DATABASE",
+                    ];
+                    let get = |i: usize, default: &'static str| env.get(vars[i]).unwrap_or(default);
+                    let url = format!(
+                        "postgres://{}:{}@{}:{}/{}",
+                        enc(get(2, "postgres")),
+                        enc(get(3, "password")),
+                        get(0, "127.0.0.1"),
+                        get(1, "5432"),
+                        enc(get(4, "main")),
+                    );
+                    let mut used: Vec<_> = vars.iter().copied().filter(|v| env.get(v).is_some()).collect();
+                    used.insert(0, "SOKETI_APP_MANAGER_DRIVER");
+                    Ok(vec![(APPS_DB_URL, url, used)])
+                }
+                other => Err(format!(
+                    "SOKETI_APP_MANAGER_DRIVER={other:?}: Herald reads apps from PostgreSQL (postgres) or its config file (array); {other} is not supported yet"
+                )),
+            }
+        },
+    },
     // Reverb's scaling: Redis pub/sub over Laravel's default connection.
     Rule {
         reads: &[

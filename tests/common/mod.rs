@@ -36,6 +36,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod ext;
+pub mod postgres;
 pub mod proxy;
 
 pub const APP_ID: &str = "test-app";

@@ -112,11 +112,36 @@ pub struct Config {
     /// proxy in front of Herald.
     pub address_limits_exempt: Vec<String>,
     pub apps: Vec<AppConfig>,
+    /// Apps from a database table (`[apps_database]`), beside the file's.
+    pub apps_database: AppsDatabase,
     /// The adapters' keys (`webhook_*`, `[rpc]`, ...), raw: each adapter
     /// parses and checks its own (see [`crate::adapter`]); a key no
     /// adapter claims is refused at load.
     #[serde(flatten)]
     pub sections: toml::Table,
+}
+
+/// Apps read from a table in the format of soketi's `apps` table.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AppsDatabase {
+    /// `postgres://user:password@host:port/database`; none: no database.
+    pub url: Option<String>,
+    /// The table, soketi's layout (`apps`).
+    pub table: String,
+    /// Seconds between reads of the table: a new, changed or deleted row
+    /// takes effect within this.
+    pub refresh: u64,
+}
+
+impl Default for AppsDatabase {
+    fn default() -> Self {
+        AppsDatabase {
+            url: None,
+            table: "apps".into(),
+            refresh: 5,
+        }
+    }
 }
 
 /// How log lines are written.
@@ -283,6 +308,7 @@ impl Default for Config {
             max_connection_rate_per_address: 100,
             address_limits_exempt: vec!["127.0.0.0/8".into(), "::1/128".into()],
             apps: Vec::new(),
+            apps_database: AppsDatabase::default(),
             sections: toml::Table::new(),
         }
     }
@@ -611,7 +637,8 @@ impl Config {
         if let Some(v) = o.keepalive_interval {
             self.keepalive_interval = v;
         }
-        if self.apps.is_empty() {
+        // With a database of apps, the development app is never implied.
+        if self.apps.is_empty() && self.apps_database.url.is_none() {
             self.apps.push(AppConfig::development());
         }
         let creds = [&o.app_id, &o.app_key, &o.app_secret];
@@ -837,6 +864,33 @@ impl Config {
                 }
                 Some(_) => {}
             }
+        }
+        let db = &self.apps_database;
+        if let Some(url) = &db.url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(invalid(
+                    "apps_database.url",
+                    "must be a postgres:// URL (MySQL/MariaDB is not supported yet)",
+                ));
+            }
+        }
+        if db.table.is_empty()
+            || db.table.len() > 63
+            || !db
+                .table
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_')
+        {
+            return Err(invalid(
+                "apps_database.table",
+                "must be 1 to 63 letters, digits or '_'",
+            ));
+        }
+        if !(1..=3600).contains(&db.refresh) {
+            return Err(invalid(
+                "apps_database.refresh",
+                "must be 1 to 3600 (seconds)",
+            ));
         }
         let mut ids = std::collections::HashSet::new();
         let mut keys = std::collections::HashSet::new();

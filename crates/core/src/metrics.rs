@@ -587,6 +587,12 @@ pub fn origin_refused(app: &str, protocol: &'static str) {
     .increment(1);
 }
 
+/// A read of the apps' source (the database) that failed: the apps read
+/// last stay in force.
+pub fn apps_source_error() {
+    ::metrics::counter!("herald_apps_source_errors_total").increment(1);
+}
+
 /// A connection the listener turned away (`reason`: a short fixed word).
 /// Once per refused accept, never per message.
 pub fn listener_refused(reason: &'static str) {
