@@ -1,4 +1,4 @@
-//! Apps from a PostgreSQL table in soketi's layout (`apps`: `id`, `key`,
+//! Apps from a PostgreSQL or MySQL/MariaDB table in soketi's layout (`apps`: `id`, `key`,
 //! `secret`, `enabled`, `max_connections`, `enable_client_messages`, the
 //! `max_*` limits, `webhooks` JSON; each column also in camelCase, `-1`
 //! for no limit), beside the config file's apps.
@@ -36,15 +36,25 @@ pub struct DbSource(Arc<Inner>);
 struct Inner {
     file: Arc<dyn Source>,
     db: AppsDatabase,
+    /// PostgreSQL: one connection, made again after an error.
     client: Mutex<Option<tokio_postgres::Client>>,
+    /// MySQL/MariaDB: the driver's pool (it reconnects by itself).
+    mysql: Option<mysql_async::Pool>,
 }
 
 impl DbSource {
     pub fn new(file: Arc<dyn Source>, db: AppsDatabase) -> Arc<DbSource> {
+        let mysql = db
+            .url
+            .as_deref()
+            .filter(|u| u.starts_with("mysql://"))
+            .and_then(|u| mysql_async::Opts::from_url(u).ok())
+            .map(mysql_async::Pool::new);
         Arc::new(DbSource(Arc::new(Inner {
             file,
             db,
             client: Mutex::new(None),
+            mysql,
         })))
     }
 
@@ -57,6 +67,49 @@ impl DbSource {
 impl Inner {
     /// Every row of the table, as JSON objects.
     async fn rows(&self) -> Result<Vec<Value>, String> {
+        match &self.mysql {
+            Some(pool) => self.mysql_rows(pool).await,
+            None => self.postgres_rows().await,
+        }
+    }
+
+    /// MySQL's text protocol gives every value as text: the row's reader
+    /// takes numbers and booleans written as text too.
+    async fn mysql_rows(&self, pool: &mysql_async::Pool) -> Result<Vec<Value>, String> {
+        use mysql_async::prelude::Queryable;
+        let mut conn = pool
+            .get_conn()
+            .await
+            .map_err(|e| format!("cannot connect to the apps database: {e}"))?;
+        let sql = format!("SELECT * FROM `{}`", self.db.table);
+        let rows: Vec<mysql_async::Row> = conn
+            .query(sql)
+            .await
+            .map_err(|e| format!("cannot read the apps table {:?}: {e}", self.db.table))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let mut obj = serde_json::Map::new();
+                for (i, column) in row.columns_ref().iter().enumerate() {
+                    let v = match row.as_ref(i) {
+                        None | Some(mysql_async::Value::NULL) => Value::Null,
+                        Some(mysql_async::Value::Bytes(b)) => {
+                            Value::String(String::from_utf8_lossy(b).into_owned())
+                        }
+                        Some(mysql_async::Value::Int(n)) => Value::from(*n),
+                        Some(mysql_async::Value::UInt(n)) => Value::from(*n),
+                        Some(mysql_async::Value::Float(f)) => Value::from(*f),
+                        Some(mysql_async::Value::Double(f)) => Value::from(*f),
+                        Some(_) => Value::Null,
+                    };
+                    obj.insert(column.name_str().into_owned(), v);
+                }
+                Value::Object(obj)
+            })
+            .collect())
+    }
+
+    async fn postgres_rows(&self) -> Result<Vec<Value>, String> {
         let url = self.db.url.as_deref().ok_or("no apps_database.url")?;
         let mut client = self.client.lock().await;
         if client.as_ref().is_none_or(|c| c.is_closed()) {
@@ -128,7 +181,10 @@ impl Inner {
 
 impl Source for DbSource {
     fn name(&self) -> &'static str {
-        "postgres"
+        match self.0.mysql {
+            Some(_) => "mysql",
+            None => "postgres",
+        }
     }
 
     fn load(&self) -> BoxFuture<Result<Vec<AppConfig>, String>> {

@@ -438,7 +438,7 @@ use Peer::{AnyCable, Laravel, Pusher, Reverb, Sockudo, Soketi};
 
 const CLIENT: &str = "where clients and the app connect, not where the server listens";
 const NO_PULSE: &str = "Laravel Pulse/Telescope ingestion: watch Herald's /metrics instead";
-const APP_MANAGER: &str = "apps come from the config file and PostgreSQL (SOKETI_APP_MANAGER_DRIVER=postgres); MySQL/MariaDB and DynamoDB are not supported yet";
+const APP_MANAGER: &str = "apps come from the config file, PostgreSQL or MySQL/MariaDB (SOKETI_APP_MANAGER_DRIVER=postgres|mysql); DynamoDB is not supported";
 const QUEUE: &str = "webhooks are sent by each node from memory (docs/operations.md), no queue";
 const LIMITER: &str = "rate limits are per connection and in memory";
 const SOKETI_CLUSTER: &str = "UDP discovery is not offered: use a redis or nats adapter";
@@ -560,19 +560,19 @@ pub static VARS: &[Var] = &[
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_REGION", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_ENDPOINT", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_MYSQL_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_MYSQL_VERSION", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_MYSQL_USE_V2", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_APP_MANAGER_MYSQL_TABLE", peer: Soketi, does: Set(APPS_DB_TABLE) },
+    Var { name: "SOKETI_APP_MANAGER_MYSQL_VERSION", peer: Soketi, does: Nothing("the MySQL driver needs no version") },
+    Var { name: "SOKETI_APP_MANAGER_MYSQL_USE_V2", peer: Soketi, does: Nothing("the MySQL driver needs no choice of client") },
     Var { name: "SOKETI_APP_MANAGER_POSTGRES_TABLE", peer: Soketi, does: Set(APPS_DB_TABLE) },
     Var { name: "SOKETI_APP_MANAGER_POSTGRES_VERSION", peer: Soketi, does: Nothing("the PostgreSQL driver needs no version") },
     Var { name: "SOKETI_DB_POOLING_ENABLED", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_POOLING_MIN", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_POOLING_MAX", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_HOST", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_PORT", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_USERNAME", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_PASSWORD", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_DATABASE", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_DB_MYSQL_HOST", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_PORT", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_USERNAME", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_PASSWORD", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_DATABASE", peer: Soketi, does: Part },
     Var { name: "SOKETI_DB_POSTGRES_HOST", peer: Soketi, does: Part },
     Var { name: "SOKETI_DB_POSTGRES_PORT", peer: Soketi, does: Part },
     Var { name: "SOKETI_DB_POSTGRES_USERNAME", peer: Soketi, does: Part },
@@ -793,8 +793,8 @@ fn nats_url(
 }
 
 static RULES: &[Rule] = &[
-    // soketi's app manager: PostgreSQL from its DB_POSTGRES_* connection,
-    // with soketi's defaults for what is unset.
+    // soketi's app manager: PostgreSQL or MySQL from its DB_POSTGRES_* or
+    // DB_MYSQL_* connection, with soketi's defaults for what is unset.
     Rule {
         reads: &[
             "SOKETI_APP_MANAGER_DRIVER",
@@ -803,6 +803,11 @@ static RULES: &[Rule] = &[
             "SOKETI_DB_POSTGRES_USERNAME",
             "SOKETI_DB_POSTGRES_PASSWORD",
             "SOKETI_DB_POSTGRES_DATABASE",
+            "SOKETI_DB_MYSQL_HOST",
+            "SOKETI_DB_MYSQL_PORT",
+            "SOKETI_DB_MYSQL_USERNAME",
+            "SOKETI_DB_MYSQL_PASSWORD",
+            "SOKETI_DB_MYSQL_DATABASE",
         ],
         peer: Soketi,
         build: |env| {
@@ -811,21 +816,38 @@ static RULES: &[Rule] = &[
             };
             match driver.trim() {
                 "array" => Ok(vec![]),
-                "postgres" => {
-                    let vars = [
-                        "SOKETI_DB_POSTGRES_HOST",
-                        "SOKETI_DB_POSTGRES_PORT",
-                        "SOKETI_DB_POSTGRES_USERNAME",
-                        "SOKETI_DB_POSTGRES_PASSWORD",
-                        "SOKETI_DB_POSTGRES_DATABASE",
-                    ];
+                driver @ ("postgres" | "mysql") => {
+                    let (vars, port, user) = match driver {
+                        "postgres" => (
+                            [
+                                "SOKETI_DB_POSTGRES_HOST",
+                                "SOKETI_DB_POSTGRES_PORT",
+                                "SOKETI_DB_POSTGRES_USERNAME",
+                                "SOKETI_DB_POSTGRES_PASSWORD",
+                                "SOKETI_DB_POSTGRES_DATABASE",
+                            ],
+                            "5432",
+                            "postgres",
+                        ),
+                        _ => (
+                            [
+                                "SOKETI_DB_MYSQL_HOST",
+                                "SOKETI_DB_MYSQL_PORT",
+                                "SOKETI_DB_MYSQL_USERNAME",
+                                "SOKETI_DB_MYSQL_PASSWORD",
+                                "SOKETI_DB_MYSQL_DATABASE",
+                            ],
+                            "3306",
+                            "root",
+                        ),
+                    };
                     let get = |i: usize, default: &'static str| env.get(vars[i]).unwrap_or(default);
                     let url = format!(
-                        "postgres://{}:{}@{}:{}/{}",
-                        enc(get(2, "postgres")),
+                        "{driver}://{}:{}@{}:{}/{}",
+                        enc(get(2, user)),
                         enc(get(3, "password")),
                         get(0, "127.0.0.1"),
-                        get(1, "5432"),
+                        get(1, port),
                         enc(get(4, "main")),
                     );
                     let mut used: Vec<_> = vars.iter().copied().filter(|v| env.get(v).is_some()).collect();
@@ -833,7 +855,7 @@ static RULES: &[Rule] = &[
                     Ok(vec![(APPS_DB_URL, url, used)])
                 }
                 other => Err(format!(
-                    "SOKETI_APP_MANAGER_DRIVER={other:?}: Herald reads apps from PostgreSQL (postgres) or its config file (array); {other} is not supported yet"
+                    "SOKETI_APP_MANAGER_DRIVER={other:?}: Herald reads apps from PostgreSQL (postgres), MySQL/MariaDB (mysql) or its config file (array); {other} is not supported yet"
                 )),
             }
         },

@@ -1,6 +1,7 @@
-//! Apps from a real PostgreSQL (Debian's package, started on loopback by
-//! the test) holding soketi's `apps` table, configured with soketi's own
-//! environment (`SOKETI_APP_MANAGER_DRIVER=postgres`, `SOKETI_DB_POSTGRES_*`,
+//! Apps from a real PostgreSQL and a real MariaDB (Debian's packages,
+//! started on loopback by the test) holding soketi's `apps` table,
+//! configured with soketi's own environment (`SOKETI_APP_MANAGER_DRIVER`,
+//! `SOKETI_DB_POSTGRES_*` / `SOKETI_DB_MYSQL_*`,
 //! `SOKETI_APP_MANAGER_CACHE_TTL`). Rows inserted, changed and deleted
 //! while clients are connected take effect within the refresh; with the
 //! database down the apps read last keep working and unknown keys are
@@ -8,15 +9,17 @@
 
 mod common;
 
+use common::mariadb::MariaDb;
 use common::postgres::Postgres;
 use common::*;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-/// soketi's documented columns for its PostgreSQL app manager.
+/// soketi's documented columns for its SQL app managers (`{key}` is the
+/// `key` column quoted as each database quotes it: reserved in MySQL).
 const TABLE: &str = "CREATE TABLE apps (
     id varchar(255) PRIMARY KEY,
-    key varchar(255) NOT NULL,
+    {key} varchar(255) NOT NULL,
     secret varchar(255) NOT NULL,
     max_connections integer NOT NULL,
     enable_client_messages smallint NOT NULL,
@@ -37,7 +40,7 @@ const TABLE: &str = "CREATE TABLE apps (
 
 fn insert(id: &str, secret: &str) -> String {
     format!(
-        "INSERT INTO apps (id, key, secret, max_connections, enable_client_messages, enabled, \
+        "INSERT INTO apps (id, {{key}}, secret, max_connections, enable_client_messages, enabled, \
          max_backend_events_per_sec, max_client_events_per_sec, max_read_req_per_sec, webhooks, \
          enable_user_authentication) \
          VALUES ('{id}', '{id}-key', '{secret}', -1, 1, 1, -1, -1, -1, '[]', 0)"
@@ -99,26 +102,65 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: imp
     }
 }
 
+/// The database under test, as the scenario drives it.
+enum Db {
+    Pg(Postgres),
+    Maria(MariaDb),
+}
+
+impl Db {
+    async fn exec(&self, sql: &str) {
+        match self {
+            Db::Pg(d) => d.exec(&sql.replace("{key}", "\"key\"")).await,
+            Db::Maria(d) => d.exec(&sql.replace("{key}", "`key`")).await,
+        }
+    }
+
+    fn stop(&mut self) {
+        match self {
+            Db::Pg(d) => d.stop(),
+            Db::Maria(d) => d.stop(),
+        }
+    }
+}
+
 #[tokio::test]
-async fn soketis_apps_table_read_live_and_kept_while_the_database_is_down() {
-    let mut pg = Postgres::start().await;
+async fn soketis_apps_table_in_postgres() {
+    let pg = Postgres::start().await;
+    let port = pg.port.to_string();
+    let env = [
+        ("SOKETI_APP_MANAGER_DRIVER", "postgres"),
+        ("SOKETI_DB_POSTGRES_HOST", "127.0.0.1"),
+        ("SOKETI_DB_POSTGRES_PORT", port.as_str()),
+        ("SOKETI_DB_POSTGRES_USERNAME", "herald"),
+        ("SOKETI_DB_POSTGRES_PASSWORD", "unused"),
+        ("SOKETI_DB_POSTGRES_DATABASE", "postgres"),
+        ("SOKETI_APP_MANAGER_CACHE_TTL", "1"),
+    ];
+    read_live_and_kept_while_down(Db::Pg(pg), &env).await;
+}
+
+#[tokio::test]
+async fn soketis_apps_table_in_mariadb() {
+    let maria = MariaDb::start().await;
+    let port = maria.port.to_string();
+    let env = [
+        ("SOKETI_APP_MANAGER_DRIVER", "mysql"),
+        ("SOKETI_DB_MYSQL_HOST", "127.0.0.1"),
+        ("SOKETI_DB_MYSQL_PORT", port.as_str()),
+        ("SOKETI_DB_MYSQL_USERNAME", "root"),
+        ("SOKETI_DB_MYSQL_PASSWORD", "password"),
+        ("SOKETI_DB_MYSQL_DATABASE", "main"),
+        ("SOKETI_APP_MANAGER_CACHE_TTL", "1"),
+    ];
+    read_live_and_kept_while_down(Db::Maria(maria), &env).await;
+}
+
+/// The scenario, on either database.
+async fn read_live_and_kept_while_down(mut pg: Db, env: &[(&str, &str)]) {
     pg.exec(TABLE).await;
     pg.exec(&insert("db1", "s1")).await;
-    let port = pg.port.to_string();
-    let server = Server::start_with_env(
-        "",
-        "",
-        &[
-            ("SOKETI_APP_MANAGER_DRIVER", "postgres"),
-            ("SOKETI_DB_POSTGRES_HOST", "127.0.0.1"),
-            ("SOKETI_DB_POSTGRES_PORT", &port),
-            ("SOKETI_DB_POSTGRES_USERNAME", "herald"),
-            ("SOKETI_DB_POSTGRES_PASSWORD", "unused"),
-            ("SOKETI_DB_POSTGRES_DATABASE", "postgres"),
-            ("SOKETI_APP_MANAGER_CACHE_TTL", "1"),
-        ],
-    )
-    .await;
+    let server = Server::start_with_env("", "", env).await;
 
     // A row present at start works from the first connection.
     let mut one = Client::connect(&server.ws_url("db1-key", "?protocol=7")).await;

@@ -221,7 +221,7 @@ async fn soketi_variables_serve_its_app() {
     round_trip(port, "sk-id", "sk-key", "sk-secret").await;
     // A database Herald cannot read yet is refused, naming the variable,
     // rather than served without its apps.
-    let (code, out) = config(&["--check"], &[("SOKETI_APP_MANAGER_DRIVER", "mysql")]);
+    let (code, out) = config(&["--check"], &[("SOKETI_APP_MANAGER_DRIVER", "dynamodb")]);
     assert_ne!(code, 0, "{out}");
     assert!(
         out.contains("SOKETI_APP_MANAGER_DRIVER") && out.contains("not supported yet"),

@@ -36,6 +36,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod ext;
+pub mod mariadb;
 pub mod postgres;
 pub mod proxy;
 
