@@ -125,7 +125,8 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AppsDatabase {
-    /// `postgres://user:password@host:port/database`; none: no database.
+    /// `postgres://user:password@host:port/database` or `mysql://...`
+    /// (MySQL, MariaDB); none: no database.
     pub url: Option<String>,
     /// The table, soketi's layout (`apps`).
     pub table: String,
@@ -867,10 +868,11 @@ impl Config {
         }
         let db = &self.apps_database;
         if let Some(url) = &db.url {
-            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            let schemes = ["postgres://", "postgresql://", "mysql://"];
+            if !schemes.iter().any(|s| url.starts_with(s)) {
                 return Err(invalid(
                     "apps_database.url",
-                    "must be a postgres:// URL (MySQL/MariaDB is not supported yet)",
+                    "must be a postgres:// (PostgreSQL) or mysql:// (MySQL, MariaDB) URL",
                 ));
             }
         }
