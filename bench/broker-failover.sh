@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a broker failover loses (issue 20): starts real broker servers and
+# What a broker failover loses: starts real broker servers and
 # three release `herald serve` nodes on loopback, runs
 #   herald bench fanout --url <the three nodes> --fault-cmd <the fault> ...
 # and prints the report (the window until deliveries were whole again,

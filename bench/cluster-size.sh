@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of a cluster's size for a node (issue 20): N release nodes on one
+# The cost of a cluster's size for a node: N release nodes on one
 # redis-server (or nats-server with ENGINE=nats), C occupied channels, all
 # held by clients of node 0 (C/10 connections, 10 channels each). The last
 # node serves nobody: what it pays is what the cluster's size costs a node.

@@ -1,4 +1,4 @@
-// Issue 32, item 2: the memory a burst of hostile history requests pins,
+// The memory a burst of hostile history requests pins,
 // and what comes back after. Node's standard library only (no packages).
 //
 // Against a running herald (one node, `[rpc] public_streams = true`):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A rolling restart of a three-node cluster under `herald bench storm`
-# (issue 19): a broker, `herald bench rpc-server` as the app, three nodes
+# (reliable streams, resumable sessions): a broker, `herald bench rpc-server` as the app, three nodes
 # (bench/node.sh), and the storm with --node-url and --restart-cmd, each
 # node stopped (SIGTERM, or SIGKILL with SIGNAL=kill) and started in turn
 # while its clients reconnect to the others.

@@ -8,12 +8,12 @@
 /// The channels' namespace (Pusher's: the benchmark's default protocol).
 const NS: herald_core::namespace::Namespace = herald_pusher::names::NAMESPACE;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use herald::config::AppConfig;
-use herald::connection::{Connection, QueueLimit};
-use herald::fanout::deliver;
-use herald::hub::{Hub, SubscribeOptions};
-use herald::publication::{json_string, Publication};
-use herald::wire::{self as pusher, WIRE};
+use herald_core::config::AppConfig;
+use herald_core::connection::{Connection, QueueLimit};
+use herald_core::fanout::deliver;
+use herald_core::hub::{Hub, SubscribeOptions};
+use herald_core::publication::{json_string, Publication};
+use herald_pusher::wire::{self as pusher, WIRE};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

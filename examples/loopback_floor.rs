@@ -15,7 +15,7 @@
 //! submits them with one system call. That measures what is left of a
 //! delivery's kernel cost once the system call per write is gone (the
 //! TCP send and loopback receive paths stay): the floor for any server
-//! that batches sends to many sockets (issue 22, fan-out CPU).
+//! that batches sends to many sockets (fan-out CPU).
 //!
 //! ```sh
 //! cargo run --release --example loopback_floor -- 5000 1000000 10 [1 [64]]

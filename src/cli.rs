@@ -6,14 +6,14 @@
 //! Each adapter's environment variables and flags join `serve`'s and
 //! `config`'s here ([`herald_core::adapter::Setting`]).
 
-use crate::config::{Config, Overrides};
 use crate::effective::{self, Effective, Source};
-use crate::node::Node;
 use crate::server;
 use clap::parser::ValueSource;
 use clap::Arg;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use herald_core::adapter::{Adapters, Setting};
+use herald_core::config::{Config, Overrides};
+use herald_core::node::Node;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -135,7 +135,7 @@ struct ServeArgs {
     tls_key: Option<String>,
     /// Log lines as `text` (default) or `json`.
     #[arg(long, env = "HERALD_LOG_FORMAT")]
-    log_format: Option<crate::config::LogFormat>,
+    log_format: Option<herald_core::config::LogFormat>,
     /// Serve /metrics on this port only (same host), not on --port.
     #[arg(long, env = "HERALD_METRICS_PORT", value_parser = metrics_port)]
     metrics_port: Option<u16>,
@@ -504,8 +504,8 @@ fn serve(args: ServeArgs, matches: Option<&ArgMatches>, adapters: Adapters) -> E
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match config.log_format {
-        crate::config::LogFormat::Text => logs.init(),
-        crate::config::LogFormat::Json => logs.json().flatten_event(true).init(),
+        herald_core::config::LogFormat::Text => logs.init(),
+        herald_core::config::LogFormat::Json => logs.json().flatten_event(true).init(),
     }
     log_peer_settings(&eff);
     let runtime = match tokio::runtime::Runtime::new() {

@@ -108,9 +108,19 @@ pub fn load(
     env: &Env,
     adapters: &Adapters,
 ) -> Result<Effective, String> {
-    let mut config = Config::from_file(file).map_err(|e| e.to_string())?;
+    // Every error of the configuration is reported at once: the file's
+    // (each key whose value does not fit), then the checks of what the
+    // layers made of the rest, the core's and every adapter's.
+    let (config, mut errors) = Config::from_file_all(file).map_err(|e| e.to_string())?;
+    let Some(mut config) = config else {
+        // Syntax errors: no key of the file can be trusted, nothing to check.
+        return Err(herald_core::config::ConfigError::all(errors)
+            .err()
+            .map_or_else(String::new, |e| e.to_string()));
+    };
     let file_keys = match file {
-        Some(path) => {
+        // Keys that did not fit are left out of the configuration.
+        Some(path) if errors.is_empty() => {
             let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
             let value: toml::Value = toml::from_str(&text).map_err(|e| e.to_string())?;
             let json = serde_json::to_value(value).map_err(|e| e.to_string())?;
@@ -118,7 +128,7 @@ pub fn load(
             flatten("", &json, &mut keys);
             keys.into_keys().collect()
         }
-        None => BTreeSet::new(),
+        _ => BTreeSet::new(),
     };
     let mut peers = peers::read(env)?;
     let mut notes = Vec::new();
@@ -132,14 +142,38 @@ pub fn load(
         }
     }
     peers.apply(&mut config, &file_keys)?;
-    config.apply(overrides).map_err(|e| e.to_string())?;
-    config.validate().map_err(|e| named_as_given(e, &herald))?;
-    herald_core::adapter::check_config(&config, adapters).map_err(|e| e.to_string())?;
+    if let Err(e) = config.apply(overrides) {
+        errors.push(e);
+    }
+    errors.extend(config.problems());
+    if let Err(e) = herald_core::adapter::check_config(&config, adapters) {
+        errors.extend(e.into_list());
+    }
+    let mut messages: Vec<String> = errors
+        .into_iter()
+        .map(|e| named_as_given(e, &herald))
+        .collect();
     let mut adapter_keys = Vec::new();
     for a in adapters {
-        a.check(&config)
-            .map_err(|e| format!("invalid config: {e}"))?;
-        adapter_keys.push(a.config(&config).map_err(|e| e.to_string())?);
+        // An adapter's start-up checks read its keys: only once they parse
+        // (an error in them is check_config's, above).
+        if let Ok(keys) = a.config(&config) {
+            if let Err(e) = a.check(&config) {
+                messages.push(format!("invalid config: {e}"));
+            }
+            adapter_keys.push(keys);
+        }
+    }
+    match messages.len() {
+        0 => {}
+        1 => return Err(messages.remove(0)),
+        n => {
+            let list: Vec<String> = messages
+                .iter()
+                .map(|m| format!("- {}", m.replace('\n', "\n  ")))
+                .collect();
+            return Err(format!("{n} configuration errors:\n{}", list.join("\n")));
+        }
     }
     Ok(Effective {
         config,
@@ -240,6 +274,9 @@ fn is_secret(key: &str) -> bool {
         "secret"
             | "dashboard_token"
             | "streams_secret"
+            | "turbo_streams_secret"
+            | "cable_ready_secret"
+            | "secret_access_key"
             | "jwt_secret"
             | "broadcast_key"
             | "api_keys"

@@ -25,6 +25,12 @@
 //! src/server      this crate: one listener, routing by path to each
 //!                 adapter's routes, the adapters' tasks, health, metrics,
 //!                 TLS, graceful shutdown
+//! src/effective   this crate: the effective configuration, layer by layer
+//!                 (defaults, file, peers' variables, `HERALD_*`, flags)
+//! src/peers       this crate: the settings of the servers Herald replaces
+//!                 (Reverb, soketi, AnyCable), read as they are
+//! src/env_file    this crate: Laravel and Rails `.env` files, bounded
+//! src/build_info  this crate: version, commit and date (`/version`)
 //! adapters()      this crate: the adapters `herald` serves (the binary is
 //!                 the core plus this list; see docs/architecture.md)
 //! crates/signing  herald-signing: Pusher's HMAC/MD5 signatures, shared by
@@ -59,18 +65,4 @@ pub fn adapters() -> Adapters {
         Arc::new(herald_actioncable::ActionCable),
         Arc::new(herald_appsync::AppSync),
     ]
-}
-
-pub use herald_core::{
-    adapter, broker, config, connection, fanout, frame, hub, metrics, node, publication, session,
-    ws,
-};
-pub use herald_pusher::{names, presence_data, signing, wire};
-
-/// The Pusher HTTP API (kept at its old path for tests and tools).
-pub mod api {
-    pub use herald_pusher::api::*;
-    pub mod auth {
-        pub use herald_pusher::auth::*;
-    }
 }

@@ -354,6 +354,34 @@ const RPC_SECRET: Target = target!("rpc.secret", true, |c, v| { set(c, "rpc.secr
 const STREAMS_SECRET: Target = target!("rpc.streams_secret", true, |c, v| {
     set(c, "rpc.streams_secret", text(v))
 });
+const TURBO_STREAMS: Target = target!("rpc.turbo_streams", false, |c, v| {
+    set(c, "rpc.turbo_streams", toml::Value::Boolean(boolean(v)?))
+});
+const TURBO_STREAMS_SECRET: Target = target!("rpc.turbo_streams_secret", true, |c, v| {
+    set(c, "rpc.turbo_streams_secret", text(v))
+});
+/// AnyCable's older name of the Turbo secret, which also turned the
+/// feature on.
+const TURBO_RAILS_KEY: Target = target!("rpc.turbo_streams_secret", true, |c, v| {
+    set(c, "rpc.turbo_streams", toml::Value::Boolean(true))?;
+    set(c, "rpc.turbo_streams_secret", text(v))
+});
+const CABLE_READY_STREAMS: Target = target!("rpc.cable_ready_streams", false, |c, v| {
+    set(
+        c,
+        "rpc.cable_ready_streams",
+        toml::Value::Boolean(boolean(v)?),
+    )
+});
+const CABLE_READY_SECRET: Target = target!("rpc.cable_ready_secret", true, |c, v| {
+    set(c, "rpc.cable_ready_secret", text(v))
+});
+/// AnyCable's older name of the CableReady secret, which also turned the
+/// feature on.
+const CABLE_READY_KEY: Target = target!("rpc.cable_ready_secret", true, |c, v| {
+    set(c, "rpc.cable_ready_streams", toml::Value::Boolean(true))?;
+    set(c, "rpc.cable_ready_secret", text(v))
+});
 const JWT_SECRET: Target = target!("rpc.jwt_secret", true, |c, v| {
     set(c, "rpc.jwt_secret", text(v))
 });
@@ -439,7 +467,8 @@ use Peer::{AnyCable, Laravel, Pusher, Reverb, Sockudo, Soketi};
 const CLIENT: &str = "where clients and the app connect, not where the server listens";
 const NO_PULSE: &str = "Laravel Pulse/Telescope ingestion: watch Herald's /metrics instead";
 const APP_MANAGER: &str = "apps come from the config file, PostgreSQL or MySQL/MariaDB (SOKETI_APP_MANAGER_DRIVER=postgres|mysql); DynamoDB is not supported";
-const QUEUE: &str = "webhooks are sent by each node from memory (docs/operations.md), no queue";
+const QUEUE: &str =
+    "webhooks are sent by each node from memory (docs/webhooks-and-monitoring.md), no queue";
 const LIMITER: &str = "rate limits are per connection and in memory";
 const SOKETI_CLUSTER: &str = "UDP discovery is not offered: use a redis or nats adapter";
 const REDIS_OPTS: &str =
@@ -663,8 +692,12 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_PUBSUB", peer: AnyCable, does: Unsupported("nodes exchange broadcasts through broker.url") },
     Var { name: "ANYCABLE_EMBED_NATS", peer: AnyCable, does: Unsupported("run nats-server beside Herald") },
     Var { name: "ANYCABLE_PRESETS", peer: AnyCable, does: Unsupported(NO_EQUIV) },
-    Var { name: "ANYCABLE_TURBO_STREAMS_SECRET", peer: AnyCable, does: Unsupported("Turbo Streams' signed names: use ANYCABLE_STREAMS_SECRET") },
-    Var { name: "ANYCABLE_CABLE_READY_SECRET", peer: AnyCable, does: Unsupported(NO_EQUIV) },
+    Var { name: "ANYCABLE_TURBO_STREAMS", peer: AnyCable, does: Set(TURBO_STREAMS) },
+    Var { name: "ANYCABLE_TURBO_STREAMS_SECRET", peer: AnyCable, does: Set(TURBO_STREAMS_SECRET) },
+    Var { name: "ANYCABLE_TURBO_RAILS_KEY", peer: AnyCable, does: Set(TURBO_RAILS_KEY) },
+    Var { name: "ANYCABLE_CABLE_READY_STREAMS", peer: AnyCable, does: Set(CABLE_READY_STREAMS) },
+    Var { name: "ANYCABLE_CABLE_READY_SECRET", peer: AnyCable, does: Set(CABLE_READY_SECRET) },
+    Var { name: "ANYCABLE_CABLE_READY_KEY", peer: AnyCable, does: Set(CABLE_READY_KEY) },
     Var { name: "ANYCABLE_METRICS_HTTP", peer: AnyCable, does: Nothing(METRICS) },
     Var { name: "ANYCABLE_METRICS_PORT", peer: AnyCable, does: Set(METRICS_PORT) },
     Var { name: "ANYCABLE_REDIS_SENTINELS", peer: AnyCable, does: Unsupported("Herald takes one Redis URL") },

@@ -3,10 +3,10 @@
 //! (with fuzzed extra parameters) is always accepted.
 #![no_main]
 
-use herald::api::auth::{authenticate, sign_query, SignedRequest};
-use herald::broker::local::LocalBroker;
-use herald::config::{AppConfig, Config};
-use herald::node::Node;
+use herald_pusher::auth::{authenticate, sign_query, SignedRequest};
+use herald_core::broker::local::LocalBroker;
+use herald_core::config::{AppConfig, Config};
+use herald_core::node::Node;
 use libfuzzer_sys::fuzz_target;
 use std::sync::{Arc, OnceLock};
 

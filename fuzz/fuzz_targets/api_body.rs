@@ -2,9 +2,9 @@
 //! an accepted event is within the app's limits.
 #![no_main]
 
-use herald::api::{parse_batch, parse_event, Checked, MAX_BATCH_EVENTS, MAX_CHANNELS_PER_EVENT};
-use herald::config::AppConfig;
-use herald::names::validate_publish_name;
+use herald_pusher::api::{parse_batch, parse_event, Checked, MAX_BATCH_EVENTS, MAX_CHANNELS_PER_EVENT};
+use herald_core::config::AppConfig;
+use herald_pusher::names::validate_publish_name;
 use libfuzzer_sys::fuzz_target;
 
 fn within_limits(app: &AppConfig, ev: &Checked) {

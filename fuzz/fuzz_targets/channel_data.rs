@@ -1,7 +1,7 @@
 //! Presence `channel_data`: never panics, and what it accepts is in limits.
 #![no_main]
 
-use herald::presence_data::{parse_channel_data, MemberLimits};
+use herald_pusher::presence_data::{parse_channel_data, MemberLimits};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

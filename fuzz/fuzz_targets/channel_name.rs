@@ -1,7 +1,7 @@
 //! Channel name validation against a reference model of Pusher's rules.
 #![no_main]
 
-use herald::names::{validate_name, validate_publish_name, ChannelKind};
+use herald_pusher::names::{validate_name, validate_publish_name, ChannelKind};
 use libfuzzer_sys::fuzz_target;
 
 fn model(name: &str, max: usize) -> bool {

@@ -1,7 +1,7 @@
 //! The config file layer: parsing and validation never panic.
 #![no_main]
 
-use herald::config::Config;
+use herald_core::config::Config;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

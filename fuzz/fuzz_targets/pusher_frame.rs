@@ -1,8 +1,8 @@
 //! A client text frame, as the session hands it to the parser.
 #![no_main]
 
-use herald::names::{validate_name, ChannelKind};
-use herald::wire::{parse, ClientMessage};
+use herald_pusher::names::{validate_name, ChannelKind};
+use herald_pusher::wire::{parse, ClientMessage};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

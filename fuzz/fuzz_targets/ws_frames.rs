@@ -2,7 +2,7 @@
 //! panic; every message it yields respects the size limit, and texts are
 //! valid UTF-8 by type.
 #![no_main]
-use herald::ws::{Decoder, Incoming};
+use herald_core::ws::{Decoder, Incoming};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

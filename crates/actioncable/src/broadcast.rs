@@ -2,8 +2,9 @@
 //! `{"stream": "...", "data": "<JSON text>", "meta": {"exclude_socket": sid}}`
 //! or an array of such messages. With `rpc.broadcast_key` set the request
 //! must carry `Authorization: Bearer <key>` (checked in constant time).
-//! Accepted messages go through `node.publish`, so every node's
-//! subscribers get them; the answer is 201, as AnyCable's.
+//! Accepted messages go through `node.publish_reliably` (with a position
+//! on a reliable stream), so every node's subscribers get them; the answer
+//! is 201, as AnyCable's.
 //!
 //! With `rpc.broadcast_adapter` naming `redis` or `nats`, the same messages
 //! also arrive on the broker's server (Redis pub/sub channel or NATS
@@ -13,9 +14,8 @@
 //! ...}`) is run on every node instead: see [`crate::remote`].
 
 use crate::config::RpcConfig;
+use crate::config::MAX_STREAM_NAME;
 use crate::metrics as m;
-use crate::reliable::Reliable;
-use crate::session::MAX_STREAM_NAME;
 use crate::wire::message_value;
 use crate::{Cable, NAMESPACE};
 use axum::body::Body;
@@ -29,6 +29,7 @@ use herald_core::hub::Hub;
 use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::publication::Publication;
+use herald_core::reliable::ReliableStreams;
 use serde::Deserialize;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
@@ -51,9 +52,10 @@ struct Meta {
     _rest: serde_json::Map<String, serde_json::Value>,
 }
 
+/// A broadcast body as sent: one message, or an array of them.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Body0 {
+enum Broadcasts {
     One(Message),
     Many(Vec<Message>),
 }
@@ -107,11 +109,8 @@ pub async fn handle(
         Err((status, message)) => return error(status, message),
     };
     for msg in messages {
-        let stream = msg.stream.clone();
-        let p = publication(msg);
-        if let Err(full) = cable
-            .reliable
-            .publish(&node, &cable.hub, &stream, p, false)
+        if let Err(full) = node
+            .publish_reliably(&cable.hub, &cable.reliable, publication(msg))
             .await
         {
             // The broker's outbox is full: 503 and retry, never a 201 for
@@ -131,9 +130,9 @@ pub async fn handle(
 /// 1 to [`MAX_STREAM_NAME`] bytes. The error is the HTTP status and what
 /// was wrong.
 fn parse(bytes: &[u8]) -> Result<Vec<Message>, (StatusCode, String)> {
-    let messages = match serde_json::from_slice::<Body0>(bytes) {
-        Ok(Body0::One(m)) => vec![m],
-        Ok(Body0::Many(v)) => v,
+    let messages = match serde_json::from_slice::<Broadcasts>(bytes) {
+        Ok(Broadcasts::One(m)) => vec![m],
+        Ok(Broadcasts::Many(v)) => v,
         Err(_) => {
             return Err((
                 StatusCode::BAD_REQUEST,
@@ -237,13 +236,13 @@ pub fn check_adapter(rpc: &RpcConfig, broker: &BrokerConfig) -> Result<(), Strin
 /// warns at start; `http` and `redisx` broadcasts are reliable).
 /// From a Redis stream read in a consumer group (not `local`): each entry
 /// reaches one node, which appends it to the history where the stream is
-/// reliable and publishes it to the whole cluster ([`Reliable::publish`]).
+/// reliable and publishes it to the whole cluster ([`Node::publish_reliably`]).
 /// A message that is not a broadcast is counted in
 /// `herald_broadcast_errors_total` and logged.
 pub async fn ingest(
     node: Arc<Node>,
     hub: Arc<Hub>,
-    reliable: Arc<Reliable>,
+    reliable: Arc<ReliableStreams>,
     mut rx: mpsc::Receiver<Bytes>,
     local: bool,
 ) {
@@ -273,11 +272,10 @@ pub async fn ingest(
                     if local {
                         node.publish_here(&hub, publication(msg)).await;
                     } else {
-                        let stream = msg.stream.clone();
                         // Refused only while the broker's outbox is full:
                         // counted (herald_broker_refused_total).
-                        let _ = reliable
-                            .publish(&node, &hub, &stream, publication(msg), false)
+                        let _ = node
+                            .publish_reliably(&hub, &reliable, publication(msg))
                             .await;
                     }
                 }

@@ -9,6 +9,12 @@ use herald_core::config::{invalid, AppConfig, Config, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// Most streams one connection may follow (over all its subscriptions).
+pub const MAX_STREAMS: usize = 1000;
+
+/// Longest stream name, in bytes.
+pub const MAX_STREAM_NAME: usize = 1024;
+
 /// The table this adapter owns.
 pub const TOP_KEYS: &[&str] = &["rpc"];
 
@@ -60,6 +66,16 @@ pub struct RpcConfig {
     pub public_streams: bool,
     /// Key for signed stream names (unset: the app's secret).
     pub streams_secret: Option<String>,
+    /// Turbo Streams subscriptions (`Turbo::StreamsChannel` with a
+    /// `signed_stream_name`) are verified here, without the app.
+    pub turbo_streams: bool,
+    /// Key of Turbo's signed stream names (unset: `streams_secret`'s).
+    pub turbo_streams_secret: Option<String>,
+    /// CableReady stream subscriptions (`CableReady::Stream`) are verified
+    /// here, without the app.
+    pub cable_ready_streams: bool,
+    /// Key of CableReady's signed identifiers (unset: `streams_secret`'s).
+    pub cable_ready_secret: Option<String>,
     /// Key of HMAC-signed JSON Web Tokens that identify clients without a
     /// backend call (unset: tokens are not accepted).
     pub jwt_secret: Option<String>,
@@ -80,7 +96,7 @@ pub struct RpcConfig {
     pub tls: bool,
     /// A PEM file of extra certificate authorities for the backend's TLS.
     pub tls_root_ca: Option<String>,
-    // --- Reliable streams and resumable sessions (issue 19), AnyCable's names.
+    // --- Reliable streams and resumable sessions, AnyCable's names.
     /// Most publications kept per reliable stream (0: no history).
     pub history_limit: usize,
     /// Seconds a publication stays in a stream's history (0: no history).
@@ -138,6 +154,10 @@ impl Default for RpcConfig {
             broadcast_key: None,
             public_streams: false,
             streams_secret: None,
+            turbo_streams: false,
+            turbo_streams_secret: None,
+            cable_ready_streams: false,
+            cable_ready_secret: None,
             jwt_secret: None,
             jwt_param: "jid".into(),
             jwt_force: false,
@@ -171,9 +191,11 @@ impl RpcConfig {
     }
 
     fn validate(&self, apps: &[AppConfig]) -> Result<(), ConfigError> {
+        // Every error at once (see herald_core's ConfigError::all).
+        let mut errors = Vec::new();
         if let Some(h) = &self.host {
             if h.trim().is_empty() || h.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(invalid(
+                errors.push(invalid(
                     "rpc.host",
                     "must be a URL or host:port without spaces",
                 ));
@@ -185,33 +207,33 @@ impl RpcConfig {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
             {
-                return Err(invalid(
+                errors.push(invalid(
                     "rpc.headers",
                     format!("{h:?} is not a header name (letters, digits, '-', '_')"),
                 ));
             }
         }
         if self.timeout_ms == 0 {
-            return Err(invalid("rpc.timeout_ms", "must be positive"));
+            errors.push(invalid("rpc.timeout_ms", "must be positive"));
         }
         if self.concurrency == 0 {
-            return Err(invalid("rpc.concurrency", "must be positive"));
+            errors.push(invalid("rpc.concurrency", "must be positive"));
         }
         if self.disconnect_rate == 0 {
-            return Err(invalid("rpc.disconnect_rate", "must be positive"));
+            errors.push(invalid("rpc.disconnect_rate", "must be positive"));
         }
         if self.disconnect_queue == 0 {
-            return Err(invalid("rpc.disconnect_queue", "must be positive"));
+            errors.push(invalid("rpc.disconnect_queue", "must be positive"));
         }
         if self.disconnect_queue_bytes < 64 * 1024 {
-            return Err(invalid(
+            errors.push(invalid(
                 "rpc.disconnect_queue_bytes",
                 "must be at least 65536 (it must hold the largest Disconnect call)",
             ));
         }
         if let Some(app) = &self.app {
             if !apps.iter().any(|a| &a.id == app) {
-                return Err(invalid(
+                errors.push(invalid(
                     "rpc.app",
                     format!("names no configured app ({app:?})"),
                 ));
@@ -223,16 +245,16 @@ impl RpcConfig {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
         {
-            return Err(invalid(
+            errors.push(invalid(
                 "rpc.jwt_param",
                 "must be a name of letters, digits, '-' and '_'",
             ));
         }
         if self.history_rate == 0 {
-            return Err(invalid("rpc.history_rate", "must be positive"));
+            errors.push(invalid("rpc.history_rate", "must be positive"));
         }
         if self.history_answers_max_bytes == 0 {
-            return Err(invalid("rpc.history_answers_max_bytes", "must be positive"));
+            errors.push(invalid("rpc.history_answers_max_bytes", "must be positive"));
         }
         for (key, v) in [
             ("rpc.presence_max_members", self.presence_max_members),
@@ -242,21 +264,21 @@ impl RpcConfig {
             ("rpc.presence_rate", self.presence_rate as usize),
         ] {
             if v == 0 {
-                return Err(invalid(key, "must be positive"));
+                errors.push(invalid(key, "must be positive"));
             }
         }
         if self.presence_max_info < 16 {
-            return Err(invalid(
+            errors.push(invalid(
                 "rpc.presence_max_info",
                 "must be at least 16 (bytes of a member's id and info)",
             ));
         }
         if self.jwt_force && self.jwt_secret.is_none() {
-            return Err(invalid("rpc.jwt_force", "needs rpc.jwt_secret"));
+            errors.push(invalid("rpc.jwt_force", "needs rpc.jwt_secret"));
         }
         if let Some(p) = &self.path {
             if !p.starts_with('/') || p.len() < 2 || p.chars().any(|c| c.is_whitespace()) {
-                return Err(invalid(
+                errors.push(invalid(
                     "rpc.path",
                     "must be a path such as /ws (a '/' and a name)",
                 ));
@@ -264,7 +286,7 @@ impl RpcConfig {
         }
         for a in self.broadcast_adapter.split(',').map(str::trim) {
             if !["http", "redis", "redisx", "nats"].contains(&a) {
-                return Err(invalid(
+                errors.push(invalid(
                     "rpc.broadcast_adapter",
                     format!("{a:?}: expected http, redis, redisx or nats (comma-separated)"),
                 ));
@@ -277,25 +299,27 @@ impl RpcConfig {
                 .chars()
                 .any(|c| c.is_whitespace() || c.is_control())
         {
-            return Err(invalid(
+            errors.push(invalid(
                 "rpc.broadcast_channel",
                 "must be 1 to 256 characters without spaces",
             ));
         }
         if self.tls_root_ca.is_some() && !self.tls {
-            return Err(invalid("rpc.tls_root_ca", "needs rpc.tls = true"));
+            errors.push(invalid("rpc.tls_root_ca", "needs rpc.tls = true"));
         }
         for (key, v) in [
             ("rpc.secret", &self.secret),
             ("rpc.broadcast_key", &self.broadcast_key),
             ("rpc.streams_secret", &self.streams_secret),
+            ("rpc.turbo_streams_secret", &self.turbo_streams_secret),
+            ("rpc.cable_ready_secret", &self.cable_ready_secret),
             ("rpc.jwt_secret", &self.jwt_secret),
         ] {
             if v.as_deref() == Some("") {
-                return Err(invalid(key, "must not be empty when set"));
+                errors.push(invalid(key, "must not be empty when set"));
             }
         }
-        Ok(())
+        ConfigError::all(errors)
     }
 }
 
@@ -357,6 +381,42 @@ pub static SETTINGS: &[Setting] = &[
         parse: text,
     },
     Setting {
+        key: "rpc.turbo_streams",
+        flag: "turbo-streams",
+        env: "HERALD_TURBO_STREAMS",
+        help: "Verify Turbo Streams subscriptions (Turbo::StreamsChannel) here, \
+               without RPC (AnyCable's --turbo_streams)",
+        secret: false,
+        parse: flag,
+    },
+    Setting {
+        key: "rpc.turbo_streams_secret",
+        flag: "turbo-streams-secret",
+        env: "HERALD_TURBO_STREAMS_SECRET",
+        help: "Key of Turbo's signed stream names, Rails' \
+               config.turbo.signed_stream_verifier_key (default: rpc.streams_secret)",
+        secret: true,
+        parse: text,
+    },
+    Setting {
+        key: "rpc.cable_ready_streams",
+        flag: "cable-ready-streams",
+        env: "HERALD_CABLE_READY_STREAMS",
+        help: "Verify CableReady stream subscriptions (CableReady::Stream) here, \
+               without RPC (AnyCable's --cable_ready_streams)",
+        secret: false,
+        parse: flag,
+    },
+    Setting {
+        key: "rpc.cable_ready_secret",
+        flag: "cable-ready-secret",
+        env: "HERALD_CABLE_READY_SECRET",
+        help: "Key of CableReady's signed identifiers, its verifier_key \
+               (default: rpc.streams_secret)",
+        secret: true,
+        parse: text,
+    },
+    Setting {
         key: "rpc.presence_ttl",
         flag: "presence-ttl",
         env: "HERALD_PRESENCE_TTL",
@@ -392,6 +452,15 @@ pub static SETTINGS: &[Setting] = &[
         parse: whole,
     },
 ];
+
+/// A true/false setting.
+fn flag(v: &str) -> Result<toml::Value, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(toml::Value::Boolean(true)),
+        "false" | "0" | "no" | "off" | "" => Ok(toml::Value::Boolean(false)),
+        _ => Err(format!("{v:?} is not a boolean (true or false)")),
+    }
+}
 
 /// A whole number setting (its range is checked with the section).
 fn whole(v: &str) -> Result<toml::Value, String> {

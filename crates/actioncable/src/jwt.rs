@@ -19,7 +19,8 @@ pub enum Identity {
     /// The connection identifiers from `ext`.
     Valid(String),
     /// Signed by us but past its `exp`: the identifiers it names, if any
-    /// (a restore compares them with the session's, issue 32).
+    /// (a restore compares them with the session's: a token naming
+    /// another identity restores nothing).
     Expired(Option<String>),
     Invalid(&'static str),
 }

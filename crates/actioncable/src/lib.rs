@@ -7,16 +7,28 @@
 //! ```text
 //! session     /cable: Connect before the welcome, commands → RPC Command,
 //!   │         answers → streams (core channels), states, transmissions
+//!   ├ opening      the upgrade; who the client is (restored session,
+//!   │              token, or Connect)
+//!   ├ env          what every call tells the app (request, states)
+//!   ├ history      history answers and restores (extended protocol)
+//!   ├ membership   presence and whisper commands (extended protocol)
 //!   ├ streams      `$pubsub` streams: signed names, public names
+//!   ├ turbo        Turbo Streams and CableReady signed names, no RPC
 //!   └ disconnects  Disconnect calls, queued and rate-limited
+//! ext         AnyCable's extended protocol (`actioncable-v1-ext-json`)
+//!   ├ protocol     its frames, history requests, its wire, their limits
+//!   ├ presence     presence and whispers: members, frames, gone nodes
+//!   └ resume       history bounds (reliable publishing is the core's:
+//!                  `herald_core::reliable`), resumable session snapshots
 //! rpc         the client: gRPC (one multiplexed connection) or HTTP;
 //!   └ proto        AnyCable's messages, field numbers as in rpc.proto
-//! broadcast   POST /_broadcast → node.publish; the broker's
+//! jwt         AnyCable's JWT identification (`?jid=`, `x-jid`)
+//! broadcast   POST /_broadcast → node.publish_reliably; the broker's
 //!             `__anycable__` channel (Redis/NATS) → node.publish_here
 //!   └ remote       remote commands (disconnect by identifiers)
 //! wire        parse/encode frames; the core's `Wire` (a frame per
 //!             (stream, identifier), shared by its subscribers)
-//! config      the `[rpc]` table, parsed and checked
+//! config      the `[rpc]` table, parsed and checked; stream limits
 //! metrics     RPC, Disconnect and broadcast counters
 //! ```
 //!
@@ -37,12 +49,11 @@ pub mod jwt;
 pub mod metrics;
 /// AnyCable's RPC messages (a crate of their own, shared with the bench).
 pub use herald_anycable_proto as proto;
-pub mod presence;
-pub mod reliable;
 pub mod remote;
 pub mod rpc;
 pub mod session;
 pub mod streams;
+pub mod turbo;
 pub mod wire;
 
 use axum::routing::{get, post};
@@ -53,6 +64,7 @@ use herald_core::config::{Config, ConfigError};
 use herald_core::hub::Hub;
 use herald_core::namespace::Namespace;
 use herald_core::node::Node;
+use herald_core::reliable::ReliableStreams;
 use std::sync::Arc;
 
 /// The WebSocket path unless `rpc.path` says otherwise.
@@ -73,14 +85,21 @@ pub struct Cable {
     pub public_streams: bool,
     /// Key of signed stream names.
     pub streams_key: Option<String>,
+    /// Turbo Streams and CableReady subscriptions verified here.
+    pub signed: turbo::SignedChannels,
     pub broadcast_key: Option<String>,
     /// JWT identification: the key, the query parameter, and whether a
     /// token is required.
     pub jwt: Option<Jwt>,
-    /// History and resumable sessions (`actioncable-v1-ext-json`).
-    pub reliable: Arc<reliable::Reliable>,
+    /// Reliable streams (`actioncable-v1-ext-json`): the core publishes
+    /// their broadcasts with positions and keeps their history.
+    pub reliable: Arc<ReliableStreams>,
+    /// What one connection may ask of the history.
+    pub history: ext::protocol::HistoryLimits,
+    /// Sessions a reconnecting client restores.
+    pub resumable: Arc<ext::resume::Resumable>,
     /// Presence and whispers (`actioncable-v1-ext-json`).
-    pub presence: presence::Settings,
+    pub presence: ext::presence::Settings,
     /// This node's connections by identifiers, for remote disconnects.
     pub identities: Arc<remote::Identities>,
 }
@@ -161,6 +180,7 @@ impl Cable {
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
             public_streams: config.public_streams,
+            signed: turbo::SignedChannels::new(config, streams_key.as_deref()),
             streams_key,
             broadcast_key: config.broadcast_key.clone(),
             jwt: config.jwt_secret.clone().map(|secret| Jwt {
@@ -170,11 +190,23 @@ impl Cable {
                 force: config.jwt_force,
             }),
             reliable: {
-                let r = Arc::new(reliable::Reliable::new(config, &*node.broker));
+                // One account for the node's answers, whichever app queues them.
+                herald_core::history::budget::ANSWERS.bound(config.history_answers_max_bytes);
+                let limits = ext::resume::history_limits(config);
+                let r = Arc::new(ReliableStreams::new(&*node.broker, limits));
                 r.start_sweeper();
                 r
             },
-            presence: presence::Settings::new(config),
+            history: ext::protocol::HistoryLimits {
+                rate: config.history_rate,
+                answer_room: config.history_max_bytes,
+            },
+            resumable: {
+                let r = Arc::new(ext::resume::Resumable::new(config, &*node.broker));
+                r.start_sweeper();
+                r
+            },
+            presence: ext::presence::Settings::new(config),
             identities,
         })
     }
@@ -230,7 +262,7 @@ impl Adapter for ActionCable {
         let Some(hub) = hub_of(node, &rpc) else {
             return Ok(());
         };
-        presence::Gone::register(node, &hub);
+        ext::presence::Gone::register(node, &hub);
         if rpc.broadcast_key.is_none() && !node.config.serves_loopback_only() {
             tracing::warn!(
                 host = %node.config.host,
@@ -243,7 +275,10 @@ impl Adapter for ActionCable {
         // its own handle on the broker's history. For a cluster engine that
         // keeps it on its server that is the same history; one kept in
         // process starts empty here, so nothing retained, no positions.
-        let reliable = Arc::new(reliable::Reliable::new(&rpc, &*node.broker));
+        let reliable = Arc::new(ReliableStreams::new(
+            &*node.broker,
+            ext::resume::history_limits(&rpc),
+        ));
         if let Some(channel) = broadcast::ingress_channel(&rpc) {
             if rpc.history_limit > 0 && rpc.history_ttl > 0 {
                 tracing::warn!(

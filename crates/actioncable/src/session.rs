@@ -10,15 +10,20 @@
 //! carries its own subscription's state, a disconnect every subscription's
 //! (identifier → JSON object).
 //!
-//! About 930 lines: the connect path, the commands and their RPC
-//! answers share this one session state; the extended protocol's part
-//! lives in `session/ext.rs` (history, restore) and `session/presence.rs`
-//! (presence, whispers).
+//! Its children extend the one session state: `opening` (the upgrade and
+//! who the client is: a restored session, a token, or the app's
+//! `Connect`), `env` (what every call tells the app), and the extended
+//! protocol's commands: `history` (history answers, restore) and
+//! `membership` (presence, whispers).
 
 mod env;
-mod ext;
-mod presence;
+mod history;
+mod membership;
+mod opening;
 
+pub use opening::upgrade;
+
+use crate::ext::resume::Snapshot;
 use crate::metrics as m;
 use crate::proto::{
     status_of, CommandMessage, CommandResponse, ConnectionRequest, DisconnectRequest, EnvResponse,
@@ -49,437 +54,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Action Cable's ping interval.
 pub const PING_EVERY: Duration = Duration::from_secs(3);
 
-/// Most streams one connection may follow (over all its subscriptions).
-pub const MAX_STREAMS: usize = 1000;
-
-/// Longest stream name, in bytes.
-pub const MAX_STREAM_NAME: usize = 1024;
+pub use crate::config::{MAX_STREAMS, MAX_STREAM_NAME};
 
 use env::SessionEnv;
 pub use env::MAX_STATE_KEYS;
-
-/// What the client's upgrade request tells the app.
-struct Request0 {
-    /// The URL, the client's address and the forwarded headers, as the
-    /// session keeps them for every call.
-    env: SessionEnv,
-    /// A JWT from the `x-<param>` header or the `<param>` query parameter.
-    token: Option<String>,
-    /// Issue 19: the `sid` of a session to restore (`?sid=` or the
-    /// `x-anycable-restore-sid` header, as anycable-go reads them).
-    restore: Option<String>,
-}
-
-/// `/cable`: upgrade, then ask the app who this is.
-pub async fn upgrade(
-    State(node): State<Arc<Node>>,
-    Extension(cable): Extension<Arc<Cable>>,
-    req: Request,
-) -> Response {
-    let peer = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0);
-    if node.is_draining() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
-    }
-    // A page the app does not list never reaches the app's `Connect`
-    // (which would authenticate it by the visitor's cookies): HTTP 403 at
-    // the upgrade, as AnyCable answers.
-    let hub = &cable.hub;
-    if !herald_core::origin::check(
-        req.headers(),
-        &hub.config().origins,
-        &hub.app.id,
-        "actioncable",
-    ) {
-        return (StatusCode::FORBIDDEN, herald_core::origin::REFUSED_MESSAGE).into_response();
-    }
-    let info = request_info(&node, &cable, req.headers(), req.uri(), peer);
-    herald_core::ws::upgrade(req, wire::PROTOCOLS, move |socket, protocol| {
-        let ext = protocol == Some(crate::ext::PROTOCOL);
-        start(node, cable, socket, info, ext)
-    })
-}
-
-/// A connection's life: its opening (who it is: a restored session, a
-/// token or the app's `Connect`), then its session. The opening is boxed:
-/// its state is larger than the session's (the request, the call, the
-/// refusals); boxed, it is freed once the connection is open, and the task
-/// keeps only the session. A client the app must `Connect` first waits
-/// for its place behind `rpc.concurrency` here, before the opening is
-/// built: in a reconnect storm thousands wait, each holding only its
-/// request and this small future, not the opening (1.2 KB) and its call.
-fn start(
-    node: Arc<Node>,
-    cable: Arc<Cable>,
-    socket: Socket,
-    info: Request0,
-    ext: bool,
-) -> impl std::future::Future<Output = ()> + Send {
-    // Both stages boxed and built out here: what the block captures stays
-    // in the task beside the session for the session's whole life.
-    // It yields the opening unawaited on purpose: awaited inside, the
-    // opening's state would be part of this small box.
-    #[allow(clippy::async_yields_async)]
-    let waiting = Box::pin(async move {
-        let slot = match &cable.rpc {
-            Some(rpc) if needs_connect(&cable, &info, ext) => Some(rpc.slot().await),
-            _ => None,
-        };
-        Box::pin(open(node, cable, socket, info, ext, slot))
-    });
-    async move {
-        let opening = waiting.await;
-        // Not `if let`: its scrutinee would stay in the task beside the
-        // session for the session's whole life.
-        let Some(open) = opening.await else { return };
-        open.run().await
-    }
-}
-
-/// Whether the opening will call the app's `Connect`: not for a session
-/// restored or a client identified by its token (either may still fall
-/// back to `Connect`; the opening then waits for its slot itself).
-fn needs_connect(cable: &Cable, info: &Request0, ext: bool) -> bool {
-    let restoring = ext && info.restore.is_some();
-    let token = cable.jwt.is_some() && info.token.is_some();
-    !restoring && !token
-}
-
-/// An opened connection, ready for its session.
-struct Open {
-    socket: Socket,
-    session: CableSession,
-    opened: session::Opened,
-}
-
-impl Open {
-    fn run(self) -> impl std::future::Future<Output = ()> + Send {
-        let session::Opened {
-            conn,
-            settings,
-            shutdown,
-        } = self.opened;
-        session::run(self.socket, conn, self.session, settings, shutdown)
-    }
-}
-
-fn request_info(
-    node: &Node,
-    cable: &Cable,
-    headers: &HeaderMap,
-    uri: &axum::http::Uri,
-    peer: Option<SocketAddr>,
-) -> Request0 {
-    let scheme = if node.config.tls_cert.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    let host = headers
-        .get(axum::http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut forwarded: Vec<(&str, &str)> = Vec::new();
-    for name in &cable.headers {
-        if let Some(v) = headers.get(name.as_str()).and_then(|v| v.to_str().ok()) {
-            if !v.is_empty() && !forwarded.iter().any(|(k, _)| *k == name) {
-                forwarded.push((name, v));
-            }
-        }
-    }
-    let token = cable.jwt.as_ref().and_then(|j| {
-        headers
-            .get(j.header.as_str())
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| {
-                form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
-                    .find(|(k, _)| *k == j.param)
-                    .map(|(_, v)| v.into_owned())
-            })
-            .filter(|t| !t.is_empty())
-    });
-    let restore = headers
-        .get("x-anycable-restore-sid")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| {
-            form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
-                .find(|(k, _)| k == "sid")
-                .map(|(_, v)| v.into_owned())
-        })
-        .filter(|s| !s.is_empty() && s.len() <= 128);
-    Request0 {
-        env: SessionEnv::new(
-            format!("{scheme}://{host}{path}"),
-            &forwarded,
-            peer.map(|p| p.ip()),
-        ),
-        token,
-        restore,
-    }
-}
-
-/// Issue 32: who a restore request's own token says the client is. The
-/// `sid` alone restores, as in AnyCable (no token: `Ok(None)`); a token
-/// signed with the secret, even expired (a restore is what spares the
-/// client a fresh one), must name the session's identity
-/// (`Ok(Some(identifiers))`); a token that does not verify restores
-/// nothing (`Err`): the connection then goes the token's usual way.
-fn restore_claim(cable: &Cable, token: Option<&str>) -> Result<Option<String>, ()> {
-    let (Some(j), Some(token)) = (&cable.jwt, token) else {
-        return Ok(None);
-    };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    match crate::jwt::identify(&j.secret, token, now) {
-        crate::jwt::Identity::Valid(ids) | crate::jwt::Identity::Expired(Some(ids)) => {
-            Ok(Some(ids))
-        }
-        _ => {
-            metrics::count(&m::CABLE_RESTORES_REFUSED);
-            Err(())
-        }
-    }
-}
-
-/// Write `frames` and a close, give the client a moment to read them, and
-/// drop the socket (a connection refused before its session started).
-/// Refuse the connection; nothing is left to run. Boxed: the opening's
-/// future would otherwise be sized for the refusal's state too.
-fn refuse(
-    socket: Socket,
-    frames: Vec<Frame>,
-    code: u16,
-    message: &'static str,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Open>> + Send>> {
-    Box::pin(async move {
-        let mut all = frames;
-        all.push(Frame::close(code, message));
-        session::refuse(socket, &all).await;
-        None
-    })
-}
-
-fn text_frames(transmissions: &[String]) -> Vec<Frame> {
-    transmissions.iter().map(|t| Frame::text(t)).collect()
-}
-
-async fn open(
-    node: Arc<Node>,
-    cable: Arc<Cable>,
-    socket: Socket,
-    info: Request0,
-    ext: bool,
-    slot: Option<Result<crate::rpc::Slot, RpcError>>,
-) -> Option<Open> {
-    let hub = cable.hub.clone();
-    if hub.admit().is_err() {
-        let bye = Frame::text(&wire::disconnect(reason::OVER_CAPACITY, true));
-        return refuse(socket, vec![bye], 1013, "Over capacity").await;
-    }
-    let (id, sid) = node.next_connection();
-    // Issue 19: a resumable session's sid carries a random part, so a
-    // session cannot be restored by guessing its number.
-    let sid = if ext {
-        format!("{sid}.{:032x}", rand::random::<u128>())
-    } else {
-        sid
-    };
-    let mut env = info.env;
-    let mut identifiers = String::new();
-    let mut welcome = Vec::new();
-    let mut authenticated = false;
-    let mut identified = false;
-    // Issue 19: a session restored from the cache skips JWT and Connect.
-    let restored = match info.restore.as_deref() {
-        Some(prev) if ext => match restore_claim(&cable, info.token.as_deref()) {
-            Ok(claim) => cable.reliable.restore(&node, prev, claim.as_deref()).await,
-            Err(()) => None,
-        },
-        _ => None,
-    };
-    if let Some(snap) = &restored {
-        identifiers = snap.identifiers.clone();
-        env.restore(&snap.cstate, &snap.istate);
-        authenticated = snap.authenticated && cable.rpc.is_some();
-        identified = true;
-        metrics::count(&m::CABLE_SESSIONS_RESTORED);
-        let ids: Vec<&str> = snap.subs.iter().map(|(i, _)| i.as_str()).collect();
-        welcome.push(Frame::text(&crate::ext::welcome_restored(&sid, &ids)));
-    } else if let Some(j) = &cable.jwt {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        match info
-            .token
-            .as_deref()
-            .map(|t| crate::jwt::identify(&j.secret, t, now))
-        {
-            Some(crate::jwt::Identity::Valid(ids)) => {
-                identifiers = ids;
-                welcome.push(Frame::text(&wire::welcome(&sid)));
-                // The app hears of the client when it leaves, as AnyCable does.
-                authenticated = cable.rpc.is_some();
-                identified = true;
-            }
-            None if !j.force => {}
-            other => {
-                hub.release();
-                metrics::count(&m::CABLE_UNAUTHORIZED);
-                let why = match other {
-                    Some(crate::jwt::Identity::Expired(_)) => "token_expired",
-                    _ => reason::UNAUTHORIZED,
-                };
-                tracing::debug!(sid, ?other, "JWT refused");
-                let bye = Frame::text(&wire::disconnect(why, false));
-                return refuse(socket, vec![bye], 1000, "Auth Failed").await;
-            }
-        }
-    }
-    if identified {
-        // Identified by its token: no Connect call.
-    } else if let Some(rpc) = &cable.rpc {
-        let req = ConnectionRequest {
-            env: Some(env.for_connect()),
-        };
-        let slot = match slot {
-            Some(slot) => slot,
-            None => Box::pin(rpc.slot()).await,
-        };
-        // Boxed: the call's future lives only while the call does.
-        let answer = match slot {
-            Ok(slot) => Box::pin(rpc.connect_in(slot, &sid, req)).await,
-            Err(e) => Err(e),
-        };
-        match answer {
-            Ok(res) => match status_of(res.status) {
-                Status::Success => {
-                    identifiers = res.identifiers;
-                    if let Some(e) = &res.env {
-                        env.merge_cstate(&e.cstate);
-                    }
-                    welcome = text_frames(&res.transmissions);
-                    authenticated = true;
-                }
-                Status::Failure => {
-                    hub.release();
-                    metrics::count(&m::CABLE_UNAUTHORIZED);
-                    // The app's own words (its `disconnect` message), as
-                    // AnyCable passes them; no Disconnect call follows.
-                    let mut frames = text_frames(&res.transmissions);
-                    if frames.is_empty() {
-                        frames.push(Frame::text(&wire::disconnect(reason::UNAUTHORIZED, false)));
-                    }
-                    return refuse(socket, frames, 1000, "Auth Failed").await;
-                }
-                Status::Error => {
-                    hub.release();
-                    metrics::count(&m::RPC_APP_ERRORS);
-                    metrics::count(&m::CABLE_RPC_FAILURES);
-                    tracing::warn!(sid, error = %res.error_msg.chars().take(200).collect::<String>(), "RPC Connect: the app answered ERROR");
-                    let bye = Frame::text(&wire::disconnect(reason::RPC_ERROR, true));
-                    return refuse(socket, vec![bye], 1011, "Auth Error").await;
-                }
-            },
-            Err(e) => {
-                hub.release();
-                metrics::count(&m::CABLE_RPC_FAILURES);
-                tracing::warn!(sid, error = %e, "RPC Connect failed");
-                let bye = Frame::text(&wire::disconnect(reason::RPC_ERROR, true));
-                return refuse(socket, vec![bye], 1011, "RPC unavailable").await;
-            }
-        }
-    } else {
-        welcome.push(Frame::text(&wire::welcome(&sid)));
-    }
-    let wire: &'static dyn herald_core::publication::Wire =
-        if ext { &crate::ext::EXT_WIRE } else { &WIRE };
-    let session::Opened {
-        conn,
-        settings,
-        shutdown,
-    } = session::open(&node, &hub, id, sid, wire);
-    if ext {
-        let gate = conn.with_gate();
-        gate.allow_burst(cable.reliable.answer_room);
-        if cable.reliable.history.shared() {
-            gate.heal_with(healer(&cable.reliable.history, &conn));
-        }
-    }
-    for f in welcome {
-        conn.send(f);
-    }
-    // One copy of the identifiers, shared by the session and the
-    // remote-command index.
-    let identifiers: Arc<str> = Arc::from(identifiers);
-    let indexed = cable.identities.add(&identifiers, &conn);
-    let mut s = CableSession {
-        cable,
-        conn: conn.clone(),
-        env,
-        identifiers,
-        subs: Box::default(),
-        streams: 0,
-        authenticated,
-        ext,
-        hold: false,
-        rare: None,
-        indexed,
-        broker_away: false,
-    };
-    if let Some(snap) = restored {
-        // Boxed: the restore's state would otherwise size the opening.
-        Box::pin(s.restore(snap)).await;
-    }
-    s.save();
-    Some(Open {
-        socket,
-        session: s,
-        opened: session::Opened {
-            conn,
-            settings,
-            shutdown,
-        },
-    })
-}
-
-/// Fills a gap in a reliable stream's live offsets (publications from
-/// several nodes crossed, or the broker lost one) from the shared history,
-/// off the fan-out worker. See `herald_core::connection::gate::Gate`.
-fn healer(
-    history: &Arc<dyn herald_core::history::History>,
-    conn: &Arc<Connection>,
-) -> herald_core::connection::gate::Healer {
-    let history = history.clone();
-    let conn = Arc::downgrade(conn);
-    Box::new(move |gap| {
-        let history = history.clone();
-        let conn = conn.clone();
-        tokio::spawn(async move {
-            let read = history.after(&gap.channel, &gap.epoch, gap.after).await;
-            let Some(conn) = conn.upgrade() else { return };
-            let Some(gate) = conn.gate() else { return };
-            metrics::count(if read.is_ok() {
-                &m::CABLE_GAPS_FILLED
-            } else {
-                &m::CABLE_GAPS_UNFILLED
-            });
-            let identifier = gap.tag.as_deref().unwrap_or_default();
-            gate.release(
-                &conn,
-                &gap.channel,
-                &gap.tag,
-                read.as_ref().ok(),
-                |e, epoch| crate::ext::entry_frame(identifier, &gap.channel, epoch, e),
-            );
-        });
-    })
-}
 
 /// A confirmed subscription and the streams it follows.
 ///
@@ -513,9 +91,9 @@ fn remove_boxed<T>(list: &mut Box<[T]>, at: usize) -> T {
 /// What few connections use, made on first use: an idle connection would
 /// otherwise carry it (about 100 bytes) in its task for its whole life.
 struct Rare {
-    presence: crate::presence::ConnPresence,
+    presence: crate::ext::presence::ConnPresence,
     /// History requests left (`history_rate` per second).
-    history: crate::presence::Bucket,
+    history: crate::ext::presence::Bucket,
 }
 
 /// Every connection's task holds one for the connection's life, so it is
@@ -541,7 +119,7 @@ struct CableSession {
     streams: u32,
     /// Connected through the app: it hears of the disconnect.
     authenticated: bool,
-    // --- Issue 19 (`actioncable-v1-ext-json`).
+    // --- The extended protocol (`actioncable-v1-ext-json`).
     /// Speaks the extended protocol: positions, history, resumption.
     ext: bool,
     /// Hold live publications of streams added now (a history answer
@@ -727,8 +305,8 @@ impl CableSession {
         let cable = &self.cable;
         self.rare.get_or_insert_with(|| {
             Box::new(Rare {
-                presence: crate::presence::ConnPresence::new(&cable.presence),
-                history: crate::presence::Bucket::full(cable.reliable.history_rate),
+                presence: crate::ext::presence::ConnPresence::new(&cable.presence),
+                history: crate::ext::presence::Bucket::full(cable.history.rate),
             })
         })
     }
@@ -780,6 +358,10 @@ impl CableSession {
                 return Next::Continue;
             }
         }
+        if let Some(stream) = self.cable.signed.check(&identifier) {
+            Box::pin(self.subscribe_verified(identifier, stream, None)).await;
+            return Next::Continue;
+        }
         let Some(rpc) = self.cable.rpc.clone() else {
             // Without an RPC server only `$pubsub` streams exist.
             self.reject(&identifier);
@@ -827,6 +409,19 @@ impl CableSession {
                 .and_then(|k| streams::verify(k, &s)),
             _ => None,
         };
+        self.subscribe_verified(identifier, stream, Some(public))
+            .await;
+    }
+
+    /// A stream subscription the server decided: `stream` verified (or
+    /// `None`: rejected); `pubsub` says whether it is a `$pubsub` one
+    /// (and public), whose state enables presence and whispers.
+    async fn subscribe_verified(
+        &mut self,
+        identifier: String,
+        stream: Option<String>,
+        pubsub: Option<bool>,
+    ) {
         let Some(stream) = stream else {
             return self.reject(&identifier);
         };
@@ -840,7 +435,9 @@ impl CableSession {
                 streams: Box::default(),
             },
         );
-        self.pubsub_state(&identifier, &stream, public);
+        if let Some(public) = pubsub {
+            self.pubsub_state(&identifier, &stream, public);
+        }
         self.add_stream(&identifier, stream).await;
         if self.broker_away {
             // Not confirmed: the session ends, the client reconnects.
@@ -849,13 +446,20 @@ impl CableSession {
         self.send(&wire::confirm(&identifier));
     }
 
+    /// A subscription the server decided without the app (`$pubsub`,
+    /// Turbo Streams, CableReady): its commands never reach the app.
+    fn decided_here(&self, identifier: &str) -> bool {
+        !matches!(streams::request(identifier), StreamRequest::NotPubsub)
+            || self.cable.signed.handles(identifier)
+    }
+
     async fn unsubscribe(&mut self, identifier: &str) -> Next {
         let Some(at) = self.find(identifier) else {
             metrics::count(&metrics::BAD_MESSAGES);
             tracing::debug!(sid = %self.conn.socket_id, "unsubscribe from an unknown identifier");
             return Next::Continue;
         };
-        let pubsub = !matches!(streams::request(identifier), StreamRequest::NotPubsub);
+        let pubsub = self.decided_here(identifier);
         let answer = match (&self.cable.rpc, pubsub) {
             (Some(rpc), false) => {
                 let rpc = rpc.clone();
@@ -893,7 +497,7 @@ impl CableSession {
         let Some(rpc) = self.cable.rpc.clone() else {
             return Next::Continue;
         };
-        if !matches!(streams::request(identifier), StreamRequest::NotPubsub) {
+        if self.decided_here(identifier) {
             return Next::Continue;
         }
         let req = CommandMessage {
@@ -1099,8 +703,8 @@ impl CableSession {
     }
 
     /// What a restore of this session would bring back.
-    fn snapshot(&self, subs: &[Sub]) -> crate::reliable::Snapshot {
-        crate::reliable::Snapshot {
+    fn snapshot(&self, subs: &[Sub]) -> Snapshot {
+        Snapshot {
             identifiers: self.identifiers.to_string(),
             cstate: self.env.cstate(),
             istate: self.env.istate(),
@@ -1119,12 +723,12 @@ impl CableSession {
     /// Where sessions outlive the process (a cluster engine), write the
     /// snapshot now, so a node killed without closing it loses nothing.
     fn save(&self) {
-        let sessions = &self.cable.reliable.sessions;
+        let sessions = &self.cable.resumable.sessions;
         if self.ext && sessions.enabled() && sessions.durable() {
             let mut snap = self.snapshot(&self.subs);
-            // Issue 32: not restorable while this node holds it.
+            // A live session: not restorable while this node holds it.
             snap.live = Some(self.cable.node.id);
-            self.cable.reliable.keep(&self.conn.socket_id, &snap);
+            self.cable.resumable.keep(&self.conn.socket_id, &snap);
         }
     }
 
@@ -1133,10 +737,10 @@ impl CableSession {
     fn cleanup(&mut self) {
         self.linger_presence();
         let subs = std::mem::take(&mut self.subs);
-        // Issue 19: keep what a reconnecting client restores (once).
-        if std::mem::take(&mut self.ext) && self.cable.reliable.sessions.enabled() {
+        // Keep what a reconnecting client restores (once).
+        if std::mem::take(&mut self.ext) && self.cable.resumable.sessions.enabled() {
             let snap = self.snapshot(&subs);
-            self.cable.reliable.keep(&self.conn.socket_id, &snap);
+            self.cable.resumable.keep(&self.conn.socket_id, &snap);
         }
         for sub in &subs {
             for s in &sub.streams {

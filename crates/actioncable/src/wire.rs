@@ -9,12 +9,19 @@ use herald_core::publication::{Event, Publication, Wire};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// The subprotocols Herald accepts, in its order of preference.
-pub const PROTOCOLS: &[&str] = &[
-    "actioncable-v1-json",
-    crate::ext::PROTOCOL,
-    "actioncable-unsupported",
-];
+/// The event name marking a stream publication as a presence event
+/// (`crate::ext::presence`): written as a `presence` frame. No broadcast
+/// sets an event name, so the app cannot forge one.
+pub const PRESENCE_EVENT: &str = "$presence";
+
+/// A `presence` frame for subscription `identifier` carrying `message`.
+pub fn presence_frame(identifier: &str, message: &str) -> String {
+    format!(
+        r#"{{"type":"presence","identifier":{},"message":{}}}"#,
+        json_string(identifier),
+        message
+    )
+}
 
 /// Longest subscription identifier accepted, in bytes.
 pub const MAX_IDENTIFIER: usize = 1024;
@@ -52,14 +59,14 @@ pub enum Command {
         data: String,
     },
     /// `actioncable-v1-ext-json`: missed publications of a subscription's
-    /// streams (the request itself: [`crate::ext::history_request`]).
+    /// streams (the request itself: [`crate::ext::protocol::history_request`]).
     History {
         identifier: String,
     },
     /// `actioncable-v1-ext-json`: the client's answer to a ping.
     Pong,
     /// `actioncable-v1-ext-json` presence: join the subscription's presence
-    /// stream (the member itself: [`crate::presence::member`]), leave it,
+    /// stream (the member itself: [`crate::ext::presence::member`]), leave it,
     /// or ask who is there.
     Join {
         identifier: String,
@@ -190,8 +197,8 @@ impl Wire for CableWire {
     }
 
     fn publication(&self, p: &Publication, tag: &str) -> Frame {
-        if !p.event.is_empty() && p.event == crate::presence::EVENT {
-            return Frame::text(&crate::presence::frame(tag, p.data.get()));
+        if !p.event.is_empty() && p.event == PRESENCE_EVENT {
+            return Frame::text(&presence_frame(tag, p.data.get()));
         }
         let id = json_string(tag);
         let data = p.data.get();

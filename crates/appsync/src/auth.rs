@@ -9,10 +9,10 @@
 //!   (GraphQL `start`) in each subscribe and publish message;
 //! - as the `x-api-key` HTTP header on publishes.
 //!
-//! Herald checks `x-api-key` only: `host` names whatever host the client
-//! used and is not checked (a self-hosted server has many names); IAM,
-//! Cognito, OIDC and Lambda authorization are not supported. Keys are
-//! compared in constant time and never logged.
+//! Here: `x-api-key` (`host` names whatever host the client used and is
+//! not checked: a self-hosted server has many names). Cognito, OIDC,
+//! Lambda and IAM are `crate::auth_modes`'. Keys are compared in constant
+//! time and never logged.
 
 use crate::config::{AppKeys, NamespaceConfig};
 use base64::Engine;
@@ -56,11 +56,20 @@ pub fn upgrade_key(
     subprotocols: &[String],
     query: Option<&str>,
 ) -> Result<Option<String>, &'static str> {
+    Ok(upgrade_headers(subprotocols, query)?.and_then(|h| api_key_of(&h)))
+}
+
+/// The object of headers a WebSocket upgrade carries (every mode's
+/// credentials travel in it), `None` when there is none.
+pub fn upgrade_headers(
+    subprotocols: &[String],
+    query: Option<&str>,
+) -> Result<Option<Map<String, Value>>, &'static str> {
     for p in subprotocols {
         if let Some(enc) = p.strip_prefix("header-") {
             let headers = decode_header(enc)
                 .ok_or("the header- subprotocol is not base64url of a JSON object")?;
-            return Ok(api_key_of(&headers));
+            return Ok(Some(headers));
         }
     }
     let param = query.and_then(|q| {
@@ -73,7 +82,7 @@ pub fn upgrade_key(
         let decoded = percent_decode(raw);
         let headers = decode_header(&decoded)
             .ok_or("the header query parameter is not base64 of a JSON object")?;
-        return Ok(api_key_of(&headers));
+        return Ok(Some(headers));
     }
     Ok(None)
 }
@@ -235,6 +244,7 @@ mod tests {
             name: "chat".into(),
             publish_keys: Some(vec!["k2".into()]),
             subscribe_keys: None,
+            ..Default::default()
         }];
         assert!(check_namespace(&app, "chat", Action::Subscribe, "k1").is_ok());
         assert!(check_namespace(&app, "chat", Action::Publish, "k1").is_err());

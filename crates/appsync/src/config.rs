@@ -11,8 +11,18 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::auth_modes::{AppAuth, Mode, ProviderConfig};
+
 /// The keys of an app this adapter owns.
-pub const APP_KEYS: &[&str] = &["api_keys", "namespaces"];
+pub const APP_KEYS: &[&str] = &[
+    "api_keys",
+    "namespaces",
+    "auth_providers",
+    "connection_auth_modes",
+    "default_publish_auth_modes",
+    "default_subscribe_auth_modes",
+    "hosts",
+];
 
 /// An app's AppSync keys.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -26,6 +36,16 @@ pub struct AppSettings {
     /// who may publish and subscribe in each. Empty: every namespace is
     /// open to the app's API keys.
     pub namespaces: Vec<NamespaceConfig>,
+    /// Authorization modes besides API keys (`crate::auth_modes`).
+    pub auth_providers: Vec<ProviderConfig>,
+    /// Modes allowed to connect (unset: every mode the app has).
+    pub connection_auth_modes: Option<Vec<Mode>>,
+    /// Modes allowed to publish where a namespace does not say (unset: all).
+    pub default_publish_auth_modes: Option<Vec<Mode>>,
+    /// Modes allowed to subscribe where a namespace does not say (unset: all).
+    pub default_subscribe_auth_modes: Option<Vec<Mode>>,
+    /// Host names that select this app for requests without an API key.
+    pub hosts: Vec<String>,
 }
 
 /// One channel namespace of an app.
@@ -38,6 +58,10 @@ pub struct NamespaceConfig {
     pub publish_keys: Option<Vec<String>>,
     /// Keys allowed to subscribe here; `None`: the app's API keys.
     pub subscribe_keys: Option<Vec<String>>,
+    /// Modes allowed to publish here (`None`: the app's default).
+    pub publish_auth_modes: Option<Vec<Mode>>,
+    /// Modes allowed to subscribe here (`None`: the app's default).
+    pub subscribe_auth_modes: Option<Vec<Mode>>,
 }
 
 /// Whether `name` is a valid namespace (or channel path segment) name.
@@ -52,6 +76,8 @@ pub struct AppKeys {
     /// app's own key when it has none.
     pub api_keys: Vec<String>,
     pub namespaces: Vec<NamespaceConfig>,
+    /// Modes besides API keys, when the app has `auth_providers`.
+    pub auth: Arc<AppAuth>,
 }
 
 impl AppKeys {
@@ -61,9 +87,21 @@ impl AppKeys {
         } else {
             settings.api_keys.clone()
         };
+        let auth = AppAuth::new(
+            &app.id,
+            &settings.auth_providers,
+            [
+                &settings.connection_auth_modes,
+                &settings.default_publish_auth_modes,
+                &settings.default_subscribe_auth_modes,
+            ],
+            &settings.hosts,
+            !api_keys.is_empty(),
+        );
         AppKeys {
             api_keys,
             namespaces: settings.namespaces.clone(),
+            auth: Arc::new(auth),
         }
     }
 
@@ -107,24 +145,31 @@ impl Keys {
 
 /// Parse and check every app's keys, in the order of `config.apps`.
 pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
+    // Every error at once (see herald_core's ConfigError::all).
+    let mut errors = Vec::new();
     let mut out = Vec::with_capacity(config.apps.len());
     for i in 0..config.apps.len() {
-        let app: AppSettings = app_keys(config, i, APP_KEYS)?;
+        let app: AppSettings = match app_keys(config, i, APP_KEYS) {
+            Ok(app) => app,
+            Err(e) => {
+                errors.push(e);
+                AppSettings::default()
+            }
+        };
         let k = |field: &str| format!("apps[{i}].{field}");
         for (j, key) in app.api_keys.iter().enumerate() {
-            check_api_key(&k(&format!("api_keys[{j}]")), key)?;
+            errors.extend(check_api_key(&k(&format!("api_keys[{j}]")), key).err());
         }
         let mut names = std::collections::HashSet::new();
         for (j, ns) in app.namespaces.iter().enumerate() {
             let field = |f: &str| k(&format!("namespaces[{j}].{f}"));
             if !is_namespace_name(&ns.name) {
-                return Err(invalid(
+                errors.push(invalid(
                     field("name"),
                     "must be 1-50 characters of A-Z, a-z, 0-9 and '-'",
                 ));
-            }
-            if !names.insert(&ns.name) {
-                return Err(invalid(
+            } else if !names.insert(&ns.name) {
+                errors.push(invalid(
                     field("name"),
                     format!("duplicates namespace {:?}", ns.name),
                 ));
@@ -134,14 +179,49 @@ pub fn load(config: &Config) -> Result<Vec<AppSettings>, ConfigError> {
                 ("subscribe_keys", &ns.subscribe_keys),
             ] {
                 for (n, key) in keys.iter().flatten().enumerate() {
-                    check_api_key(&field(&format!("{f}[{n}]")), key)?;
+                    errors.extend(check_api_key(&field(&format!("{f}[{n}]")), key).err());
                 }
             }
         }
+        let at = format!("apps[{i}]");
+        let has_keys = !app.api_keys.is_empty() || config.apps[i].is_development();
+        let checked = crate::auth_modes::check(
+            &at,
+            &app.auth_providers,
+            [
+                ("connection_auth_modes", &app.connection_auth_modes),
+                (
+                    "default_publish_auth_modes",
+                    &app.default_publish_auth_modes,
+                ),
+                (
+                    "default_subscribe_auth_modes",
+                    &app.default_subscribe_auth_modes,
+                ),
+            ],
+            &app.namespaces,
+            &app.hosts,
+            has_keys,
+        );
+        errors.extend(checked.err());
         out.push(app);
     }
-    one_app_per_key(config, &out)?;
-    Ok(out)
+    errors.extend(one_app_per_key(config, &out).err());
+    // A host picks one app for requests without an API key.
+    let mut hosts: HashMap<String, usize> = HashMap::new();
+    for (i, app) in out.iter().enumerate() {
+        for (j, h) in app.hosts.iter().enumerate() {
+            if let Some(other) = hosts.insert(h.to_ascii_lowercase(), i) {
+                if other != i {
+                    errors.push(invalid(
+                        format!("apps[{i}].hosts[{j}]"),
+                        format!("{h:?} is also apps[{other}]'s: a host picks one app"),
+                    ));
+                }
+            }
+        }
+    }
+    ConfigError::all(errors).map(|()| out)
 }
 
 /// Every key an app names (its API keys in force, its namespaces' key
@@ -238,6 +318,74 @@ mod tests {
             .zip(&apps)
             .map(|(a, s)| AppKeys::new(a, s))
             .collect())
+    }
+
+    #[test]
+    fn auth_modes_are_parsed_and_checked() {
+        let app = "[[apps]]\nid='a'\nkey='k'\nsecret='s'\napi_keys=['da2-x']\n";
+        let iam = "[[apps.auth_providers]]\ntype='AWS_IAM'\n\
+                   access_keys=[{access_key_id='AK', secret_access_key='SK'}]\n";
+        let k = keys(&format!(
+            "{app}default_publish_auth_modes=['AWS_IAM']\nhosts=['rt.example.com']\n{iam}\
+             [[apps.auth_providers]]\ntype='OPENID_CONNECT'\nissuer='https://i.example'\n"
+        ))
+        .unwrap();
+        assert!(k[0].auth.configured);
+        assert_eq!(k[0].auth.hosts, ["rt.example.com"]);
+        // No providers: API keys alone, as before.
+        assert!(!keys(app).unwrap()[0].auth.configured);
+        for (extra, field) in [
+            // A mode the app does not have.
+            (
+                "connection_auth_modes=['AWS_LAMBDA']\n",
+                "apps[0].connection_auth_modes",
+            ),
+            (
+                "default_subscribe_auth_modes=[]\n",
+                "apps[0].default_subscribe_auth_modes",
+            ),
+            ("hosts=['a b']\n", "apps[0].hosts[0]"),
+        ] {
+            let err = keys(&format!("{app}{extra}{iam}")).unwrap_err().to_string();
+            assert!(err.contains(field), "{extra}: {err}");
+        }
+        for (provider, field) in [
+            (
+                "type='AWS_LAMBDA'\nauthorizer_url='ftp://x'",
+                "authorizer_url",
+            ),
+            (
+                "type='AWS_LAMBDA'\nauthorizer_url='http://x'\nidentity_validation_expression='('",
+                "identity_validation_expression",
+            ),
+            (
+                "type='OPENID_CONNECT'\nissuer='https://i'\njwks_file='/no/such/file'",
+                "jwks_file",
+            ),
+            (
+                "type='AMAZON_COGNITO_USER_POOLS'\nuser_pool_id='nopool'",
+                "user_pool_id",
+            ),
+            ("type='AWS_IAM'\naccess_keys=[]", "access_keys"),
+            (
+                "type='OPENID_CONNECT'\nissuer='https://i'\nclient='x'",
+                "client",
+            ),
+            ("type='NOPE'", "auth_providers"),
+        ] {
+            let err = keys(&format!("{app}[[apps.auth_providers]]\n{provider}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field), "{provider}: {err}");
+        }
+        // A host names one app.
+        let two = format!(
+            "{app}hosts=['h']\n{iam}[[apps]]\nid='b'\nkey='k2'\nsecret='s'\napi_keys=['da2-y']\nhosts=['H']\n"
+        );
+        assert!(keys(&two)
+            .unwrap_err()
+            .to_string()
+            .contains("apps[1].hosts[0]"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! Also the publishing both the socket and `POST /event` share.
 
 use crate::auth::{self, Action};
+use crate::auth_modes::{self, Op};
 use crate::channel::{self, ChannelPath};
 use crate::config::AppKeys;
 use crate::session::{check_id, parse_message, uuid, Base};
@@ -77,10 +78,12 @@ impl EventsSession {
             Ok(c) => c,
             Err(e) => return self.subscribe_error(Some(&id), "BadRequestException", &e.0),
         };
-        let own = own_key(m.authorization.as_ref());
-        let key = self.base.key_for(&own).to_owned();
-        if let Err(d) =
-            auth::check_namespace(&self.base.keys, ch.namespace(), Action::Subscribe, &key)
+        let body = auth_modes::signed_message_body(m.channel.as_ref(), None);
+        let own = m.authorization.as_ref();
+        if let Err(d) = self
+            .base
+            .authorize(own, Op::Subscribe, ch.namespace(), path, "/event", &body)
+            .await
         {
             return self.subscribe_error(Some(&id), d.error_type, &d.message);
         }
@@ -109,9 +112,13 @@ impl EventsSession {
             Ok(id) => id.to_owned(),
             Err(e) => return self.error("publish_error", None, "BadRequestException", e),
         };
-        let own = own_key(m.authorization.as_ref());
-        let key = self.base.key_for(&own).to_owned();
-        let request = match check_publish(&self.base.keys, m.channel.as_ref(), m.events, &key) {
+        let body = auth_modes::signed_message_body(m.channel.as_ref(), m.events.as_ref());
+        let by = PublishAuth::Session {
+            base: &self.base,
+            own: m.authorization.as_ref(),
+            body: &body,
+        };
+        let request = match check_publish(&self.base.keys, m.channel.as_ref(), m.events, by).await {
             Ok(r) => r,
             Err((error_type, message)) => {
                 return self.error("publish_error", Some(&id), error_type, &message)
@@ -222,22 +229,48 @@ pub struct PublishRequest {
     pub events: Vec<Box<RawValue>>,
 }
 
+/// Who a publish is authorized as.
+pub enum PublishAuth<'a> {
+    /// A WebSocket message: its own `authorization`, else the
+    /// connection's; `body` is what a SigV4 signature of it covers.
+    Session {
+        base: &'a crate::session::Base,
+        own: Option<&'a Value>,
+        body: &'a str,
+    },
+    /// An HTTP publish: its API key, and the whole request.
+    Http {
+        key: &'a str,
+        cred: &'a auth_modes::Credential<'a>,
+    },
+}
+
 /// Request-wide checks of a publish (socket or HTTP): a concrete channel
 /// path, the namespace and key, 1 to [`MAX_EVENTS`] events in an array.
 /// `Err` is (errorType, message).
-pub fn check_publish(
+pub async fn check_publish(
     keys: &AppKeys,
     channel: Option<&Value>,
     events: Option<Value>,
-    key: &str,
+    by: PublishAuth<'_>,
 ) -> Result<PublishRequest, (&'static str, String)> {
     let bad = |m: &str| ("BadRequestException", m.to_owned());
     let Some(Value::String(path)) = channel else {
         return Err(bad("Missing `channel`"));
     };
     let channel = channel::parse_publish(path).map_err(|e| ("BadRequestException", e.0))?;
-    auth::check_namespace(keys, channel.namespace(), Action::Publish, key)
-        .map_err(|d| (d.error_type, d.message))?;
+    let ns = channel.namespace();
+    match by {
+        PublishAuth::Session { base, own, body } => {
+            base.authorize(own, Op::Publish, ns, path, "/event", body)
+                .await
+        }
+        PublishAuth::Http { cred, .. } if keys.auth.configured => {
+            auth_modes::authorize(keys, cred, Op::Publish, Some(ns), Some(path)).await
+        }
+        PublishAuth::Http { key, .. } => auth::check_namespace(keys, ns, Action::Publish, key),
+    }
+    .map_err(|d| (d.error_type, d.message))?;
     let Some(Value::Array(items)) = events else {
         return Err(bad("`events` must be an array of JSON strings"));
     };

@@ -67,7 +67,31 @@ impl GraphqlSession {
             .and_then(|e| e.get("authorization"))
             .and_then(Value::as_object)
             .and_then(auth::api_key_of);
-        if let Some(k) = &own {
+        if self.base.keys.auth.configured {
+            // Other modes: the start's own authorization, else the
+            // connection's; a SigV4 signature covers the request string.
+            let own_headers = payload
+                .get("extensions")
+                .and_then(|e| e.get("authorization"))
+                .and_then(Value::as_object);
+            let body = payload.get("data").and_then(Value::as_str).unwrap_or("");
+            let none = serde_json::Map::new();
+            let cred = crate::auth_modes::Credential {
+                headers: own_headers
+                    .or(self.base.auth_headers.as_deref())
+                    .unwrap_or(&none),
+                method: "POST",
+                path: "/graphql",
+                query: "",
+                body: body.as_bytes(),
+            };
+            let op = crate::auth_modes::Op::Subscribe;
+            if let Err(d) =
+                crate::auth_modes::authorize(&self.base.keys, &cred, op, None, None).await
+            {
+                return fail(self, d.error_type, &d.message);
+            }
+        } else if let Some(k) = &own {
             if !auth::key_in(self.base.keys.effective_api_keys(), k) {
                 return fail(self, auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE);
             }

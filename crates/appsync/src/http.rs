@@ -89,7 +89,8 @@ fn unauthorized() -> Response {
     )
 }
 
-/// The app of the request's `x-api-key`, and the key.
+/// The app of the request's `x-api-key` (or, for an app with other
+/// modes, its host or credential), and the key (empty without one).
 // The error is the HTTP answer itself, as for the core's handshake.
 #[allow(clippy::result_large_err)]
 fn authorize(
@@ -97,11 +98,17 @@ fn authorize(
     keys: &Keys,
     headers: &HeaderMap,
 ) -> Result<(Arc<Hub>, Arc<AppKeys>, String), Response> {
-    let key = headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(unauthorized)?;
-    let (hub, app_keys) = keys.app_for_key(node, key).ok_or_else(unauthorized)?;
+    let key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    let (hub, app_keys) = match key {
+        Some(key) => keys.app_for_key(node, key),
+        None => {
+            let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+            let object = crate::auth_modes::headers_object(headers);
+            crate::auth_modes::app_for(node, keys, &object, host)
+        }
+    }
+    .ok_or_else(unauthorized)?;
+    let key = key.unwrap_or_default();
     if !hub.config().enabled {
         return Err(error(
             StatusCode::FORBIDDEN,
@@ -183,7 +190,19 @@ async fn event_request(
         }
     };
     let events = body.remove("events");
-    let request = match events::check_publish(&app_keys, body.get("channel"), events, &key) {
+    let object = crate::auth_modes::headers_object(headers);
+    let cred = crate::auth_modes::Credential {
+        headers: &object,
+        method: "POST",
+        path: "/event",
+        query: "",
+        body: &bytes,
+    };
+    let by = events::PublishAuth::Http {
+        key: &key,
+        cred: &cred,
+    };
+    let request = match events::check_publish(&app_keys, body.get("channel"), events, by).await {
         Ok(r) => r,
         Err((t, m)) => {
             let status = if t == auth::UNAUTHORIZED {
@@ -250,7 +269,7 @@ async fn graphql_request(
     body: Body,
     app: &mut String,
 ) -> Response {
-    let (hub, _, _) = match authorize(node, keys, headers) {
+    let (hub, app_keys, _) = match authorize(node, keys, headers) {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -259,6 +278,20 @@ async fn graphql_request(
         Ok(b) => b,
         Err(r) => return r,
     };
+    if app_keys.auth.configured {
+        let object = crate::auth_modes::headers_object(headers);
+        let cred = crate::auth_modes::Credential {
+            headers: &object,
+            method: "POST",
+            path: "/graphql",
+            query: "",
+            body: &bytes,
+        };
+        let op = crate::auth_modes::Op::Publish;
+        if let Err(d) = crate::auth_modes::authorize(&app_keys, &cred, op, None, None).await {
+            return error(StatusCode::UNAUTHORIZED, d.error_type, &d.message);
+        }
+    }
     let request: Request = match serde_json::from_slice(&bytes) {
         Ok(r) => r,
         Err(e) => {

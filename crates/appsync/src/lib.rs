@@ -15,6 +15,9 @@
 //! channel     Events channel paths (/ns/a/b, /ns/a/*)
 //! auth        API keys from headers, the header query parameter and the
 //!             header- subprotocol; namespaces
+//!   └ auth_modes   Cognito, OIDC, Lambda and IAM per app, namespace and
+//!                  operation: auth_jwt (JWKS, RS256/ES256), auth_lambda
+//!                  (an HTTP authorizer), auth_iam (SigV4)
 //! wire        both wire formats (the core's `Wire`s) and control messages
 //! config      each app's `api_keys` and `namespaces`, parsed and checked
 //! ```
@@ -23,6 +26,10 @@
 //! `herald_core::adapter::Adapter`).
 
 pub mod auth;
+pub mod auth_iam;
+pub mod auth_jwt;
+pub mod auth_lambda;
+pub mod auth_modes;
 pub mod channel;
 pub mod config;
 pub mod events;
@@ -77,6 +84,7 @@ impl Adapter for AppSync {
 /// The AppSync routes: both WebSocket APIs and both publish endpoints,
 /// with every app's API keys.
 pub fn router(keys: Arc<config::Keys>) -> Router<Arc<Node>> {
+    herald_core::metrics::register(&auth_modes::AUTH_FAILURES);
     Router::new()
         .route(
             "/graphql",

@@ -60,6 +60,17 @@ impl Api {
         }
     }
 
+    /// The HTTP path a SigV4 signature of this API's WebSocket covers
+    /// (Amplify signs its connection as a POST to `/event` or
+    /// `/graphql/connect`, its messages to `/event` or `/graphql`).
+    pub fn signed_path(self, connect: bool) -> &'static str {
+        match (self, connect) {
+            (Api::Events, _) => "/event",
+            (Api::Graphql, true) => "/graphql/connect",
+            (Api::Graphql, false) => "/graphql",
+        }
+    }
+
     fn connection_error(self, error_type: &str, message: &str, code: u16) -> String {
         match self {
             Api::Graphql => wire::graphql_connection_error(error_type, message, code),
@@ -94,12 +105,19 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
     }
     let offered = auth::subprotocols(req.headers());
     let speaks = offered.iter().any(|p| p == api.subprotocol());
-    let key = auth::upgrade_key(&offered, req.uri().query());
-    // A page the key's app does not list (checked here, where the
-    // request's headers are; refused below, as a bad key is).
-    let foreign = matches!(&key, Ok(Some(k)) if keys.app_for_key(&node, k).is_some_and(|(hub, _)| {
-        !herald_core::origin::check(req.headers(), &hub.config().origins, &hub.app.id, api.wire().name())
-    }));
+    let headers = auth::upgrade_headers(&offered, req.uri().query());
+    let http_host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // The page's origin, checked once the app is known (below).
+    let origin: axum::http::HeaderMap = req
+        .headers()
+        .get_all(axum::http::header::ORIGIN)
+        .iter()
+        .map(|v| (axum::http::header::ORIGIN, v.clone()))
+        .collect();
     herald_core::ws::upgrade(req, &[api.subprotocol()], move |socket, _| async move {
         if !speaks {
             let msg = format!(
@@ -112,16 +130,8 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
             )
             .await;
         }
-        let key = match key {
-            Ok(Some(k)) => k,
-            Ok(None) => {
-                let error = api.connection_error(
-                    auth::UNAUTHORIZED,
-                    "Missing API key: send x-api-key in the header query parameter or a header- subprotocol",
-                    401,
-                );
-                return refuse(socket, error).await;
-            }
+        let headers = match headers {
+            Ok(h) => h.unwrap_or_default(),
             Err(why) => {
                 return refuse(
                     socket,
@@ -130,7 +140,31 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
                 .await
             }
         };
-        if foreign {
+        let key = auth::api_key_of(&headers);
+        let found = match &key {
+            Some(k) => keys.app_for_key(&node, k),
+            None => crate::auth_modes::app_for(&node, &keys, &headers, http_host.as_deref()),
+        };
+        let Some((hub, app_keys)) = found else {
+            let message = if key.is_none()
+                && !headers
+                    .keys()
+                    .any(|k| k.eq_ignore_ascii_case("authorization"))
+            {
+                "Missing API key: send x-api-key in the header query parameter or a header- subprotocol"
+            } else {
+                auth::UNAUTHORIZED_MESSAGE
+            };
+            let error = api.connection_error(auth::UNAUTHORIZED, message, 401);
+            return refuse(socket, error).await;
+        };
+        // A page the app does not list, refused as a bad key is.
+        if !herald_core::origin::check(
+            &origin,
+            &hub.config().origins,
+            &hub.app.id,
+            api.wire().name(),
+        ) {
             let error = api.connection_error(
                 auth::UNAUTHORIZED,
                 herald_core::origin::REFUSED_MESSAGE,
@@ -138,10 +172,21 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
             );
             return refuse(socket, error).await;
         }
-        let Some((hub, app_keys)) = keys.app_for_key(&node, &key) else {
-            let error = api.connection_error(auth::UNAUTHORIZED, auth::UNAUTHORIZED_MESSAGE, 401);
-            return refuse(socket, error).await;
-        };
+        if app_keys.auth.configured {
+            let cred = crate::auth_modes::Credential {
+                headers: &headers,
+                method: "POST",
+                path: api.signed_path(true),
+                query: "",
+                body: b"{}",
+            };
+            let op = crate::auth_modes::Op::Connect;
+            if let Err(d) = crate::auth_modes::authorize(&app_keys, &cred, op, None, None).await {
+                let error = api.connection_error(d.error_type, &d.message, 401);
+                return refuse(socket, error).await;
+            }
+        }
+        let key = key.unwrap_or_default();
         if let Err(e) = hub.admit() {
             let error = match e {
                 Refused::OverLimit(m) => api.connection_error("LimitExceededException", &m, 429),
@@ -149,7 +194,10 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
             };
             return refuse(socket, error).await;
         }
-        run(node, hub, app_keys, socket, key, api).await
+        // Kept only where other modes may need them (an API key alone
+        // needs nothing more than the key: connections stay small).
+        let auth_headers = app_keys.auth.configured.then(|| Arc::new(headers));
+        run(node, hub, app_keys, socket, key, auth_headers, api).await
     })
 }
 
@@ -185,6 +233,7 @@ async fn run(
     keys: Arc<AppKeys>,
     socket: Socket,
     key: String,
+    auth_headers: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     api: Api,
 ) {
     let (id, socket_id) = node.next_connection();
@@ -199,6 +248,7 @@ async fn run(
         keys,
         conn: conn.clone(),
         key,
+        auth_headers,
         subs: HashMap::new(),
     };
     match api {
@@ -239,6 +289,10 @@ pub struct Base {
     /// The API key the connection was opened with (used when a message
     /// carries no `authorization` of its own).
     pub key: String,
+    /// The headers the connection was opened with, for an app with other
+    /// modes (what a message without its own `authorization` authorizes
+    /// with).
+    pub auth_headers: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     subs: HashMap<String, Sub>,
 }
 

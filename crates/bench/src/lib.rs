@@ -1,5 +1,6 @@
-//! `herald bench`: a load generator for any server speaking the Pusher
-//! Channels protocol v7 and the Pusher HTTP API. Its own crate
+//! `herald bench`: a load generator for any server speaking Herald's
+//! protocols (Pusher Channels v7 with its HTTP API, Action Cable with
+//! AnyCable's extended protocol, AppSync's GraphQL and Events APIs). Its own crate
 //! (`herald-bench`): it shares only `herald-signing` with the server, and
 //! the `herald` binary's `bench` subcommand calls [`cli::run`].
 //!
@@ -41,6 +42,13 @@
 //!             BenchmarkChannel over /cable)
 //! appsync     AppSync clients and publishers (`--protocol appsync-graphql`
 //!             and `appsync-events`)
+//! actioncable_ext  `actioncable-v1-ext-json` clients (`--protocol
+//!             actioncable-ext`): positions, history, session restore
+//! fault       a fault in the middle of a `fanout` run (`--fault-cmd`) and
+//!             what it cost
+//! gap         `storm --rate`: what each client got across its gap
+//! rolling     `storm` over several nodes and their rolling restart
+//! compare     `herald bench compare`: runs of one scenario side by side
 //! ```
 //!
 //! Every scenario is a library function taking a params struct and returning
@@ -90,7 +98,7 @@ pub use report::Report;
 // server's development app (`DEV_APP_ID`, `DEV_APP_KEY`, `DEV_APP_SECRET`
 // in the server's `config`), so `herald serve` and `herald bench` work
 // together without flags. The bench keeps its own copy rather than depend
-// on the server crate; a test in tests/bench_scenarios.rs checks they agree.
+// on the server crate; a test in tests/it/bench_scenarios.rs checks they agree.
 
 /// Default `--app-id`: the Herald development app's id.
 pub const DEV_APP_ID: &str = "app-id";

@@ -23,10 +23,10 @@
 //! redis_cluster  the Redis Cluster transport (sharded pub/sub)
 //!   ├ redis_shards  the canary through every master
 //!   └ redis_conn  one command connection type for a server or a cluster
-//! jetstream   history and sessions on NATS JetStream (issue 19)
+//! jetstream   history and sessions on NATS JetStream
 //! ingress     AnyCable-style broadcasts from the app (Redis/NATS)
 //! redis_master   where the Redis master is (one server, or asked of Sentinels)
-//! redis_streams  history and sessions on the Redis server (issue 19)
+//! redis_streams  history and sessions on the Redis server
 //!   └ redis_sessions  resumable session snapshots (compare-and-set writes)
 //! urls        `broker.url` checked at start; NATS server lists
 //! tls         `broker.tls_ca` / `tls_cert` / `tls_key`, checked at start

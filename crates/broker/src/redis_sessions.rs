@@ -1,4 +1,4 @@
-//! Resumable Action Cable sessions on the Redis server (issue 19): a
+//! Resumable Action Cable sessions on the Redis server: a
 //! session's snapshot at `<prefix>:sess:<h>` (`<h>` the hashed `sid`),
 //! written whenever it changes and at the close, expiring `sessions_ttl`
 //! after the last write (`PX`). A restore reads it (`GET`) and, once its

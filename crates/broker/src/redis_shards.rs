@@ -2,7 +2,7 @@
 //! stop hearing one shard (its master frozen or wedged, its socket open)
 //! while the others, the shard of the cluster-wide subjects among them,
 //! are fine, and its subscribers to that shard's channels then get nothing
-//! (issue 20). So the Redis Cluster transport sends each canary the engine
+//! unnoticed. So the Redis Cluster transport sends each canary the engine
 //! publishes (`{prefix}.canary.{id}`, see [`crate::engine`]'s `canary`) to
 //! every master of the slot map it subscribed by, each copy on a shard
 //! channel whose hash tag lands in that master's slots, and hands the

@@ -1,4 +1,4 @@
-//! History and resumable sessions on the Redis server (issue 19), so that
+//! History and resumable sessions on the Redis server (reliable streams), so that
 //! every node answers a history request from the same log and restores a
 //! session another node kept (even one SIGKILLed).
 //!

@@ -724,7 +724,16 @@ impl RedisCluster {
                     self.cli(n.port, &["info", "replication"])
                         .contains("master_link_status:up")
                 });
-            if states_ok && owned == 16384 && replicas_up {
+            // Every running server known to the view, and no master
+            // without slots: on a busy machine a fresh node can be listed
+            // late, or as a master before it becomes a replica, and
+            // "every replica is up" would then hold of none.
+            let all_known = running.iter().all(|p| nodes.iter().any(|n| n.port == *p));
+            let masters_serve = nodes
+                .iter()
+                .filter(|n| n.master && !n.failed && running.contains(&n.port))
+                .all(|n| !n.slots.is_empty());
+            if states_ok && owned == 16384 && replicas_up && all_known && masters_serve {
                 return;
             }
             assert!(

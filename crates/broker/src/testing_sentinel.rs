@@ -334,7 +334,7 @@ impl Drop for RedisSentinel {
 
 // The Sentinel tests of the crate's own pieces (the locator, the ingress)
 // live here, beside the helper they need; the nodes' tests are in
-// tests/redis_sentinel.rs.
+// tests/it/redis_sentinel.rs.
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -190,7 +190,8 @@ fn subset(table: &toml::Table, keys: &[&str]) -> toml::Value {
 }
 
 /// Check every key of `config` is the core's or an adapter's, then each
-/// adapter's keys (the whole load's last step, after [`Config::validate`]).
+/// adapter's keys (the whole load's last step, after [`Config::validate`]);
+/// every error at once.
 pub fn check_config(config: &Config, adapters: &[Arc<dyn Adapter>]) -> Result<(), ConfigError> {
     let claimed = |key: &str, app: bool| {
         adapters.iter().any(|a| {
@@ -198,22 +199,23 @@ pub fn check_config(config: &Config, adapters: &[Arc<dyn Adapter>]) -> Result<()
             (if app { k.app } else { k.top }).contains(&key)
         })
     };
+    let mut errors = Vec::new();
     for key in config.sections.keys() {
         if !claimed(key, false) {
-            return Err(crate::config::unknown(key));
+            errors.push(crate::config::unknown(key));
         }
     }
     for (i, app) in config.apps.iter().enumerate() {
         for key in app.extra.keys() {
             if !claimed(key, true) {
-                return Err(crate::config::unknown(&format!("apps[{i}].{key}")));
+                errors.push(crate::config::unknown(&format!("apps[{i}].{key}")));
             }
         }
     }
     for a in adapters {
-        a.config(config)?;
+        errors.extend(a.config(config).err());
     }
-    Ok(())
+    ConfigError::all(errors)
 }
 
 #[cfg(test)]

@@ -461,6 +461,47 @@ pub enum ConfigError {
     Parse { path: String, message: String },
     #[error("invalid config: `{key}` {message}")]
     Invalid { key: String, message: String },
+    /// Every error found, in the order of the checks (never fewer than two:
+    /// [`ConfigError::all`] gives a lone error as itself).
+    #[error("{} configuration errors:\n{}", .0.len(), list(.0))]
+    Several(Vec<ConfigError>),
+}
+
+/// Errors one after another, each as `- ERROR` with its own further lines
+/// (TOML's snippet) indented under it.
+fn list(errors: &[ConfigError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("- {}", e.to_string().replace('\n', "\n  ")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl ConfigError {
+    /// `errors` as one result: none is Ok, one is itself, more are
+    /// [`ConfigError::Several`] (nested lists flattened).
+    pub fn all(errors: Vec<ConfigError>) -> Result<(), ConfigError> {
+        let mut flat = Vec::new();
+        for e in errors {
+            match e {
+                ConfigError::Several(inner) => flat.extend(inner),
+                e => flat.push(e),
+            }
+        }
+        match flat.len() {
+            0 => Ok(()),
+            1 => Err(flat.remove(0)),
+            _ => Err(ConfigError::Several(flat)),
+        }
+    }
+
+    /// The errors this one holds: itself, or each of [`ConfigError::Several`].
+    pub fn into_list(self) -> Vec<ConfigError> {
+        match self {
+            ConfigError::Several(list) => list,
+            e => vec![e],
+        }
+    }
 }
 
 /// A key no part of Herald reads.
@@ -535,24 +576,97 @@ pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigErro
 }
 
 impl Config {
-    /// Parse a TOML document (the file layer).
+    /// Parse a TOML document (the file layer); every error of the file in
+    /// one [`ConfigError`] (see [`Config::from_toml_all`]).
     pub fn from_toml(text: &str, path: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.into(),
-            // TOML's own message: the line, the column and a snippet
-            // of the file with a caret, on several lines.
-            message: e.to_string().trim_end().to_owned(),
-        })
+        let (config, errors) = Config::from_toml_all(text, path);
+        ConfigError::all(errors).map(|()| config.unwrap_or_default())
+    }
+
+    /// Parse a TOML document and find every error in it: each syntax error
+    /// (TOML's parser recovers and goes on), or else each key whose value
+    /// does not fit, named and shown with TOML's snippet of the file (the
+    /// line, a caret under the value), in the file's order. Returns the
+    /// configuration of the keys that fit, so the checks after this one
+    /// ([`Config::validate`], the adapters') can report theirs too; none
+    /// after a syntax error, where no key can be trusted.
+    pub fn from_toml_all(text: &str, path: &str) -> (Option<Config>, Vec<ConfigError>) {
+        use serde::Deserialize;
+        use toml::de::{DeTable, Deserializer};
+        let parse_error = |key: Option<&str>, mut e: toml::de::Error| {
+            e.set_input(Some(text));
+            // TOML's own message: the line, the column and a snippet of
+            // the file with a caret, on several lines.
+            let message = e.to_string().trim_end().to_owned();
+            ConfigError::Parse {
+                path: path.into(),
+                message: match key {
+                    Some(key) => format!("`{key}`: {message}"),
+                    None => message,
+                },
+            }
+        };
+        let line_of = |e: &toml::de::Error| {
+            let at = e.span().map_or(0, |s| s.start).min(text.len());
+            text.as_bytes()[..at]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count()
+        };
+        let (doc, syntax) = DeTable::parse_recoverable(text);
+        if !syntax.is_empty() {
+            // The parser recovers and goes on, but one mistake often
+            // trips it several times on its line: the first per line.
+            let mut seen = std::collections::HashSet::new();
+            let errors = syntax
+                .into_iter()
+                .filter(|e| seen.insert(line_of(e)))
+                .map(|e| parse_error(None, e))
+                .collect();
+            return (None, errors);
+        }
+        let whole = match Config::deserialize(Deserializer::from(doc.clone())) {
+            Ok(config) => return (Some(config), Vec::new()),
+            Err(e) => e,
+        };
+        let mut found = Vec::new();
+        let mut failed = Vec::new();
+        for (key, path_in, alone) in leaves(&doc) {
+            if let Err(e) = Config::deserialize(Deserializer::from(alone)) {
+                found.push((e.span().map_or(usize::MAX, |s| s.start), key, e));
+                failed.push(path_in);
+            }
+        }
+        found.sort_by_key(|(at, _, _)| *at);
+        let mut errors: Vec<ConfigError> = found
+            .into_iter()
+            .map(|(_, key, e)| parse_error(Some(&key), e))
+            .collect();
+        // The keys that fit, for the later checks.
+        let rest = text.parse::<toml::Table>().ok().and_then(|mut table| {
+            for path in &failed {
+                remove(&mut table, path);
+            }
+            toml::Value::Table(table).try_into::<Config>().ok()
+        });
+        if errors.is_empty() || rest.is_none() {
+            // Only the keys together fail: TOML's error for the whole file.
+            errors.insert(0, parse_error(None, whole));
+        }
+        (rest, errors)
     }
 
     /// Build the effective configuration: defaults, then `file`, then
     /// `overrides` (environment and flags, already merged by the caller with
     /// flags winning), then validation.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let mut config = Config::from_file(file)?;
+        let (config, mut errors) = Config::from_file_all(file)?;
+        let Some(mut config) = config else {
+            return ConfigError::all(errors).map(|()| Config::default());
+        };
         config.apply(overrides)?;
-        config.validate()?;
-        Ok(config)
+        errors.extend(config.problems());
+        ConfigError::all(errors).map(|()| config)
     }
 
     /// The defaults, then `file` when given (the first two layers; callers
@@ -560,6 +674,17 @@ impl Config {
     /// such as the binary's peer settings, call this, then [`Config::apply`]
     /// and [`Config::validate`]).
     pub fn from_file(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let (config, errors) = Config::from_file_all(file)?;
+        ConfigError::all(errors).map(|()| config.unwrap_or_default())
+    }
+
+    /// As [`Config::from_file`], but the file's errors beside the
+    /// configuration of the keys that fit (see [`Config::from_toml_all`]);
+    /// only a file that cannot be read is an error at once.
+    #[allow(clippy::type_complexity)]
+    pub fn from_file_all(
+        file: Option<&Path>,
+    ) -> Result<(Option<Config>, Vec<ConfigError>), ConfigError> {
         Ok(match file {
             Some(path) => {
                 let shown = path.display().to_string();
@@ -567,9 +692,9 @@ impl Config {
                     path: shown.clone(),
                     source,
                 })?;
-                Config::from_toml(&text, &shown)?
+                Config::from_toml_all(&text, &shown)
             }
-            None => Config::default(),
+            None => (Some(Config::default()), Vec::new()),
         })
     }
 
@@ -718,55 +843,67 @@ impl Config {
         Ok(())
     }
 
-    /// Semantic checks serde cannot make. Errors name the offending key.
+    /// Semantic checks serde cannot make, every error at once (see
+    /// [`Config::problems`]).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_log_filter(&self.log).map_err(|m| invalid("log", m))?;
-        self.bind_ip()?;
-        self.check_development_credentials()?;
+        ConfigError::all(self.problems())
+    }
+
+    /// Every semantic error serde cannot catch, each naming its key.
+    pub fn problems(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        if let Err(m) = check_log_filter(&self.log) {
+            errors.push(invalid("log", m));
+        }
+        match self.bind_ip() {
+            // Whether the address is loopback is known only for a good one.
+            Ok(_) => errors.extend(self.check_development_credentials().err()),
+            Err(e) => errors.push(e),
+        }
         if self.activity_timeout == 0 {
-            return Err(invalid("activity_timeout", "must be at least 1 second"));
+            errors.push(invalid("activity_timeout", "must be at least 1 second"));
         }
         if self.pong_timeout == 0 {
-            return Err(invalid("pong_timeout", "must be at least 1 second"));
+            errors.push(invalid("pong_timeout", "must be at least 1 second"));
         }
         if self.write_delay_ms > MAX_WRITE_DELAY_MS {
-            return Err(invalid(
+            errors.push(invalid(
                 "write_delay_ms",
                 format!("must be at most {MAX_WRITE_DELAY_MS} (milliseconds)"),
             ));
         }
         if !(1..=MAX_KEEPALIVE_INTERVAL).contains(&self.keepalive_interval) {
-            return Err(invalid(
+            errors.push(invalid(
                 "keepalive_interval",
                 format!("must be 1 to {MAX_KEEPALIVE_INTERVAL} seconds"),
             ));
         }
         if self.listen_backlog == 0 {
-            return Err(invalid("listen_backlog", "must be positive"));
+            errors.push(invalid("listen_backlog", "must be positive"));
         }
         if !(1..=MAX_HTTP_HEADER_TIMEOUT).contains(&self.http_header_timeout) {
-            return Err(invalid(
+            errors.push(invalid(
                 "http_header_timeout",
                 format!("must be 1 to {MAX_HTTP_HEADER_TIMEOUT} seconds"),
             ));
         }
         if !(1..=MAX_WS_IDLE_TIMEOUT).contains(&self.ws_idle_timeout) {
-            return Err(invalid(
+            errors.push(invalid(
                 "ws_idle_timeout",
                 format!("must be 1 to {MAX_WS_IDLE_TIMEOUT} seconds"),
             ));
         }
         for (i, net) in self.address_limits_exempt.iter().enumerate() {
             if parse_net(net).is_none() {
-                return Err(invalid(
+                errors.push(invalid(
                     format!("address_limits_exempt[{i}]"),
                     format!("{net:?} is not an IP address or CIDR block (e.g. 10.0.0.0/8, ::1)"),
                 ));
             }
         }
         match (&self.tls_cert, &self.tls_key) {
-            (Some(_), None) => return Err(invalid("tls_key", "is required with tls_cert")),
-            (None, Some(_)) => return Err(invalid("tls_cert", "is required with tls_key")),
+            (Some(_), None) => errors.push(invalid("tls_key", "is required with tls_cert")),
+            (None, Some(_)) => errors.push(invalid("tls_cert", "is required with tls_key")),
             _ => {}
         }
         let b = &self.broker;
@@ -781,7 +918,7 @@ impl Config {
             "tls://",
         ];
         if b.url != "local" && !schemes.iter().any(|s| b.url.starts_with(s)) {
-            return Err(invalid(
+            errors.push(invalid(
                 "broker.url",
                 "must be `local`, or a redis://, rediss://, redis-sentinel://, rediss-sentinel://, \
                  redis-cluster://, rediss-cluster://, nats:// or tls:// URL",
@@ -794,28 +931,28 @@ impl Config {
                 .bytes()
                 .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
         {
-            return Err(invalid(
+            errors.push(invalid(
                 "broker.prefix",
                 "must be 1 to 64 letters, digits, '_' or '-'",
             ));
         }
         if b.ttl == 0 || b.ttl > 3600 {
-            return Err(invalid("broker.ttl", "must be 1 to 3600 (seconds)"));
+            errors.push(invalid("broker.ttl", "must be 1 to 3600 (seconds)"));
         }
         if b.canary_interval > 3600 {
-            return Err(invalid(
+            errors.push(invalid(
                 "broker.canary_interval",
                 "must be 0 (off) to 3600 (seconds)",
             ));
         }
         if b.canary_timeout == 0 || b.canary_timeout > 60 {
-            return Err(invalid(
+            errors.push(invalid(
                 "broker.canary_timeout",
                 "must be 1 to 60 (seconds)",
             ));
         }
         if b.confirm_timeout == 0 || b.confirm_timeout > 60 {
-            return Err(invalid(
+            errors.push(invalid(
                 "broker.confirm_timeout",
                 "must be 1 to 60 (seconds)",
             ));
@@ -823,46 +960,36 @@ impl Config {
         // The files themselves are read and checked by the engine's
         // loader at start (herald-broker's `tls`), before anything listens.
         match (&b.tls_cert, &b.tls_key) {
-            (Some(_), None) => {
-                return Err(invalid(
-                    "broker.tls_key",
-                    "is required with broker.tls_cert",
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(invalid(
-                    "broker.tls_cert",
-                    "is required with broker.tls_key",
-                ))
-            }
+            (Some(_), None) => errors.push(invalid(
+                "broker.tls_key",
+                "is required with broker.tls_cert",
+            )),
+            (None, Some(_)) => errors.push(invalid(
+                "broker.tls_cert",
+                "is required with broker.tls_key",
+            )),
             _ => {}
         }
         if b.jetstream_replicas == 0 || b.jetstream_replicas > 5 {
-            return Err(invalid(
+            errors.push(invalid(
                 "broker.jetstream_replicas",
                 "must be 1 to 5 (JetStream's own limit)",
             ));
         }
-        if self.log.parse::<tracing_subscriber::EnvFilter>().is_err() {
-            return Err(invalid("log", "is not a valid log filter"));
-        }
         if self.metrics_port.is_some_and(|p| p != 0 && p == self.port) {
-            return Err(invalid("metrics_port", "must differ from port"));
+            errors.push(invalid("metrics_port", "must differ from port"));
         }
         if self.dashboard {
             match &self.dashboard_token {
-                None => {
-                    return Err(invalid(
-                        "dashboard_token",
-                        "is required with dashboard = true",
-                    ))
-                }
-                Some(t) if t.chars().count() < 16 || t.chars().any(char::is_control) => {
-                    return Err(invalid(
+                None => errors.push(invalid(
+                    "dashboard_token",
+                    "is required with dashboard = true",
+                )),
+                Some(t) if t.chars().count() < 16 || t.chars().any(char::is_control) => errors
+                    .push(invalid(
                         "dashboard_token",
                         "must be at least 16 characters, without control characters",
-                    ))
-                }
+                    )),
                 Some(_) => {}
             }
         }
@@ -870,7 +997,7 @@ impl Config {
         if let Some(url) = &db.url {
             let schemes = ["postgres://", "postgresql://", "mysql://"];
             if !schemes.iter().any(|s| url.starts_with(s)) {
-                return Err(invalid(
+                errors.push(invalid(
                     "apps_database.url",
                     "must be a postgres:// (PostgreSQL) or mysql:// (MySQL, MariaDB) URL",
                 ));
@@ -883,13 +1010,13 @@ impl Config {
                 .bytes()
                 .all(|c| c.is_ascii_alphanumeric() || c == b'_')
         {
-            return Err(invalid(
+            errors.push(invalid(
                 "apps_database.table",
                 "must be 1 to 63 letters, digits or '_'",
             ));
         }
         if !(1..=3600).contains(&db.refresh) {
-            return Err(invalid(
+            errors.push(invalid(
                 "apps_database.refresh",
                 "must be 1 to 3600 (seconds)",
             ));
@@ -900,20 +1027,21 @@ impl Config {
             let k = |field: &str| format!("apps[{i}].{field}");
             for (field, value) in [("id", &app.id), ("key", &app.key), ("secret", &app.secret)] {
                 if value.is_empty() {
-                    return Err(invalid(k(field), "is required (and must not be empty)"));
+                    errors.push(invalid(k(field), "is required (and must not be empty)"));
+                    continue;
                 }
                 if value.len() > 200 || value.chars().any(|c| c.is_control() || c == '/') {
-                    return Err(invalid(
+                    errors.push(invalid(
                         k(field),
                         "must be at most 200 characters, without '/' or control characters",
                     ));
                 }
             }
-            if !ids.insert(&app.id) {
-                return Err(invalid(k("id"), format!("duplicates app id {:?}", app.id)));
+            if !app.id.is_empty() && !ids.insert(&app.id) {
+                errors.push(invalid(k("id"), format!("duplicates app id {:?}", app.id)));
             }
-            if !keys.insert(&app.key) {
-                return Err(invalid(
+            if !app.key.is_empty() && !keys.insert(&app.key) {
+                errors.push(invalid(
                     k("key"),
                     format!("duplicates app key {:?}", app.key),
                 ));
@@ -940,17 +1068,17 @@ impl Config {
             ];
             for (field, value) in positive {
                 if value == 0 {
-                    return Err(invalid(k(field), "must be positive"));
+                    errors.push(invalid(k(field), "must be positive"));
                 }
             }
-            if app.outbound_bytes < 64 * 1024 {
-                return Err(invalid(
+            if app.outbound_bytes != 0 && app.outbound_bytes < 64 * 1024 {
+                errors.push(invalid(
                     k("outbound_bytes"),
                     "must be at least 65536 (it must hold the largest frame sent, e.g. a full presence member list)",
                 ));
             }
-            if app.max_cache_bytes < 4 * app.max_payload {
-                return Err(invalid(
+            if app.max_cache_bytes < 4_usize.saturating_mul(app.max_payload) {
+                errors.push(invalid(
                     k("max_cache_bytes"),
                     "must be at least 4 × max_payload (it must hold the largest cached event)",
                 ));
@@ -960,13 +1088,13 @@ impl Config {
                     true => k("allowed_origins"),
                     false => k(&format!("allowed_origins[{j}]")),
                 };
-                return Err(invalid(key, why));
+                errors.push(invalid(key, why));
             }
-            if app.max_frame_size < 1024 {
-                return Err(invalid(k("max_frame_size"), "must be at least 1024 bytes"));
+            if app.max_frame_size != 0 && app.max_frame_size < 1024 {
+                errors.push(invalid(k("max_frame_size"), "must be at least 1024 bytes"));
             }
         }
-        Ok(())
+        errors
     }
 
     /// The address `host` names, as `herald serve` binds it: an IPv4 or
@@ -1058,6 +1186,129 @@ impl Config {
             .iter()
             .filter_map(|n| parse_net(n))
             .collect()
+    }
+}
+
+/// Each leaf of a parsed file as a document of its own, keeping its spans:
+/// `(shown key, path for [`remove`], the document)` for `port`,
+/// `broker.ttl`, `apps[1].max_payload`. A leaf that fails to deserialize
+/// alone is one error of the file.
+fn leaves<'i>(
+    doc: &toml::Spanned<toml::de::DeTable<'i>>,
+) -> Vec<(String, Vec<Step>, toml::Spanned<toml::de::DeTable<'i>>)> {
+    use toml::de::{DeString, DeTable, DeValue};
+    use toml::Spanned;
+    type Key<'i> = Spanned<DeString<'i>>;
+    let one = |k: &Key<'i>, v: Spanned<DeValue<'i>>| {
+        let mut t = DeTable::new();
+        t.insert(k.clone(), v);
+        t
+    };
+    let document = |t: DeTable<'i>| Spanned::new(doc.span(), t);
+    let mut out = Vec::new();
+    for (k, v) in doc.get_ref().iter() {
+        let name = k.get_ref().to_string();
+        match v.get_ref() {
+            DeValue::Table(t) if !t.is_empty() => {
+                for (k2, v2) in t.iter() {
+                    let inner = Spanned::new(v.span(), DeValue::Table(one(k2, v2.clone())));
+                    out.push((
+                        format!("{name}.{}", k2.get_ref()),
+                        vec![Step::Key(name.clone()), Step::Key(k2.get_ref().to_string())],
+                        document(one(k, inner)),
+                    ));
+                }
+            }
+            DeValue::Array(items)
+                if items
+                    .iter()
+                    .any(|i| matches!(i.get_ref(), DeValue::Table(_))) =>
+            {
+                for (i, item) in items.iter().enumerate() {
+                    let single = |elem: Spanned<DeValue<'i>>| {
+                        document(one(
+                            k,
+                            Spanned::new(v.span(), DeValue::Array(std::iter::once(elem).collect())),
+                        ))
+                    };
+                    match item.get_ref() {
+                        DeValue::Table(t) if !t.is_empty() => {
+                            for (k2, v2) in t.iter() {
+                                let elem =
+                                    Spanned::new(item.span(), DeValue::Table(one(k2, v2.clone())));
+                                out.push((
+                                    format!("{name}[{i}].{}", k2.get_ref()),
+                                    vec![
+                                        Step::Key(name.clone()),
+                                        Step::Index(i),
+                                        Step::Key(k2.get_ref().to_string()),
+                                    ],
+                                    single(elem),
+                                ));
+                            }
+                        }
+                        _ => out.push((
+                            format!("{name}[{i}]"),
+                            vec![Step::Key(name.clone()), Step::Index(i)],
+                            single(item.clone()),
+                        )),
+                    }
+                }
+            }
+            _ => out.push((
+                name.clone(),
+                vec![Step::Key(name)],
+                document(one(k, v.clone())),
+            )),
+        }
+    }
+    out
+}
+
+/// One step of a path into a TOML document: a table's key or an array's index.
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// Take the value at `path` out of `table`: what is left of a file once
+/// the keys that failed are gone. An array element becomes an empty table
+/// (the other elements keep their indexes).
+fn remove(table: &mut toml::Table, path: &[Step]) {
+    let [Step::Key(first), rest @ ..] = path else {
+        return;
+    };
+    if rest.is_empty() {
+        table.remove(first);
+        return;
+    }
+    let mut value = match table.get_mut(first) {
+        Some(v) => v,
+        None => return,
+    };
+    for (n, step) in rest.iter().enumerate() {
+        let last = n + 1 == rest.len();
+        value = match (step, value) {
+            (Step::Key(k), toml::Value::Table(t)) if last => {
+                t.remove(k);
+                return;
+            }
+            (Step::Key(k), toml::Value::Table(t)) => match t.get_mut(k) {
+                Some(v) => v,
+                None => return,
+            },
+            (Step::Index(i), toml::Value::Array(a)) if last => {
+                if let Some(v) = a.get_mut(*i) {
+                    *v = toml::Value::Table(toml::Table::new());
+                }
+                return;
+            }
+            (Step::Index(i), toml::Value::Array(a)) => match a.get_mut(*i) {
+                Some(v) => v,
+                None => return,
+            },
+            _ => return,
+        };
     }
 }
 

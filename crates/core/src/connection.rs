@@ -329,7 +329,7 @@ pub struct Connection {
     /// directly ([`Connection::attach`]). Beside `close`, in what was its
     /// padding.
     coalesce_from: AtomicU32,
-    /// Reliable streams (issue 19): set once for connections whose
+    /// Reliable streams: set once for connections whose
     /// protocol resumes streams; fan-out consults it for positioned
     /// publications only.
     gate: std::sync::OnceLock<Box<gate::Gate>>,

@@ -39,7 +39,7 @@ pub fn deliver(p: &Publication, targets: &[Target]) -> u64 {
 
 /// [`deliver`], direct writes batched on `sends` where there is one.
 fn deliver_with(p: &Publication, targets: &[Target], mut sends: Option<&mut Sends>) -> u64 {
-    // Reliable streams (issue 19): positioned publications go through each
+    // Reliable streams: positioned publications go through each
     // connection's gate; the at-most-once path below is unchanged.
     if let Some(pos) = &p.position {
         return deliver_positioned(p, pos, targets);

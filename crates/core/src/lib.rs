@@ -8,8 +8,10 @@
 //!   │          channel name means, calls the node with its namespace
 //!   ▼
 //! node         routes: this node's subscribers at once (fan-out), other
-//!   │  │       nodes through the broker; tells the cluster about interest
-//!   │  │       and presence; answers queries for the whole cluster
+//!   │  │       nodes through the broker; publishes reliably when asked
+//!   │  │       (`reliable`: ordered per stream, positioned in the
+//!   │  │       history); tells the cluster about interest and presence;
+//!   │  │       answers queries for the whole cluster
 //!   │  └────► broker     the cluster's interface, small traits by concern
 //!   │                     (pub/sub, presence, occupancy, queries, last
 //!   │                     event, counts, streams: history and sessions);
@@ -39,13 +41,19 @@
 //! `ws` (the upgrade and the client-frame decoder), `config`
 //! (the core's settings; adapters' keys kept raw for them), `adapter` (the
 //! seam: what a protocol crate hands the server: its keys, routes, tasks),
-//! `history` (bounded stream history, for protocols that resume; each
-//! connection's gate is `connection::gate`), `sessions` (snapshots of
-//! sessions a client restores), `metrics`, `observer` (what the node decided
-//! about channels and members, for webhooks and the dashboard), `origin` (which web pages may
-//! connect to an app), `confirm`
-//! (subscribers waiting for the broker to hold their channel's interest
-//! before they are confirmed), and
+//! `reliable` (reliable publishing, what a protocol that resumes its
+//! clients asks of the core: follow a stream, publish with positions, read
+//! the history since a position), `history` (the bounded stream history
+//! engines keep; each connection's gate is `connection::gate`),
+//! `sessions` (snapshots of sessions a client restores), `metrics`,
+//! `observer` (what the node decided about channels and members, for
+//! webhooks and the dashboard), `origin` (which web pages may connect to
+//! an app), `confirm` (subscribers waiting for the
+//! broker to hold their channel's interest before they are confirmed),
+//! `commands` (adapters' commands run on every node, such as a remote
+//! disconnect), `load` (the recent delivery rate that decides whether write
+//! coalescing is worth its delay, and the process clock), `reaper` (the
+//! bounded teardown of sessions whose clients went away), and
 //! `testing` (wires for tests; only with the `testing` feature, which
 //! dev-dependencies enable).
 
@@ -69,6 +77,7 @@ pub mod observer;
 pub mod origin;
 pub mod publication;
 pub mod reaper;
+pub mod reliable;
 pub mod session;
 pub mod sessions;
 /// Test helpers: only with the `testing` feature (dev-dependencies) or in

@@ -14,8 +14,8 @@
 //!
 //! Labels are the app and the protocol (plus a bounded reason, endpoint or
 //! status), never a channel or a user: the number of series stays bounded.
-//! The names are a contract (tests, dashboards, alerts); docs/operations.md
-//! lists every one.
+//! The names are a contract (tests, dashboards, alerts);
+//! docs/webhooks-and-monitoring.md lists every one.
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use parking_lot::Mutex;

@@ -17,7 +17,8 @@ use crate::hub::{ChannelStats, Hub, Joined, Left, Refused, StatsFilter, Subscrib
 use crate::metrics;
 use crate::namespace::{ChannelId, Namespace};
 use crate::observer::{Change, Observer};
-use crate::publication::{ConnId, NodeId, Publication, Tag};
+use crate::publication::{ConnId, NodeId, Position, Publication, Tag};
+use crate::reliable::ReliableStreams;
 use futures_util::FutureExt;
 use parking_lot::RwLock;
 use std::collections::{BTreeMap, BTreeSet};
@@ -286,6 +287,36 @@ impl Node {
     /// ingress each node subscribes to), so each subscriber gets one copy.
     pub async fn publish_here(&self, hub: &Hub, publication: Publication) {
         let _ = self.route(hub, publication, false).await;
+    }
+
+    /// Publish on a stream clients may resume (see [`crate::reliable`]):
+    /// publications of one stream are ordered, each appended to the
+    /// stream's history and stamped with its position there
+    /// ([`Publication::position`]), then published as
+    /// [`Node::publish`] does. On one node that order is the order
+    /// subscribers see; in a cluster each connection's gate restores it
+    /// ([`crate::connection::gate::Gate`]).
+    ///
+    /// `Ok(Some(position))`: its place in the history; `Ok(None)`: the
+    /// stream is not reliable (nobody follows it, or the engine could not
+    /// record it) and it went out without one. `Err(Full)`: the broker's
+    /// outbox is full and nobody got it (though a reliable stream's
+    /// history has it). The stream is the publication's channel.
+    pub async fn publish_reliably(
+        &self,
+        hub: &Hub,
+        streams: &ReliableStreams,
+        mut publication: Publication,
+    ) -> Result<Option<Position>, Full> {
+        if !streams.any() {
+            return self.route(hub, publication, true).await.map(|()| None);
+        }
+        let _order = streams.order(&publication.channel).await;
+        let position = streams
+            .append(&publication.channel, publication.data.get())
+            .await;
+        publication.position = position.clone();
+        self.route(hub, publication, true).await.map(|()| position)
     }
 
     /// The one publishing path: number the publication, hand it to the

@@ -79,8 +79,8 @@ pub struct Publication {
     /// there, if it names one of that node's (see [`Publication::resolve`]).
     #[serde(skip)]
     exclude_conn: Option<ConnId>,
-    /// Reliable streams (issue 19): the publication's place in its
-    /// stream's history, set by the adapter that appended it; carried to
+    /// Reliable streams: the publication's place in its stream's
+    /// history, set by reliable publishing ([`crate::reliable`]); carried to
     /// the other nodes with it.
     #[serde(rename = "q", default, skip_serializing_if = "Option::is_none")]
     pub position: Option<Position>,
@@ -239,7 +239,7 @@ pub struct MemberRef<'a> {
 /// messages: Pusher encodes every one; AppSync encodes `Subscribed` as its
 /// `start_ack`/`subscribe_success` and answers `None` to the rest (its
 /// protocols have no such messages); Action Cable answers `None` to all
-/// today, and its extended protocol's presence (issue 19) is what the
+/// today, and its extended protocol's presence is what the
 /// member events are for. Hence they stay in the core, under neutral names.
 #[derive(Debug, Clone, Copy)]
 pub enum Event<'a> {

@@ -10,7 +10,7 @@
 //! that dies without closing its sessions leaves them restorable. Whether
 //! a snapshot may be restored (its connection gone) is its adapter's
 //! decision, between a [`SessionStore::read`] and a [`SessionStore::take`]
-//! of exactly what it read (issue 32: a live session is never restored).
+//! of exactly what it read (a live session is never restored).
 
 use crate::future::BoxFuture;
 use parking_lot::Mutex;

@@ -88,5 +88,5 @@ pub fn authenticate(node: &Node, req: &SignedRequest<'_>) -> Result<Arc<Hub>, Ap
 }
 
 /// Moved to the `herald-signing` crate, which `herald bench` shares;
-/// re-exported so `herald::api::auth::sign_query` keeps working.
+/// re-exported so `herald_pusher::auth::sign_query` keeps working.
 pub use crate::signing::sign_query;

@@ -64,6 +64,7 @@ impl Default for WebhookSettings {
 
 impl WebhookSettings {
     fn validate(&self) -> Result<(), ConfigError> {
+        let mut errors = Vec::new();
         let positive = [
             ("webhook_batch_ms", self.webhook_batch_ms as usize),
             ("webhook_batch_size", self.webhook_batch_size),
@@ -73,25 +74,25 @@ impl WebhookSettings {
         ];
         for (field, value) in positive {
             if value == 0 {
-                return Err(invalid(field, "must be positive"));
+                errors.push(invalid(field, "must be positive"));
             }
         }
         if self.webhook_batch_ms > 60_000 || self.webhook_leave_delay_ms > 60_000 {
-            return Err(invalid(
+            errors.push(invalid(
                 "webhook_batch_ms/webhook_leave_delay_ms",
                 "must be at most 60000 (a minute)",
             ));
         }
         if self.webhook_queue_bytes < 64 * 1024 {
-            return Err(invalid(
+            errors.push(invalid(
                 "webhook_queue_bytes",
                 "must be at least 65536 (it must hold the largest client event)",
             ));
         }
         if self.webhook_batch_size > 1000 {
-            return Err(invalid("webhook_batch_size", "must be at most 1000"));
+            errors.push(invalid("webhook_batch_size", "must be at most 1000"));
         }
-        Ok(())
+        ConfigError::all(errors)
     }
 }
 
@@ -114,19 +115,35 @@ pub struct PusherConfig {
 impl PusherConfig {
     /// Parse and check this adapter's keys of `config`.
     pub fn load(config: &Config) -> Result<PusherConfig, ConfigError> {
-        let webhook: WebhookSettings = top_keys(config, TOP_KEYS)?;
-        webhook.validate()?;
+        // Every error at once: the top-level keys', then each app's.
+        let mut errors = Vec::new();
+        let webhook = match top_keys::<WebhookSettings>(config, TOP_KEYS) {
+            Ok(w) => {
+                errors.extend(w.validate().err());
+                w
+            }
+            Err(e) => {
+                errors.push(e);
+                WebhookSettings::default()
+            }
+        };
         let mut apps = Vec::with_capacity(config.apps.len());
         for i in 0..config.apps.len() {
-            let app: AppSettings = app_keys(config, i, APP_KEYS)?;
+            let app = match app_keys::<AppSettings>(config, i, APP_KEYS) {
+                Ok(app) => app,
+                Err(e) => {
+                    errors.push(e);
+                    AppSettings::default()
+                }
+            };
             for (j, hook) in app.webhooks.iter().enumerate() {
-                validate_webhook(hook).map_err(|(field, msg)| {
-                    invalid(format!("apps[{i}].webhooks[{j}]{field}"), msg)
-                })?;
+                if let Err((field, msg)) = validate_webhook(hook) {
+                    errors.push(invalid(format!("apps[{i}].webhooks[{j}]{field}"), msg));
+                }
             }
             apps.push(app);
         }
-        Ok(PusherConfig { webhook, apps })
+        ConfigError::all(errors).map(|()| PusherConfig { webhook, apps })
     }
 
     /// The keys with their defaults, shaped as the file (for `herald config`).

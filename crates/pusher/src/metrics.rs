@@ -1,6 +1,6 @@
 //! The adapter's metrics: webhook deliveries, failures, drops and queues
 //! (recorded straight into the `metrics` recorder the core installs; the
-//! names are a contract, listed in docs/operations.md).
+//! names are a contract, listed in docs/webhooks-and-monitoring.md).
 
 use metrics::{describe_counter, describe_gauge, Unit};
 

@@ -1,4 +1,4 @@
-//! The publishing side of acknowledged publications (issue 33): every
+//! The publishing side of acknowledged publications (an acknowledgement is true): every
 //! publication this node hands the broker takes the next number of the
 //! node's sequence and is kept here, bounded.
 //!

@@ -457,9 +457,9 @@ impl Shared {
 }
 
 impl Shared {
-    /// Whether node `n` is gone from the cluster (issue 32: a session it
-    /// holds may then be restored elsewhere): it left or was declared gone,
-    /// or it is unknown to this settled node. A node known alive is asked
+    /// Whether node `n` is gone from the cluster (a live session is never
+    /// restored: one it holds may be restored elsewhere only then): it left
+    /// or was declared gone, or it is unknown to this settled node. A node known alive is asked
     /// directly ([`reach::PROBE_TIMEOUT`]): one that answers is alive; one
     /// that does not (killed, but not yet declared gone) is waited for, at
     /// most `wait`, until its missed heartbeats bury it.

@@ -12,7 +12,7 @@
 //! so when a node has heard the probe, its server knew of the new
 //! subscriptions before it: anything published through it from then on
 //! reaches this node. (Over a slow route, measured with a route that
-//! delays everything 300 ms, tests/nats_cluster.rs: without the round,
+//! delays everything 300 ms, tests/it/nats_cluster.rs: without the round,
 //! every event triggered through the far node at once was lost.)
 //!
 //! Rounds are shared: a subscription joins the next round that starts

@@ -1,4 +1,4 @@
-//! The receiving side of acknowledged publications (issue 33): a node
+//! The receiving side of acknowledged publications (an acknowledgement is true): a node
 //! that lost its broker for a while gets back what the others published
 //! meanwhile, once each.
 //!

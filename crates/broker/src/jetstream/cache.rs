@@ -8,7 +8,7 @@
 //! other change (new epoch, the stream recreated with lower sequences)
 //! reads the stream afresh. Without this, every read walked up to
 //! `history_limit` messages one round trip each, and a reconnect storm's
-//! reads timed out (issue 19).
+//! reads timed out.
 //!
 //! Bounded: entries beyond `history_limit` or older than `history_ttl`
 //! are dropped as the server drops them, streams not read for [`IDLE`]

@@ -2,7 +2,7 @@
 //!
 //! In a reconnect storm thousands of clients ask for the history of the
 //! same few streams within the same second; each asking the server on its
-//! own is what made reads time out (issue 19). The first caller for a key
+//! own is what made reads time out. The first caller for a key
 //! starts the read on its own task (so a caller that goes away, its client
 //! gone, does not cancel it for the others) and everyone who asks for that
 //! key before it ends waits for the same answer. The entry is gone as soon

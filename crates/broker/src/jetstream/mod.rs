@@ -1,4 +1,4 @@
-//! History and resumable sessions on NATS JetStream (issue 19): what the
+//! History and resumable sessions on NATS JetStream (reliable streams): what the
 //! NATS engine hands Action Cable instead of per-node stores, so every
 //! node answers from the same history and restores the same sessions.
 //!

@@ -9,7 +9,7 @@
 //! that a snapshot is dropped, counted in
 //! `herald_jetstream_sessions_dropped_total` and logged once per interval:
 //! its client connects anew). One write at a time went too slowly for a
-//! reconnect storm's closing sessions (issue 19). A restore reads the
+//! reconnect storm's closing sessions. A restore reads the
 //! entry and, once its adapter decided it may be restored, deletes it
 //! expecting that revision: of two nodes taking one sid at once one gets
 //! it, and one rewritten meanwhile (its session closing) is read again.

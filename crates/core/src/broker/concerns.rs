@@ -174,7 +174,7 @@ pub trait Counts: Send + Sync {
     fn counts(&self, _node: NodeId, _app_id: &str, _ns: Namespace, _counts: Vec<(String, usize)>) {}
 }
 
-/// Stream history and resumable sessions (issue 19): where an adapter
+/// Stream history and resumable sessions: where an adapter
 /// that lets clients resume keeps them. The defaults keep both in this
 /// process, which is right for one node; a cluster engine keeps them on its
 /// server so that every node reads the same history and restores the same

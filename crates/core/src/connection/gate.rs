@@ -421,6 +421,31 @@ mod tests {
     }
 
     #[test]
+    fn publications_held_past_the_answer_go_out_in_offset_order() {
+        let conn = conn();
+        let h = MemoryHistory::new(limits(100, 300_000, 1 << 20));
+        h.retain_at("s", 0);
+        let pos: Vec<Position> = (1..=9)
+            .map(|i| h.append_at("s", &i.to_string(), 0).unwrap())
+            .collect();
+        let gate = Gate::default();
+        gate.hold("s", &None);
+        // Held while the answer is read, in the order several nodes'
+        // publications can arrive: 9 before 7 and 8.
+        for i in [8, 6, 7] {
+            let p = &pos[i];
+            gate.pass(&conn, "s", &None, p, Frame::text(&p.offset.to_string()));
+        }
+        // The answer ends at 6.
+        let mut backlog = h.after_now("s", &pos[0].epoch, 2).unwrap();
+        backlog.entries.truncate(4);
+        gate.release(&conn, "s", &None, Some(&backlog), |e, _| {
+            Frame::text(&e.data)
+        });
+        assert_eq!(sent(&conn), ["3", "4", "5", "6", "7", "8", "9"]);
+    }
+
+    #[test]
     fn a_gap_is_filled_from_the_history_and_late_arrivals_dropped() {
         let conn = conn();
         let h = MemoryHistory::new(limits(100, 300_000, 1 << 20));

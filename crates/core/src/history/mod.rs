@@ -9,7 +9,8 @@
 //! loss is refused instead of answered wrongly.
 //!
 //! - [`History`]: the interface an engine implements. The broker hands
-//!   adapters one ([`crate::broker::Streams`]): [`memory::MemoryHistory`]
+//!   reliable publishing one ([`crate::broker::Streams`],
+//!   [`crate::reliable::ReliableStreams`]): [`memory::MemoryHistory`]
 //!   for one node; the cluster engines keep theirs in Redis Streams or
 //!   JetStream, so any node answers from the same history.
 //! - [`crate::connection::gate::Gate`]: the per-connection side, so a
@@ -130,9 +131,10 @@ impl Limits {
 /// A history engine: where positions come from and backlogs are read.
 ///
 /// Reads and appends are futures because a cluster engine asks its server;
-/// the in-process engine answers at once. A publisher appends, then
-/// publishes with the position it got (`Publication::position`), holding
-/// its own per-stream order while it does.
+/// the in-process engine answers at once. Protocols do not append
+/// themselves: reliable publishing ([`crate::reliable`],
+/// `Node::publish_reliably`) appends, stamps the position and publishes,
+/// holding the stream's order while it does.
 pub trait History: Send + Sync {
     /// Engine name for logs and docs (`memory`, `redis`, `nats`).
     fn name(&self) -> &'static str;
