@@ -40,6 +40,8 @@ struct Inner {
     client: Mutex<Option<tokio_postgres::Client>>,
     /// MySQL/MariaDB: the driver's pool (it reconnects by itself).
     mysql: Option<mysql_async::Pool>,
+    /// The ids the table gave at the last read (the others are the file's).
+    from_table: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl DbSource {
@@ -55,6 +57,7 @@ impl DbSource {
             db,
             client: Mutex::new(None),
             mysql,
+            from_table: Default::default(),
         })))
     }
 
@@ -154,6 +157,7 @@ impl Inner {
                     READ_TIMEOUT.as_secs()
                 )
             })??;
+        let from_file = apps.len();
         let mut ids: std::collections::HashSet<String> =
             apps.iter().map(|a| a.id.clone()).collect();
         let mut keys: std::collections::HashSet<String> =
@@ -175,6 +179,8 @@ impl Inner {
                 Err(e) => tracing::warn!(row = i, error = %e, "apps table: row left out"),
             }
         }
+        *self.from_table.lock().unwrap_or_else(|e| e.into_inner()) =
+            apps[from_file..].iter().map(|a| a.id.clone()).collect();
         Ok(apps)
     }
 }
@@ -184,6 +190,14 @@ impl Source for DbSource {
         match self.0.mysql {
             Some(_) => "mysql",
             None => "postgres",
+        }
+    }
+
+    fn source_of(&self, id: &str) -> &'static str {
+        let table = self.0.from_table.lock().unwrap_or_else(|e| e.into_inner());
+        match table.contains(id) {
+            true => self.name(),
+            false => "file",
         }
     }
 

@@ -194,8 +194,12 @@ async fn stats(State(dash): State<Dash>) -> Json<Value> {
             let (received, sent) = mine.fold((0, 0), |(r, s), t| {
                 (r + t.messages_received(), s + t.messages_sent())
             });
+            // Where the app came from and whether it serves; never its
+            // secret or keys.
             json!({
                 "id": hub.app.id,
+                "source": dash.node.apps.source_of(&hub.app.id),
+                "enabled": hub.config().enabled,
                 "connections": hub.connection_count(),
                 "channels": channels,
                 "subscriptions": subscriptions,

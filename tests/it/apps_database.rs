@@ -160,15 +160,45 @@ async fn soketis_apps_table_in_mariadb() {
 async fn read_live_and_kept_while_down(mut pg: Db, env: &[(&str, &str)]) {
     pg.exec(TABLE).await;
     pg.exec(&insert("db1", "s1")).await;
-    let server = Server::start_with_env("", "", env).await;
+    let top = "dashboard = true\ndashboard_token = \"a-dashboard-token-for-tests\"";
+    let server = Server::start_with_env(top, "", env).await;
 
     // A row present at start works from the first connection.
     let mut one = Client::connect(&server.ws_url("db1-key", "?protocol=7")).await;
     one.subscribe("news").await;
     assert_eq!(api_as(&server, "db1", "s1", "news").await, 200);
     one.expect("e", Some("news")).await;
-    // The file's app is served beside the table's.
+    // The file's app is served beside the table's; the dashboard says
+    // which is which, with no secret.
     server.client().await;
+    let stats = reqwest::Client::new()
+        .get(server.url("/dashboard/api/stats"))
+        .bearer_auth("a-dashboard-token-for-tests")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !stats.contains("\"s1\""),
+        "a secret on the dashboard: {stats}"
+    );
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let source = |id: &str| {
+        stats["apps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["id"] == id)
+            .map(|a| a["source"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(source(APP_ID).as_deref(), Some("file"));
+    let db_source = source("db1").unwrap();
+    assert!(
+        ["postgres", "mysql"].contains(&db_source.as_str()),
+        "{db_source}"
+    );
 
     // Inserted while running: works within the refresh.
     pg.exec(&insert("db2", "s2")).await;

@@ -36,6 +36,12 @@ pub trait Source: Send + Sync {
     fn name(&self) -> &'static str;
     /// Every app, checked (an error keeps the apps in force).
     fn load(&self) -> BoxFuture<Result<Vec<AppConfig>, String>>;
+    /// Where app `id` came from, as of the last load (`file`, `postgres`):
+    /// the dashboard shows it.
+    fn source_of(&self, id: &str) -> &'static str {
+        let _ = id;
+        self.name()
+    }
 }
 
 #[derive(Default)]
@@ -142,6 +148,14 @@ impl Apps {
         }
         *self.maps.write() = Arc::new(next);
         changes
+    }
+
+    /// Where app `id` came from (`file` without a source).
+    pub fn source_of(&self, id: &str) -> &'static str {
+        self.source
+            .read()
+            .as_ref()
+            .map_or("file", |s| s.source_of(id))
     }
 
     /// Read the apps from `source` from now on ([`Apps::reload`]).
