@@ -23,7 +23,9 @@
 #
 # The load comes from the environment (defaults above); other flags go to
 # `herald bench fanout` as they are. SKIP_BUILD=1 uses the release binary
-# as it is; HERALD_BENCH_PORT moves the ports (default 19400..19520).
+# as it is (HERALD_BIN: another server binary; HERALD_GEN: another
+# generator, so that two servers are loaded by one); HERALD_BENCH_PORT
+# moves the ports (default 19400..19520).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
@@ -182,14 +184,14 @@ done
 # When the fault ran, on the wall clock (the nodes' logs use it too).
 fault="date -u +%T.%N > $dir/fault-at; $fault"
 
-"$bin" bench fanout --url "$(IFS=,; echo "${urls[*]}")" \
+"${HERALD_GEN:-$bin}" bench fanout --url "$(IFS=,; echo "${urls[*]}")" \
   --clients "${CLIENTS:-3000}" --channels "${CHANNELS:-100}" --rate "${RATE:-50}" \
   --duration "${DURATION:-30s}" --fault-at "${FAULT_AT:-10s}" --fault-cmd "$fault" "$@"
 [ -f "$dir/fault.log" ] && echo "--- $(cat "$dir/fault.log")"
 echo "--- the fault ran at $(cat "$dir/fault-at" 2>/dev/null) UTC"
 # Each node's own count of what it could not pass on to the others.
 for i in 0 1 2; do
-  m=$(curl -s "http://127.0.0.1:$((base + i))/metrics" | grep -E '^herald_broker_(dropped_total|outages_total)' | tr '\n' ' ' || true)
+  m=$(curl -s "http://127.0.0.1:$((base + i))/metrics" | grep -E '^herald_broker_(dropped|outages|recovered|unrecovered|duplicates|refused)_total' | tr '\n' ' ' || true)
   echo "--- node $i: ${m:-gone}"
 done
 echo "--- load after: $(cut -d' ' -f1-3 /proc/loadavg)"

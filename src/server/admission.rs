@@ -17,8 +17,10 @@ use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+// tokio's clock (the system's outside a paused test runtime): the rate
+// window's tests move it by hand.
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
 
 /// Refusals one address may have in flight (being answered 429) at once;
 /// beyond them its connections are closed without an answer, so a flood
@@ -303,6 +305,41 @@ mod tests {
             assert!(matches!(t.admit(ip("::ffff:127.0.0.1")), Admit::Yes(None)));
         }
         assert!(Table::new(0, 0, vec![]).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_window_starts_afresh_each_second() {
+        let t = Table::new(0, 3, vec![]).unwrap();
+        let mut held = Vec::new();
+        for second in 0..3 {
+            for _ in 0..3 {
+                match t.admit(ip("10.0.0.1")) {
+                    Admit::Yes(Some(ticket)) => held.push(ticket),
+                    _ => panic!("refused within the rate in second {second}"),
+                }
+            }
+            assert!(
+                matches!(t.admit(ip("10.0.0.1")), Admit::Refuse(Refusal::Rate, _)),
+                "the fourth in second {second} was let in"
+            );
+            tokio::time::advance(std::time::Duration::from_secs(1)).await;
+        }
+    }
+
+    #[test]
+    fn an_ipv4_mapped_address_counts_as_its_ipv4_address() {
+        // A dual-stack listener sees IPv4 clients as ::ffff:a.b.c.d: they
+        // must not all share one IPv6 /64 count, nor escape their own.
+        let t = Table::new(1, 0, vec![]).unwrap();
+        let _a = t.admit(ip("10.0.0.1"));
+        assert!(matches!(
+            t.admit(ip("::ffff:10.0.0.1")),
+            Admit::Refuse(Refusal::Connections, _)
+        ));
+        assert!(matches!(
+            t.admit(ip("::ffff:10.0.0.2")),
+            Admit::Yes(Some(_))
+        ));
     }
 
     #[test]

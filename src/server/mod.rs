@@ -178,7 +178,7 @@ impl Ingress for BrokerIngress {
         &self,
         stream: &str,
         group: &str,
-    ) -> Result<tokio::sync::mpsc::Receiver<axum::body::Bytes>, String> {
+    ) -> Result<tokio::sync::mpsc::Receiver<herald_core::adapter::StreamEntry>, String> {
         herald_broker::ingress::consume_stream(&self.0, self.tls()?, stream, group)
     }
 }

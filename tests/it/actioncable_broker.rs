@@ -290,6 +290,86 @@ async fn redis_stream_entries_reach_every_node_once() {
     }
 }
 
+/// `redisx` entries the engine refuses (its outbox full: `broker.outbox =
+/// 2`, entries read a hundred at a time and published back to back) stay
+/// pending in the stream and are read again: every one reaches the client
+/// on each node once, and refusals did happen.
+#[tokio::test]
+async fn redis_stream_entries_refused_by_a_full_outbox_are_read_again() {
+    let broker = BrokerServer::start(Kind::Redis);
+    let top = format!(
+        "[broker]\nurl = \"{}\"\nprefix = \"full-{}\"\noutbox = 2\n[rpc]\npublic_streams = true\nbroadcast_adapter = \"redisx\"\n",
+        broker.url(),
+        std::process::id()
+    );
+    let servers = [
+        Server::start_with(&top, "").await,
+        Server::start_with(&top, "").await,
+    ];
+    let mut clients = [cable(&servers[0]).await, cable(&servers[1]).await];
+    let mut app = App::connect(&broker).await;
+    // Probes until both clients have one (the group exists, both read).
+    let deadline = Instant::now() + TIMEOUT;
+    let mut seen = [false, false];
+    let mut k = 0;
+    while !(seen[0] && seen[1]) {
+        assert!(Instant::now() < deadline, "the stream was never read");
+        k += 1;
+        let body = message("room", json!({ "probe": k })).to_string();
+        app.xadd(CHANNEL, &body).await;
+        for (c, s) in clients.iter_mut().zip(seen.iter_mut()) {
+            while let Some(f) = frame_within(c, Duration::from_millis(100)).await {
+                assert!(f["message"]["probe"].is_number(), "{f}");
+                *s = true;
+            }
+        }
+    }
+    let end = message("room", json!({ "probe": "end" })).to_string();
+    app.xadd(CHANNEL, &end).await;
+    for c in clients.iter_mut() {
+        while frame(c).await["message"]["probe"] != "end" {}
+    }
+    // 200 entries in one pipeline: a node reads up to 100 at once.
+    const N: i64 = 200;
+    {
+        let App::Redis(c) = &mut app else {
+            unreachable!()
+        };
+        let mut pipe = redis::pipe();
+        for n in 0..N {
+            let body = message("room", json!({ "n": n })).to_string();
+            pipe.cmd("XADD")
+                .arg(CHANNEL)
+                .arg("*")
+                .arg("payload")
+                .arg(body)
+                .ignore();
+        }
+        let () = pipe.query_async(c).await.unwrap();
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        while got.len() < N as usize {
+            let Some(f) = frame_within(c, TIMEOUT).await else {
+                got.sort();
+                panic!("client on node {i}: {} of {N}: {got:?}", got.len());
+            };
+            got.push(f["message"]["n"].as_i64().unwrap_or_else(|| panic!("{f}")));
+        }
+        got.sort();
+        assert_eq!(got, (0..N).collect::<Vec<_>>(), "client on node {i}");
+        assert_eq!(
+            frame_within(c, Duration::from_millis(300)).await,
+            None,
+            "client on node {i}"
+        );
+    }
+    let refused = servers[0].metric("herald_broker_refused_total").await
+        + servers[1].metric("herald_broker_refused_total").await;
+    eprintln!("redisx with outbox = 2: {refused} publications refused and read again");
+    assert!(refused > 0, "the outbox never filled: nothing tested");
+}
+
 /// Probes (`{"probe": k}`, then `"end"`) sent with `send` until every
 /// client has had one, then what is still on its way drained.
 async fn probe_until_heard(clients: &mut [Ws], mut send: impl FnMut(usize, &str)) {

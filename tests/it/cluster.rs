@@ -262,8 +262,9 @@ async fn channel_figures_agree_on_every_node(kind: Kind) {
 }
 
 both!(acknowledged_publishes_survive_broker_restarts);
-/// An acknowledgement is true: every event the HTTP API answered 2xx for reaches every
-/// subscriber on every node exactly once, though the broker is SIGKILLed
+/// An acknowledgement is true: every event the HTTP API answered 2xx for
+/// reaches every subscriber on every node exactly once and in order,
+/// though the broker is SIGKILLed
 /// twice mid-stream (back after 1 s, then after 3 s). Events go to node
 /// 0 every 20 ms; subscribers on node 1 hear them only through the broker.
 async fn acknowledged_publishes_survive_broker_restarts(kind: Kind) {
@@ -358,6 +359,13 @@ async fn acknowledged_publishes_survive_broker_restarts(kind: Kind) {
             .all(|(_, got, unique)| acked.is_subset(unique) && got.len() == unique.len()),
         "{lost:#?}"
     );
+    // In the order they were published: what a node recovered after the
+    // outage came before what the publisher sent after it.
+    for (k, got, _) in &report {
+        let order: Vec<usize> = got.iter().map(|d| d.parse().unwrap()).collect();
+        let late = order.windows(2).filter(|w| w[0] > w[1]).count();
+        assert_eq!(late, 0, "subscriber {k}: out of order: {order:?}");
+    }
 }
 
 /// `[broker]` for a node of `broker` whose confirmations wait at most

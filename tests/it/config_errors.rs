@@ -110,6 +110,9 @@ fn semantic_errors_are_named() {
         "apps[0].max_cache_bytes",
     );
     assert_rejected("webhook_queue_bytes = 1000\n", "webhook_queue_bytes");
+    assert_rejected("http_session_timeout_ms = 10\n", "http_session_timeout_ms");
+    assert_rejected("http_max_sessions = 0\n", "http_max_sessions");
+    assert_rejected("http_fallback = \"yes\"\n", "http_fallback");
     assert_rejected("[rpc]\ndisconnect_queue = 0\n", "rpc.disconnect_queue");
     assert_rejected(
         "[rpc]\ndisconnect_queue_bytes = 1000\n",
@@ -395,6 +398,21 @@ fn accepted_past_the_configuration(url: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot listen"), "{stderr}");
+}
+
+#[test]
+fn bad_journal_bounds_are_named() {
+    assert_rejected("[broker]\noutbox = 0\n", "broker.outbox");
+    assert_rejected("[broker]\noutbox = 1048577\n", "broker.outbox");
+    assert_rejected(
+        "[broker]\nrecovery_window = 3601\n",
+        "broker.recovery_window",
+    );
+    assert_rejected("[broker]\nrecovery_max = 10000001\n", "broker.recovery_max");
+    assert_rejected(
+        "[broker]\njournal_max_bytes = 1000\n",
+        "broker.journal_max_bytes",
+    );
 }
 
 #[test]

@@ -314,3 +314,60 @@ async fn a_bad_pattern_is_refused_at_start_naming_its_entry() {
     assert!(err.contains("apps[0].allowed_origins[1]"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// pusher-js's HTTP fallback (`xhr_streaming`, `xhr_polling`) is checked
+/// as its WebSocket is: a foreign page's session opens, hears 4009
+/// `Origin not allowed` and closes, before any session exists.
+#[tokio::test]
+async fn pusher_http_transports_refuse_foreign_origins() {
+    let server = Server::start_with("", APP).await;
+    let http = reqwest::Client::new();
+    for (n, transport) in ["xhr_streaming", "xhr"].into_iter().enumerate() {
+        for (m, origin) in FOREIGN.iter().enumerate() {
+            let url = server.url(&format!(
+                "/pusher/app/{APP_KEY}/1/s{n}x{m}/{transport}?protocol=7"
+            ));
+            let res =
+                tokio::time::timeout(TIMEOUT, http.post(url).header("origin", *origin).send())
+                    .await
+                    .expect("timed out")
+                    .expect("request");
+            let body = tokio::time::timeout(TIMEOUT, res.text())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(body.starts_with("o\n"), "{transport} {origin}: {body:?}");
+            assert!(
+                body.contains("4009") && body.contains("Origin not allowed"),
+                "{transport} {origin}: {body:?}"
+            );
+        }
+        // A listed page gets its session: `o`, then (streaming) the
+        // connection's first frame.
+        let url = server.url(&format!(
+            "/pusher/app/{APP_KEY}/1/ok{n}/{transport}?protocol=7"
+        ));
+        let res = http
+            .post(url)
+            .header("origin", "https://app.example.com")
+            .send()
+            .await
+            .unwrap();
+        let mut res = res;
+        let first = tokio::time::timeout(TIMEOUT, res.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let first = String::from_utf8_lossy(&first).to_string();
+        assert!(first.starts_with("o"), "{transport}: {first:?}");
+        assert!(!first.contains("4009"), "{transport}: {first:?}");
+    }
+    let refused = server
+        .metric_where(
+            "herald_origins_refused_total",
+            &[("app", APP_ID), ("protocol", "pusher")],
+        )
+        .await;
+    assert_eq!(refused, 2 * FOREIGN.len() as u64);
+}

@@ -2,9 +2,8 @@
 //! replica and three sentinels from `herald_broker::testing_sentinel`):
 //! publications cross nodes exactly once; the master SIGKILLed under a
 //! publish loop, the sentinels promote the replica and the nodes follow it
-//! without a restart (`/ready` back, delivery everywhere exactly once,
-//! presence right again within the TTL), and the test prints how many
-//! publications were lost while the engine moved. Extended Action Cable
+//! without a restart (`/ready` back, every acknowledged publication at
+//! every subscriber exactly once, presence right again within the TTL). Extended Action Cable
 //! history on the Sentinel engine restores across nodes, before and after
 //! a failover.
 
@@ -184,8 +183,9 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
         async move {
             let http = reqwest::Client::new();
             let mut k = 1000u64;
-            // When each tick was published (accepted by its node).
-            let mut at: Vec<Instant> = Vec::new();
+            // When each tick was published, and whether its node
+            // acknowledged it (2xx; 503 is a refusal: the outbox is full).
+            let mut at: Vec<(Instant, bool)> = Vec::new();
             loop {
                 let port = ports[(k % 3) as usize];
                 let body =
@@ -207,8 +207,11 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
                     .send()
                     .await
                     .expect("trigger");
-                assert_eq!(r.status(), 200, "a trigger was refused during the failover");
-                at.push(Instant::now());
+                let ok = r.status().is_success();
+                if !ok {
+                    assert_eq!(r.status(), 503, "a refusal is 503");
+                }
+                at.push((Instant::now(), ok));
                 k += 1;
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(10)) => {}
@@ -252,6 +255,10 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
     stop.notify_one();
     let at = publisher.await.unwrap();
     let published = at.len() as u64;
+    let acked: Vec<u64> = (1000..1000 + published)
+        .filter(|k| at[(*k - 1000) as usize].1)
+        .collect();
+    let at: Vec<Instant> = at.into_iter().map(|(t, _)| t).collect();
 
     // Presence right again within the TTL of the nodes being back.
     let t1 = Instant::now();
@@ -276,10 +283,21 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
     for (i, inbox) in inboxes.iter_mut().enumerate() {
         let got = &mut counts[i];
         let deadline = tokio::time::Instant::now() + TIMEOUT;
-        while (100_000..100_030).any(|k| !got.contains_key(&k)) {
+        while (100_000..100_030).any(|k| !got.contains_key(&k))
+            || acked.iter().any(|k| !got.contains_key(k))
+        {
             let (event, data) = tokio::time::timeout_at(deadline, inbox.recv())
                 .await
-                .unwrap_or_else(|_| panic!("subscriber {i}: post-failover ticks missing: {got:?}"))
+                .unwrap_or_else(|_| {
+                    let missing: Vec<_> = acked.iter().filter(|k| !got.contains_key(k)).collect();
+                    panic!(
+                        "subscriber {i}: ticks missing: acknowledged {missing:?}, \
+                         post-failover {:?}",
+                        (100_000..100_030)
+                            .filter(|k| !got.contains_key(k))
+                            .collect::<Vec<_>>()
+                    )
+                })
                 .unwrap();
             count(got, &event, &data);
         }
@@ -318,6 +336,8 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
                 .map(|k| at[(*k - 1000) as usize].saturating_duration_since(t0)),
         );
         report.push((i, loop_got));
+        // Every acknowledged tick arrived (the wait above), once.
+        assert_eq!(loop_got, acked.len() as u64, "subscriber {i}");
     }
     for (i, got) in &report {
         eprintln!(
@@ -330,12 +350,14 @@ async fn nodes_follow_a_sentinel_failover_without_a_restart() {
         "sentinel failover: promoted after {promoted:?}, all nodes ready after {followed:?}, \
          delivering everywhere after {delivering:?}; presence right {presence_after:?} later"
     );
-    // Each node always delivers its own publications to its own
-    // subscribers, so each lost at most what the other two published
-    // while the engine moved; something arrived after it moved.
-    for (i, got) in &report {
-        assert!(*got > 0 && *got <= published, "subscriber {i}");
-    }
+    eprintln!(
+        "sentinel failover: {} of {published} ticks acknowledged; recovered on nodes 0, 1, 2: \
+         {}, {}, {}",
+        acked.len(),
+        n[0].counter("herald_broker_recovered_total").await,
+        n[1].counter("herald_broker_recovered_total").await,
+        n[2].counter("herald_broker_recovered_total").await,
+    );
     drop(a);
     drop(b);
     drop(sentinel);

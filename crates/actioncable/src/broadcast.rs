@@ -24,6 +24,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
+use herald_core::adapter::StreamEntry;
 use herald_core::config::BrokerConfig;
 use herald_core::hub::Hub;
 use herald_core::metrics;
@@ -234,9 +235,10 @@ pub fn check_adapter(rpc: &RpcConfig, broker: &BrokerConfig) -> Result<(), Strin
 /// Such messages carry no stream position: every node would append each
 /// one to the shared history, N times in an N-node cluster (the adapter
 /// warns at start; `http` and `redisx` broadcasts are reliable).
-/// From a Redis stream read in a consumer group (not `local`): each entry
-/// reaches one node, which appends it to the history where the stream is
-/// reliable and publishes it to the whole cluster ([`Node::publish_reliably`]).
+/// From a Redis stream read in a consumer group ([`ingest_stream`]; not
+/// `local`): each entry reaches one node, which appends it to the history
+/// where the stream is reliable and publishes it to the whole cluster
+/// ([`Node::publish_reliably`]).
 /// A message that is not a broadcast is counted in
 /// `herald_broadcast_errors_total` and logged.
 pub async fn ingest(
@@ -247,45 +249,81 @@ pub async fn ingest(
     local: bool,
 ) {
     while let Some(bytes) = rx.recv().await {
-        if let Some(command) = crate::remote::parse(&bytes) {
-            match command {
-                Ok(d) => {
-                    metrics::count(&m::BROADCASTS);
-                    let body = crate::remote::body(&d);
-                    if local {
-                        // Every node reads the channel: each runs it here.
-                        node.command_here(&hub.app.id, NAMESPACE.as_str(), &body);
-                    } else {
-                        node.command(&hub, NAMESPACE, &body);
-                    }
-                }
-                Err(why) => {
-                    metrics::count(&m::BROADCAST_ERRORS);
-                    tracing::debug!(error = %why, "broadcast channel: bad remote command; ignored");
+        take(&node, &hub, &reliable, &bytes, local).await;
+    }
+}
+
+/// [`ingest`] from a Redis stream (`redisx`): each entry is acknowledged
+/// in the stream once its publications were taken by the engine; one the
+/// engine refuses (its outbox full: `herald_broker_refused_total`) stays
+/// pending and is read again, never dropped. (An entry carrying an array
+/// refused part way is read again whole: the messages before the refusal
+/// go out twice.)
+pub async fn ingest_stream(
+    node: Arc<Node>,
+    hub: Arc<Hub>,
+    reliable: Arc<ReliableStreams>,
+    mut rx: mpsc::Receiver<StreamEntry>,
+) {
+    while let Some(entry) = rx.recv().await {
+        let taken = take(&node, &hub, &reliable, &entry.payload, false).await;
+        entry.answer(taken);
+    }
+}
+
+/// One message from the broker's server: run, published here (`local`)
+/// or to the cluster. False only when the engine refused a publication
+/// (the ones before it in the message went out).
+async fn take(
+    node: &Arc<Node>,
+    hub: &Arc<Hub>,
+    reliable: &ReliableStreams,
+    bytes: &[u8],
+    local: bool,
+) -> bool {
+    if let Some(command) = crate::remote::parse(bytes) {
+        match command {
+            Ok(d) => {
+                metrics::count(&m::BROADCASTS);
+                let body = crate::remote::body(&d);
+                if local {
+                    // Every node reads the channel: each runs it here.
+                    node.command_here(&hub.app.id, NAMESPACE.as_str(), &body);
+                } else {
+                    node.command(hub, NAMESPACE, &body);
                 }
             }
-            continue;
-        }
-        match parse(&bytes) {
-            Ok(messages) => {
-                for msg in messages {
-                    if local {
-                        node.publish_here(&hub, publication(msg)).await;
-                    } else {
-                        // Refused only while the broker's outbox is full:
-                        // counted (herald_broker_refused_total).
-                        let _ = node
-                            .publish_reliably(&hub, &reliable, publication(msg))
-                            .await;
-                    }
-                }
-            }
-            Err((_, why)) => {
+            Err(why) => {
                 metrics::count(&m::BROADCAST_ERRORS);
-                tracing::debug!(error = %why, "broadcast channel: not a broadcast; ignored")
+                tracing::debug!(error = %why, "broadcast channel: bad remote command; ignored");
             }
+        }
+        return true;
+    }
+    match parse(bytes) {
+        Ok(messages) => {
+            for msg in messages {
+                if local {
+                    node.publish_here(hub, publication(msg)).await;
+                } else {
+                    // Refused only while the broker's outbox is full
+                    // (counted: herald_broker_refused_total).
+                    if node
+                        .publish_reliably(hub, reliable, publication(msg))
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                }
+            }
+        }
+        Err((_, why)) => {
+            metrics::count(&m::BROADCAST_ERRORS);
+            tracing::debug!(error = %why, "broadcast channel: not a broadcast; ignored")
         }
     }
+    true
 }
 
 #[cfg(test)]

@@ -300,7 +300,7 @@ impl Adapter for ActionCable {
         }
         if let Some(stream) = broadcast::ingress_stream(&rpc) {
             let rx = cx.ingress.consume_stream(stream, broadcast::STREAM_GROUP)?;
-            tokio::spawn(broadcast::ingest(node.clone(), hub, reliable, rx, false));
+            tokio::spawn(broadcast::ingest_stream(node.clone(), hub, reliable, rx));
         }
         Ok(())
     }

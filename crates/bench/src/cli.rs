@@ -76,6 +76,35 @@ enum BenchScenario {
     /// time, paced; round trips per kind (ping, perform, subscribe, and an
     /// HTTP publish to the client's own channel).
     Latency(LatencyArgs),
+    /// What a held Pusher client costs over each transport pusher-js
+    /// speaks: ws, or the HTTP fallback (xhr_streaming, xhr_polling).
+    /// Server memory per held client, then CPU per delivery at a steady
+    /// publish rate (with --server-pid; default --clients 1000, --duration
+    /// 5s hold). Run once per --transport and compare.
+    Transports(TransportsArgs),
+}
+
+#[derive(Args)]
+struct TransportsArgs {
+    #[command(flatten)]
+    common: BenchCommon,
+    /// ws, xhr_streaming or xhr_polling.
+    #[arg(long, default_value = "ws", value_parser = transport_name)]
+    transport: super::transports::Transport,
+    /// Events published once every client is held.
+    #[arg(long, default_value_t = 200)]
+    events: usize,
+    /// Events published per second.
+    #[arg(long, default_value_t = 20)]
+    rate: u32,
+    /// Clients opening at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+}
+
+fn transport_name(s: &str) -> Result<super::transports::Transport, String> {
+    super::transports::Transport::from_name(s)
+        .ok_or_else(|| format!("{s}: one of ws, xhr_streaming, xhr_polling"))
 }
 
 #[derive(Args)]
@@ -553,6 +582,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         BenchScenario::Storm(a) => ("storm", a.common.clone()),
         BenchScenario::Slow(a) => ("slow", a.common.clone()),
         BenchScenario::Latency(a) => ("latency", a.common.clone()),
+        BenchScenario::Transports(a) => ("transports", a.common.clone()),
     };
     let sweep = matches!(&args.scenario, BenchScenario::Connect(a) if a.sweep.is_some());
     let spread = common.processes > 1 || common.server_pid.len() > 1;
@@ -869,6 +899,20 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 p.timeout = common.timeout;
                 p.server_pid = server_pid;
                 super::latency::run(&p).await
+            }
+            BenchScenario::Transports(a) => {
+                let p = super::transports::TransportsParams {
+                    target,
+                    transport: a.transport,
+                    clients: common.clients.unwrap_or(1000),
+                    events: a.events,
+                    rate: a.rate,
+                    hold: common.duration.unwrap_or(Duration::from_secs(5)),
+                    concurrency: a.concurrency,
+                    timeout: common.timeout,
+                    server_pid,
+                };
+                super::transports::run(&p).await
             }
         }
     });

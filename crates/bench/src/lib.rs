@@ -17,6 +17,8 @@
 //! connect     connection avalanche, and `--sweep` over increasing N
 //! fanout      HTTP publishers to many subscribers over several channels
 //! idle        many idle subscribed connections; server memory per connection
+//! transports  held Pusher clients over ws, xhr_streaming or xhr_polling:
+//!             server memory per held client, CPU per delivery
 //! latency     light load: a few clients, one paced request at a time;
 //!             round trips per kind and protocol
 //! rpc         AnyCable RPC: a gRPC BenchmarkChannel server (`rpc-server`)
@@ -85,6 +87,7 @@ pub mod shard;
 pub mod slow;
 pub mod soak;
 pub mod storm;
+pub mod transports;
 pub mod worst;
 
 use std::fmt;

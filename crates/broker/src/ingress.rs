@@ -29,6 +29,7 @@ use crate::redis_master::Master;
 use crate::tls::BrokerTls;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use herald_core::adapter::StreamEntry;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -146,6 +147,36 @@ fn pass(tx: &mpsc::Sender<Bytes>, channel: &str, payload: Bytes) -> bool {
     }
 }
 
+/// What became of a stream entry offered to the caller.
+enum Offer {
+    Taken,
+    Refused,
+    /// Nobody listens any more.
+    Closed,
+}
+
+/// Offer one stream entry and wait for the caller's answer. An entry over
+/// [`MAX_MESSAGE`] is dropped (logged), as on a channel: taken.
+async fn offer(tx: &mpsc::Sender<StreamEntry>, stream: &str, payload: Bytes) -> Offer {
+    if payload.len() > MAX_MESSAGE {
+        tracing::warn!(
+            stream,
+            bytes = payload.len(),
+            "ingress message over {MAX_MESSAGE} bytes dropped"
+        );
+        return Offer::Taken;
+    }
+    let (taken, answer) = tokio::sync::oneshot::channel();
+    if tx.send(StreamEntry { payload, taken }).await.is_err() {
+        return Offer::Closed;
+    }
+    match answer.await {
+        Ok(false) => Offer::Refused,
+        // Answered, or dropped without an answer (taken).
+        _ => Offer::Taken,
+    }
+}
+
 /// A `redis://`, `rediss://` or Sentinel URL.
 fn is_redis(url: &str) -> bool {
     url.starts_with("redis://") || url.starts_with("rediss://") || Master::is_sentinel_url(url)
@@ -244,16 +275,20 @@ async fn nats_loop(
 /// `redisx` adapter): the group is created at the stream's end if missing
 /// (`XGROUP CREATE … $ MKSTREAM`), every node reads with `XREADGROUP` as
 /// its own consumer, so each entry goes to one node; the entry's `payload`
-/// field is passed on, then the entry is acknowledged and deleted. Entries
-/// a consumer took and never acknowledged (its node died) are claimed by
-/// another after `block` idle time (`XAUTOCLAIM`). The caller publishes
-/// what arrives to the whole cluster.
+/// field is passed on, one entry at a time, and the entry is acknowledged
+/// and deleted once the caller says it took it. One the caller refuses
+/// (the engine's outbox is full) stays pending, and so do the rest of its
+/// batch: after [`REFUSED_PAUSE`] this consumer reads its own pending
+/// entries again, in order, before anything new. Entries a consumer took
+/// and never acknowledged (its node died, or it has been refusing for a
+/// while) are claimed by another after `block` idle time (`XAUTOCLAIM`).
+/// The caller publishes what arrives to the whole cluster.
 pub fn consume_stream(
     url: &str,
     tls: Option<&BrokerTls>,
     stream: &str,
     group: &str,
-) -> Result<mpsc::Receiver<Bytes>, String> {
+) -> Result<mpsc::Receiver<StreamEntry>, String> {
     let Some(source) = Source::parse(url, tls)? else {
         return Err("broker.url: a Redis stream needs a redis:// broker".into());
     };
@@ -276,12 +311,16 @@ const BLOCK_MS: u64 = 2000;
 /// Entries read at once.
 const READ_COUNT: usize = 100;
 
+/// After a refusal, how long before the refused entry is offered again
+/// (the `Retry-After` of an HTTP publish).
+const REFUSED_PAUSE: Duration = Duration::from_millis(200);
+
 async fn stream_loop(
     source: Source,
     connector: Connector,
     stream: String,
     group: String,
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<StreamEntry>,
 ) {
     let consumer = format!("herald-{:016x}", rand::random::<u64>());
     let mut attempt = 0u32;
@@ -311,66 +350,109 @@ async fn stream_loop(
                 consumer,
                 "stream ingress reading"
             );
+            // This consumer's own pending entries come first after a
+            // refusal or a reconnect (read from the start of its list).
+            let mut own = true;
             loop {
                 if tx.is_closed() {
                     return Ok(());
                 }
-                // Entries another consumer left unacknowledged for too long.
-                let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
-                    .arg(&stream)
-                    .arg(&group)
-                    .arg(&consumer)
-                    .arg(BLOCK_MS)
-                    .arg("0-0")
-                    .arg("COUNT")
-                    .arg(READ_COUNT)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut entries = match &claimed {
-                    redis::Value::Array(parts) => parts.get(1).map(entries_of).unwrap_or_default(),
-                    _ => Vec::new(),
-                };
-                let read: redis::Value = redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg(&group)
-                    .arg(&consumer)
-                    .arg("COUNT")
-                    .arg(READ_COUNT)
-                    .arg("BLOCK")
-                    .arg(BLOCK_MS)
-                    .arg("STREAMS")
-                    .arg(&stream)
-                    .arg(">")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                entries.extend(read_entries(&read));
+                let mut entries = Vec::new();
+                if own {
+                    let read: redis::Value = redis::cmd("XREADGROUP")
+                        .arg("GROUP")
+                        .arg(&group)
+                        .arg(&consumer)
+                        .arg("COUNT")
+                        .arg(READ_COUNT)
+                        .arg("STREAMS")
+                        .arg(&stream)
+                        .arg("0")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    entries = read_entries(&read);
+                    own = !entries.is_empty();
+                }
+                if !own {
+                    // Entries another consumer left unacknowledged for too long.
+                    let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+                        .arg(&stream)
+                        .arg(&group)
+                        .arg(&consumer)
+                        .arg(BLOCK_MS)
+                        .arg("0-0")
+                        .arg("COUNT")
+                        .arg(READ_COUNT)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    entries = match &claimed {
+                        redis::Value::Array(parts) => {
+                            parts.get(1).map(entries_of).unwrap_or_default()
+                        }
+                        _ => Vec::new(),
+                    };
+                    let read: redis::Value = redis::cmd("XREADGROUP")
+                        .arg("GROUP")
+                        .arg(&group)
+                        .arg(&consumer)
+                        .arg("COUNT")
+                        .arg(READ_COUNT)
+                        .arg("BLOCK")
+                        .arg(BLOCK_MS)
+                        .arg("STREAMS")
+                        .arg(&stream)
+                        .arg(">")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    entries.extend(read_entries(&read));
+                }
+                // Acknowledged once taken; the first refusal leaves it and
+                // the rest pending, read again after a pause.
+                let mut done = Vec::with_capacity(entries.len());
+                let mut refused = false;
                 for (id, payload) in entries {
                     match payload {
-                        Some(p) => {
-                            if !pass(&tx, &stream, p) {
-                                return Ok(());
+                        Some(p) => match offer(&tx, &stream, p).await {
+                            Offer::Taken => done.push(id),
+                            Offer::Refused => {
+                                refused = true;
+                                break;
                             }
+                            Offer::Closed => return Ok(()),
+                        },
+                        None => {
+                            tracing::debug!(
+                                stream,
+                                id,
+                                "stream entry without a payload field; dropped"
+                            );
+                            done.push(id);
                         }
-                        None => tracing::debug!(
-                            stream,
-                            id,
-                            "stream entry without a payload field; dropped"
-                        ),
                     }
+                }
+                if !done.is_empty() {
                     let _: redis::RedisResult<()> = redis::pipe()
                         .cmd("XACK")
                         .arg(&stream)
                         .arg(&group)
-                        .arg(&id)
+                        .arg(&done)
                         .ignore()
                         .cmd("XDEL")
                         .arg(&stream)
-                        .arg(&id)
+                        .arg(&done)
                         .ignore()
                         .query_async(&mut conn)
                         .await;
+                }
+                if refused {
+                    own = true;
+                    tokio::select! {
+                        _ = tokio::time::sleep(REFUSED_PAUSE) => {}
+                        _ = tx.closed() => return Ok(()),
+                    }
                 }
             }
         }
@@ -564,7 +646,7 @@ mod tests {
         let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("claimed within 10 s");
-        assert_eq!(got.as_deref(), Some(&b"orphan"[..]));
+        assert_eq!(got.map(|e| e.answer(true)).as_deref(), Some(&b"orphan"[..]));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let len: u64 = redis::cmd("XLEN")

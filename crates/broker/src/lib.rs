@@ -80,6 +80,7 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
     let url = config.url.as_str();
     let bad = |e: String| format!("broker.url {:?}: {e}", config.shown_url());
     let (every, deadline) = config.canary();
+    let journal = engine::journal::Limits::of(config);
     let kind = urls::check(config)?;
     let tls = tls::BrokerTls::load(config)?;
     let tls = tls.as_ref();
@@ -88,12 +89,14 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
         urls::Kind::Redis => Arc::new(
             redis::engine_with_tls(url, &config.prefix, config.ttl(), tls)
                 .map_err(bad)?
-                .with_canary(every, deadline),
+                .with_canary(every, deadline)
+                .with_journal(journal),
         ),
         urls::Kind::RedisCluster => Arc::new(
             redis_cluster::engine_with_tls(url, &config.prefix, config.ttl(), tls)
                 .map_err(bad)?
-                .with_canary(every, deadline),
+                .with_canary(every, deadline)
+                .with_journal(journal),
         ),
         urls::Kind::Nats => Arc::new(
             nats::engine_with_replicas(
@@ -104,7 +107,8 @@ pub fn from_config(config: &BrokerConfig) -> Result<Arc<dyn Broker>, String> {
                 tls,
             )
             .map_err(bad)?
-            .with_canary(every, deadline),
+            .with_canary(every, deadline)
+            .with_journal(journal),
         ),
     })
 }

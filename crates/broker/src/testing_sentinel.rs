@@ -388,7 +388,7 @@ mod tests {
         stream: &str,
         payload: &str,
         sub: &mut tokio::sync::mpsc::Receiver<bytes::Bytes>,
-        group: &mut tokio::sync::mpsc::Receiver<bytes::Bytes>,
+        group: &mut tokio::sync::mpsc::Receiver<herald_core::adapter::StreamEntry>,
     ) {
         let mut c = redis::Client::open(url)
             .unwrap()
@@ -423,7 +423,7 @@ mod tests {
                 from_sub |= m.as_ref() == payload.as_bytes();
             }
             while let Ok(Some(m)) = tokio::time::timeout_at(until, group.recv()).await {
-                from_group |= m.as_ref() == payload.as_bytes();
+                from_group |= m.answer(true).as_ref() == payload.as_bytes();
             }
         }
     }

@@ -68,7 +68,29 @@ pub trait Ingress: Send + Sync {
     /// Every message on a pub/sub channel (Redis) or subject (NATS).
     fn subscribe(&self, channel: &str) -> Result<mpsc::Receiver<Bytes>, String>;
     /// A Redis stream read in a consumer group (each entry to one node).
-    fn consume_stream(&self, stream: &str, group: &str) -> Result<mpsc::Receiver<Bytes>, String>;
+    fn consume_stream(
+        &self,
+        stream: &str,
+        group: &str,
+    ) -> Result<mpsc::Receiver<StreamEntry>, String>;
+}
+
+/// One entry of a stream read in a consumer group. It is acknowledged in
+/// the stream only once the reader says it was taken; one refused (the
+/// broker's outbox is full) stays pending and is read again.
+pub struct StreamEntry {
+    pub payload: Bytes,
+    /// `true`: taken (acknowledge it); `false`: refused. Dropped
+    /// unanswered: taken.
+    pub taken: tokio::sync::oneshot::Sender<bool>,
+}
+
+impl StreamEntry {
+    /// Say whether the entry was taken.
+    pub fn answer(self, taken: bool) -> Bytes {
+        let _ = self.taken.send(taken);
+        self.payload
+    }
 }
 
 /// A protocol front door, as the server sees it. Every method but

@@ -198,6 +198,16 @@ pub struct BrokerConfig {
     /// bucket (NATS only): 1 keeps them on one server of a NATS cluster,
     /// 3 lets them survive a server's loss.
     pub jetstream_replicas: usize,
+    /// Publications a node holds for the broker while it has not taken
+    /// them (the broker away or slow) before it refuses more (503).
+    pub outbox: usize,
+    /// Seconds a node keeps the publications the broker took, for nodes
+    /// that missed them to ask for (0: not kept; nothing recovered).
+    pub recovery_window: u64,
+    /// Most publications kept for that window.
+    pub recovery_max: usize,
+    /// Most bytes of publications kept (outbox and window together).
+    pub journal_max_bytes: usize,
     /// PEM file of the authorities to trust for the broker's certificate,
     /// instead of the system's (a TLS `url` only; see herald-broker's
     /// `tls` module for why instead).
@@ -220,6 +230,10 @@ impl Default for BrokerConfig {
             canary_timeout: 2,
             confirm_timeout: 5,
             jetstream_replicas: 1,
+            outbox: 16 * 1024,
+            recovery_window: 60,
+            recovery_max: 100_000,
+            journal_max_bytes: 64 << 20,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
@@ -969,6 +983,24 @@ impl Config {
                 "is required with broker.tls_key",
             )),
             _ => {}
+        }
+        if b.outbox == 0 || b.outbox > 1 << 20 {
+            errors.push(invalid("broker.outbox", "must be 1 to 1048576"));
+        }
+        if b.recovery_window > 3600 {
+            errors.push(invalid(
+                "broker.recovery_window",
+                "must be 0 (none kept) to 3600 (seconds)",
+            ));
+        }
+        if b.recovery_max > 10_000_000 {
+            errors.push(invalid("broker.recovery_max", "must be 0 to 10000000"));
+        }
+        if b.journal_max_bytes < 1 << 20 || b.journal_max_bytes > 1 << 34 {
+            errors.push(invalid(
+                "broker.journal_max_bytes",
+                "must be 1048576 (1 MiB) to 17179869184 (16 GiB)",
+            ));
         }
         if b.jetstream_replicas == 0 || b.jetstream_replicas > 5 {
             errors.push(invalid(

@@ -38,7 +38,9 @@
 //! space of channel names) and `frame` (finished WebSocket frames, shared).
 //!
 //! Around them: `apps` (the apps a node serves, changed while it runs),
-//! `ws` (the upgrade and the client-frame decoder), `config`
+//! `ws` (the upgrade and the client-frame decoder), `relay`
+//! (a session socket in memory, for transports that carry messages: HTTP
+//! fallbacks run the same session loop on it), `config`
 //! (the core's settings; adapters' keys kept raw for them), `adapter` (the
 //! seam: what a protocol crate hands the server: its keys, routes, tasks),
 //! `reliable` (reliable publishing, what a protocol that resumes its
@@ -77,6 +79,7 @@ pub mod observer;
 pub mod origin;
 pub mod publication;
 pub mod reaper;
+pub mod relay;
 pub mod reliable;
 pub mod session;
 pub mod sessions;

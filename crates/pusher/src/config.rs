@@ -17,7 +17,65 @@ pub const TOP_KEYS: &[&str] = &[
     "webhook_retry_for",
     "webhook_queue",
     "webhook_queue_bytes",
+    "http_fallback",
+    "http_session_timeout_ms",
+    "http_heartbeat_ms",
+    "http_max_sessions",
 ];
+
+/// The top-level keys of pusher-js's HTTP transports (`crate::xhr`).
+pub const HTTP_KEYS: &[&str] = &[
+    "http_fallback",
+    "http_session_timeout_ms",
+    "http_heartbeat_ms",
+    "http_max_sessions",
+];
+
+/// pusher-js's HTTP transports (`xhr_streaming`, `xhr_polling`), server-wide.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// Serve `/pusher/app/{key}/{server}/{session}/xhr_streaming`, `/xhr`
+    /// and `/xhr_send`.
+    pub http_fallback: bool,
+    /// How long a session may go without a receiving request (a held poll
+    /// or stream) before it is closed, in milliseconds.
+    pub http_session_timeout_ms: u64,
+    /// Longest silence on a held poll or stream before an `h` frame, in
+    /// milliseconds (also at most half of `activity_timeout`).
+    pub http_heartbeat_ms: u64,
+    /// Most HTTP sessions one node holds at once; more are refused (503).
+    pub http_max_sessions: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            http_fallback: true,
+            http_session_timeout_ms: 15_000,
+            http_heartbeat_ms: 25_000,
+            http_max_sessions: 10_000,
+        }
+    }
+}
+
+impl HttpSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1000..=300_000).contains(&self.http_session_timeout_ms) {
+            return Err(invalid(
+                "http_session_timeout_ms",
+                "must be from 1000 to 300000 (five minutes)",
+            ));
+        }
+        if !(100..=60_000).contains(&self.http_heartbeat_ms) {
+            return Err(invalid("http_heartbeat_ms", "must be from 100 to 60000"));
+        }
+        if self.http_max_sessions == 0 {
+            return Err(invalid("http_max_sessions", "must be positive"));
+        }
+        Ok(())
+    }
+}
 
 /// The keys of an app this adapter owns.
 pub const APP_KEYS: &[&str] = &["webhooks"];
@@ -108,6 +166,7 @@ pub struct AppSettings {
 #[derive(Debug, Clone, Default)]
 pub struct PusherConfig {
     pub webhook: WebhookSettings,
+    pub http: HttpSettings,
     /// Per app, in the order of `config.apps`.
     pub apps: Vec<AppSettings>,
 }
@@ -117,7 +176,12 @@ impl PusherConfig {
     pub fn load(config: &Config) -> Result<PusherConfig, ConfigError> {
         // Every error at once: the top-level keys', then each app's.
         let mut errors = Vec::new();
-        let webhook = match top_keys::<WebhookSettings>(config, TOP_KEYS) {
+        let webhook_keys: Vec<&str> = TOP_KEYS
+            .iter()
+            .filter(|k| !HTTP_KEYS.contains(k))
+            .copied()
+            .collect();
+        let webhook = match top_keys::<WebhookSettings>(config, &webhook_keys) {
             Ok(w) => {
                 errors.extend(w.validate().err());
                 w
@@ -125,6 +189,16 @@ impl PusherConfig {
             Err(e) => {
                 errors.push(e);
                 WebhookSettings::default()
+            }
+        };
+        let http = match top_keys::<HttpSettings>(config, HTTP_KEYS) {
+            Ok(h) => {
+                errors.extend(h.validate().err());
+                h
+            }
+            Err(e) => {
+                errors.push(e);
+                HttpSettings::default()
             }
         };
         let mut apps = Vec::with_capacity(config.apps.len());
@@ -143,12 +217,21 @@ impl PusherConfig {
             }
             apps.push(app);
         }
-        ConfigError::all(errors).map(|()| PusherConfig { webhook, apps })
+        ConfigError::all(errors).map(|()| PusherConfig {
+            webhook,
+            http,
+            apps,
+        })
     }
 
     /// The keys with their defaults, shaped as the file (for `herald config`).
     pub fn shown(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(&self.webhook).unwrap_or_default();
+        if let (Some(v), Ok(serde_json::Value::Object(http))) =
+            (v.as_object_mut(), serde_json::to_value(&self.http))
+        {
+            v.extend(http);
+        }
         v["apps"] = serde_json::to_value(&self.apps).unwrap_or_default();
         v
     }

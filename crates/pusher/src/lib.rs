@@ -9,6 +9,8 @@
 //!   └ signing        HMAC channel/user auth, constant-time checks
 //! api       /apps/{id}/...: the HTTP API (events, batches, channel queries,
 //!   └ auth           terminate) and its request signatures
+//! xhr       pusher-js's HTTP transports (xhr_streaming, xhr_polling):
+//!           the same session on the core's relay instead of a socket
 //! wire      parse/encode Pusher frames, error codes; the core's `Wire`
 //! webhooks  Pusher-compatible webhooks from the core's observers
 //!   ├ config       `webhook_*` and each app's `webhooks`, parsed and checked
@@ -27,6 +29,7 @@ pub mod presence_data;
 pub mod session;
 pub mod webhooks;
 pub mod wire;
+pub mod xhr;
 
 /// HMAC channel and user auth, API signatures (shared with `herald bench`).
 pub use herald_signing as signing;
@@ -71,9 +74,15 @@ impl Adapter for Pusher {
     }
 }
 
-/// The Pusher routes: the WebSocket endpoint and the HTTP API.
+/// The Pusher routes: the WebSocket endpoint, pusher-js's HTTP transports
+/// and the HTTP API.
 pub fn router(node: &Arc<Node>) -> Router<Arc<Node>> {
+    // The server checked the configuration before it got here.
+    let http = config::PusherConfig::load(&node.config)
+        .map(|c| c.http)
+        .unwrap_or_default();
     Router::new()
         .route("/app/{key}", get(session::upgrade))
+        .merge(xhr::router(node, http))
         .merge(api::router(node))
 }

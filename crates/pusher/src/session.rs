@@ -104,7 +104,7 @@ pub async fn upgrade(
 
 /// The app of `key`, if it exists, speaks this protocol version and takes
 /// one more connection; else the Pusher error code to close with.
-fn admit(node: &Node, key: &str, params: &ConnectParams) -> Result<Arc<Hub>, u16> {
+pub(crate) fn admit(node: &Node, key: &str, params: &ConnectParams) -> Result<Arc<Hub>, u16> {
     let hub = node.hub_by_key(key).ok_or(code::APP_NOT_FOUND)?;
     check_version(params)?;
     hub.admit().map_err(|e| match e {
@@ -124,8 +124,12 @@ async fn refuse(socket: Socket, code: u16, message: &'static str) {
     session::refuse(socket, &frames).await;
 }
 
-/// Run an admitted connection until it closes.
-fn run(node: Arc<Node>, hub: Arc<Hub>, socket: Socket) -> impl Future<Output = ()> + Send {
+/// Run an admitted connection until it closes, on an upgraded socket or on
+/// an HTTP transport's relay (`crate::xhr`): the session is the same.
+pub(crate) fn run<S>(node: Arc<Node>, hub: Arc<Hub>, socket: S) -> impl Future<Output = ()> + Send
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (id, socket_id) = node.next_connection();
     let session::Opened {
         conn,

@@ -369,6 +369,12 @@ impl Server {
         self.metric_where(name, &[]).await
     }
 
+    /// Counter `name`, 0 when the server has no such series (for figures
+    /// a test only reports, so that it also runs against older builds).
+    pub async fn counter(&self, name: &str) -> u64 {
+        metric_in(&self.scrape().await, name, &[]).unwrap_or(0)
+    }
+
     /// The sum of the series of `name` whose labels include `labels`.
     /// Panics if there is none.
     pub async fn metric_where(&self, name: &str, labels: &[(&str, &str)]) -> u64 {

@@ -39,11 +39,17 @@ impl Shared {
                 }
                 // After the canonical check: the copy through the other
                 // subscription (dropped above) must not count as the first.
-                if !self.fresh_pub(&mut s, from, seq) {
-                    return;
-                }
+                let out = self.live_pub(&mut s, from, seq, a, p);
                 drop(s);
-                inbox.publication(&a, p);
+                match out {
+                    recover::Deliver::Nothing => {}
+                    recover::Deliver::One(a, p) => inbox.publication(&a, p),
+                    recover::Deliver::Many(list) => {
+                        for (a, p, _) in list {
+                            inbox.publication(&a, p);
+                        }
+                    }
+                }
                 return;
             }
             Msg::Member {

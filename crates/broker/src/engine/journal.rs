@@ -28,18 +28,55 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Publications held for the broker (not yet taken) before more are
-/// refused.
+/// refused (`broker.outbox`).
 pub const OUTBOX: usize = 16 * 1024;
 
-/// How long a taken publication stays for the nodes that missed it.
+/// The largest `broker.outbox` (the engine's queue keeps room for two).
+pub const OUTBOX_MAX: usize = 1 << 20;
+
+/// How long a taken publication stays for the nodes that missed it
+/// (`broker.recovery_window`).
 pub const WINDOW: Duration = Duration::from_secs(60);
 
-/// Most publications kept in the window.
+/// Most publications kept in the window (`broker.recovery_max`).
 pub const WINDOW_MAX: usize = 100_000;
 
 /// Most bytes kept (window and outbox): over it, taken entries go first;
-/// if only the outbox is left, publications are refused.
+/// if only the outbox is left, publications are refused
+/// (`broker.journal_max_bytes`).
 pub const WINDOW_BYTES: usize = 64 << 20;
+
+/// The journal's bounds (the `broker.*` settings above).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub outbox: usize,
+    pub window: Duration,
+    pub window_max: usize,
+    pub bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            outbox: OUTBOX,
+            window: WINDOW,
+            window_max: WINDOW_MAX,
+            bytes: WINDOW_BYTES,
+        }
+    }
+}
+
+impl Limits {
+    /// The bounds `config` sets.
+    pub fn of(config: &herald_core::config::BrokerConfig) -> Limits {
+        Limits {
+            outbox: config.outbox.min(OUTBOX_MAX),
+            window: Duration::from_secs(config.recovery_window),
+            window_max: config.recovery_max,
+            bytes: config.journal_max_bytes,
+        }
+    }
+}
 
 struct Kept {
     seq: u64,
@@ -58,6 +95,7 @@ struct Inner {
     live: bool,
     entries: VecDeque<Kept>,
     bytes: usize,
+    limits: Limits,
 }
 
 pub struct Journal {
@@ -73,6 +111,7 @@ impl Default for Journal {
                 live: false,
                 entries: VecDeque::new(),
                 bytes: 0,
+                limits: Limits::default(),
             }),
         }
     }
@@ -86,9 +125,10 @@ impl Inner {
     /// Drop taken entries past the window's bounds.
     fn evict(&mut self, now: Instant) {
         while let Some(f) = self.entries.front() {
-            let old = now.duration_since(f.at) > WINDOW
-                || self.entries.len() > WINDOW_MAX
-                || self.bytes > WINDOW_BYTES;
+            let l = &self.limits;
+            let old = now.duration_since(f.at) > l.window
+                || self.entries.len() > l.window_max
+                || self.bytes > l.bytes;
             if f.seq > self.taken || !old {
                 break;
             }
@@ -103,6 +143,11 @@ impl Inner {
 }
 
 impl Journal {
+    /// Set the bounds (before the engine starts).
+    pub fn configure(&self, limits: Limits) {
+        self.inner.lock().limits = limits;
+    }
+
     /// Number, keep and (while live) queue the message `make` builds for
     /// its number. `Err(Full)`: the outbox is full; nothing was kept.
     pub fn publish(
@@ -114,7 +159,7 @@ impl Journal {
         let mut j = self.inner.lock();
         let now = Instant::now();
         j.evict(now);
-        if j.unsent() >= OUTBOX as u64 || j.bytes > WINDOW_BYTES {
+        if j.unsent() >= j.limits.outbox as u64 || j.bytes > j.limits.bytes {
             return Err(Full);
         }
         let seq = j.next;

@@ -346,7 +346,10 @@ impl Shared {
     /// Forget node `n`: its members leave, its counts are dropped.
     pub(super) fn bury(&self, s: &mut State, n: NodeId, acts: &mut Vec<Act>) {
         s.peers.remove(&n);
-        self.forget_recv(s, n);
+        let held = self.forget_recv(s, n);
+        if !held.is_empty() {
+            acts.push(Act::Publications(held));
+        }
         s.count_nodes();
         s.incoming.remove(&n);
         s.incoming_held.remove(&n);

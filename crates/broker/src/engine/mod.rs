@@ -82,7 +82,7 @@ pub const QUEUE: usize = 16 * 1024;
 
 /// Queue slots only publications take: a whole outbox sent again, and one
 /// more outbox of new ones.
-const RESERVED: usize = 2 * journal::OUTBOX;
+const RESERVED: usize = 2 * journal::OUTBOX_MAX;
 
 /// Longest wait for the other nodes' answers to a request.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(1);
@@ -178,6 +178,9 @@ enum Act {
     ObservedGone(Flip),
     /// One another node reports (for displays).
     Seen(Flip),
+    /// Publications held for a recovery that will not complete (app,
+    /// publication, number), in order.
+    Publications(Vec<(String, Publication, u64)>),
 }
 
 /// The engine's state, shared by the broker handle and its tasks.
@@ -327,6 +330,11 @@ fn run(inbox: &Arc<dyn Inbox>, acts: Vec<Act>) {
             Act::Observed(f) => inbox.observed(&f.key.0, f.key.1 .0, &change_of(&f)),
             Act::ObservedGone(f) => inbox.observed_gone(&f.key.0, f.key.1 .0, &change_of(&f)),
             Act::Seen(f) => inbox.seen(&f.key.0, f.key.1 .0, &change_of(&f)),
+            Act::Publications(list) => {
+                for (app, p, _) in list {
+                    inbox.publication(&app, p);
+                }
+            }
         }
     }
 }
@@ -404,6 +412,13 @@ impl Engine {
     /// `deadline` (see [`canary`]); never called: no canary.
     pub fn with_canary(self, every: Duration, deadline: Duration) -> Engine {
         self.shared.canary.configure(every, deadline);
+        self
+    }
+
+    /// Bound the journal's outbox and window (`broker.outbox`,
+    /// `broker.recovery_*`, `broker.journal_max_bytes`).
+    pub fn with_journal(self, limits: journal::Limits) -> Engine {
+        self.shared.journal.configure(limits);
         self
     }
 

@@ -16,6 +16,16 @@
 //! `herald_broker_unrecovered_total` and logged; so is a peer buried while
 //! this node still waited for its answer (counted once).
 //!
+//! Order: while a recovery from a node is open, that node's live
+//! publications are held (at most [`HOLD_FOR`] and [`HOLD_MAX`] of them;
+//! released by the next one to arrive, or else at this node's next
+//! heartbeat tick),
+//! and delivered with the recovered ones in the node's order once the
+//! answer is complete; so one publisher's order holds also across an
+//! outage. Past either bound (an answer that does not come), what is held
+//! goes out in order, and what is recovered after that comes after newer
+//! ones.
+//!
 //! The floor follows heartbeats one beat late: a heartbeat tells that
 //! everything before it was sent, and one beat period is slack for
 //! transports that do not keep one sender's order across subjects (Redis
@@ -37,6 +47,27 @@ const CHUNK_BYTES: usize = 512 << 10;
 
 /// Most numbers tracked above the floor (bits); past them the floor moves.
 const MAX_BITS: u64 = 1 << 22;
+
+/// Longest a live publication waits for a recovery from its node to
+/// complete (then delivery goes on without waiting).
+pub(super) const HOLD_FOR: Duration = Duration::from_secs(1);
+
+/// Most live publications held per node while a recovery is open.
+pub(super) const HOLD_MAX: usize = 4096;
+
+/// A publication to deliver: app, publication, its number.
+type Held = (String, Publication, u64);
+
+/// What to deliver after a live publication arrived. Returned and matched
+/// at once, never stored: the publication moves in place, unboxed.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Deliver {
+    /// Nothing (a second copy, or held).
+    Nothing,
+    One(String, Publication),
+    /// Several, in order (a hold released).
+    Many(Vec<Held>),
+}
 
 /// Which of one node's publications this node has had.
 pub(super) struct Seen {
@@ -96,6 +127,10 @@ pub(super) struct Recv {
     /// A gap may be open: ask (again) for what it kept.
     resync: bool,
     asked: Option<Instant>,
+    /// Live publications held while the recovery is open, and since when
+    /// (None: not holding; released, or no recovery open).
+    held: Vec<Held>,
+    hold_since: Option<Instant>,
 }
 
 impl Recv {
@@ -106,31 +141,89 @@ impl Recv {
             last_beat: seq,
             resync: false,
             asked: None,
+            held: Vec::new(),
+            hold_since: None,
         }
+    }
+
+    /// A recovery opens: hold live publications until it completes (a
+    /// hold that still keeps some goes on as it was: they are released
+    /// at its bound).
+    fn open(&mut self) {
+        self.resync = true;
+        self.asked = None;
+        if self.held.is_empty() {
+            self.hold_since = Some(Instant::now());
+        }
+    }
+
+    /// Whether live publications are to be held now.
+    fn holding(&self) -> bool {
+        self.resync
+            && self.held.len() < HOLD_MAX
+            && self.hold_since.is_some_and(|t| t.elapsed() < HOLD_FOR)
+    }
+
+    /// Stop holding: what was held, in order.
+    fn release(&mut self) -> Vec<Held> {
+        self.hold_since = None;
+        let mut out = std::mem::take(&mut self.held);
+        out.sort_unstable_by_key(|h| h.2);
+        out
     }
 }
 
 impl Shared {
-    /// A publication numbered `seq` from `from` arrived live: whether to
-    /// deliver it (not a second copy).
-    pub(super) fn fresh_pub(&self, s: &mut State, from: NodeId, seq: u64) -> bool {
+    /// A publication numbered `seq` from `from` arrived live: what to
+    /// deliver (nothing for a second copy; held while a recovery from
+    /// `from` is open).
+    pub(super) fn live_pub(
+        &self,
+        s: &mut State,
+        from: NodeId,
+        seq: u64,
+        a: String,
+        p: Publication,
+    ) -> Deliver {
         if seq == 0 {
-            return true; // a node that does not number its publications
+            return Deliver::One(a, p); // a node that does not number them
         }
-        match s.recv.get_mut(&from) {
-            Some(r) => {
-                let fresh = r.seen.fresh(seq);
-                if !fresh {
-                    metrics::count(&metrics::BROKER_DUPLICATES);
-                }
-                fresh
-            }
-            None => {
-                // The first we hear of it: nothing before is ours to ask.
-                s.recv.insert(from, Recv::new(seq));
-                true
+        let Some(r) = s.recv.get_mut(&from) else {
+            // The first we hear of it: nothing before is ours to ask.
+            s.recv.insert(from, Recv::new(seq));
+            return Deliver::One(a, p);
+        };
+        if !r.seen.fresh(seq) {
+            metrics::count(&metrics::BROKER_DUPLICATES);
+            return Deliver::Nothing;
+        }
+        if r.holding() {
+            r.held.push((a, p, seq));
+            return Deliver::Nothing;
+        }
+        if r.hold_since.is_none() {
+            return Deliver::One(a, p);
+        }
+        // A hold past its bounds: what it held, then this one.
+        let mut out = r.release();
+        out.push((a, p, seq));
+        tracing::debug!(
+            node = from,
+            held = out.len(),
+            "a recovery took too long; delivering without waiting for it"
+        );
+        Deliver::Many(out)
+    }
+
+    /// Holds past their bounds, released (in order per node).
+    pub(super) fn overdue_holds(&self, s: &mut State) -> Vec<Held> {
+        let mut out = Vec::new();
+        for r in s.recv.values_mut() {
+            if r.hold_since.is_some() && !r.holding() {
+                out.extend(r.release());
             }
         }
+        out
     }
 
     /// Bookkeeping of any message from `from`: a heartbeat's number moves
@@ -147,8 +240,7 @@ impl Shared {
                 }
                 Some(r) => {
                     if *h {
-                        r.resync = true;
-                        r.asked = None;
+                        r.open();
                     } else if !r.resync {
                         r.seen.advance(r.last_beat);
                     }
@@ -184,12 +276,12 @@ impl Shared {
     pub(super) fn resync_all(&self) {
         let mut s = self.state.lock();
         for r in s.recv.values_mut() {
-            r.resync = true;
-            r.asked = None;
+            r.open();
         }
     }
 
-    /// Heartbeat tick: ask again where an answer is overdue.
+    /// Heartbeat tick: ask again where an answer is overdue; deliver what
+    /// overdue holds kept.
     pub(super) fn recover_tick(&self) {
         let mut s = self.state.lock();
         let due: Vec<NodeId> = s
@@ -201,21 +293,40 @@ impl Shared {
         for n in due {
             self.ask_if_due(&mut s, n);
         }
+        let out = self.overdue_holds(&mut s);
+        drop(s);
+        self.deliver(out);
     }
 
-    /// Node `n` is buried: a recovery still open cannot complete.
-    pub(super) fn forget_recv(&self, s: &mut State, n: NodeId) {
-        if let Some(r) = s.recv.remove(&n) {
-            if r.resync {
-                metrics::count(&metrics::BROKER_UNRECOVERED);
-                tracing::warn!(
-                    node = n,
-                    after = r.seen.base,
-                    "a node went away before sending what it published while this node was \
-                     away; its publications since then may be missing here"
-                );
+    /// Hand publications to the inbox, in the order given.
+    pub(super) fn deliver(&self, list: Vec<Held>) {
+        if list.is_empty() {
+            return;
+        }
+        if let Some(inbox) = self.inbox.get() {
+            for (a, p, _) in list {
+                inbox.publication(&a, p);
             }
         }
+    }
+
+    /// Node `n` is buried: a recovery still open cannot complete; what
+    /// was held for it is delivered (returned).
+    pub(super) fn forget_recv(&self, s: &mut State, n: NodeId) -> Vec<Held> {
+        let Some(mut r) = s.recv.remove(&n) else {
+            return Vec::new();
+        };
+        let held = r.release();
+        if r.resync {
+            metrics::count(&metrics::BROKER_UNRECOVERED);
+            tracing::warn!(
+                node = n,
+                after = r.seen.base,
+                "a node went away before sending what it published while this node was \
+                 away; its publications since then may be missing here"
+            );
+        }
+        held
     }
 
     /// Node `n` asks for what this node kept above `after`.
@@ -272,29 +383,44 @@ impl Shared {
             );
             r.seen.advance(first - 1);
         }
-        let mut deliver = Vec::new();
+        let mut recovered = Vec::new();
+        // The answer comes in the node's order: held ones numbered up to
+        // the last entry of this part go out among them.
+        let mut upto = 0;
         for e in entries {
             let Ok(Msg::Pub { a, p, s: seq, .. }) = serde_json::from_str::<Msg>(e.get()) else {
                 continue;
             };
+            upto = upto.max(seq);
             if seq != 0 && r.seen.fresh(seq) {
-                deliver.push((a, p));
+                recovered.push((a, p, seq));
             }
         }
+        let count = recovered.len();
+        let mut deliver = recovered;
         if done {
             r.resync = false;
             r.asked = None;
+            deliver.extend(r.release());
+        } else if r.hold_since.is_some() {
+            let later = r.held.iter().filter(|h| h.2 > upto).count();
+            if later < r.held.len() {
+                r.held.sort_unstable_by_key(|h| h.2);
+                let rest = r.held.split_off(r.held.len() - later);
+                deliver.extend(std::mem::replace(&mut r.held, rest));
+            }
         }
         drop(s);
-        if !deliver.is_empty() {
+        if count > 0 {
             tracing::info!(
                 node = n,
-                count = deliver.len(),
+                count,
                 "recovered publications sent while the broker was away"
             );
+            metrics::add(&metrics::BROKER_RECOVERED, count as u64);
         }
-        for (a, p) in deliver {
-            metrics::count(&metrics::BROKER_RECOVERED);
+        deliver.sort_by_key(|h| h.2);
+        for (a, p, _) in deliver {
             inbox.publication(&a, p);
         }
     }
@@ -303,6 +429,108 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::Seen;
+    use super::*;
+    use herald_core::broker::Cluster as _;
+    use herald_core::hub::StatsFilter;
+    use herald_core::publication::json_string;
+    use herald_core::testing::NS;
+
+    /// An inbox that keeps the data of the publications it is given.
+    #[derive(Default)]
+    struct Got(Mutex<Vec<String>>);
+
+    impl Inbox for Got {
+        fn publication(&self, _: &str, p: Publication) {
+            self.0
+                .lock()
+                .push(p.data.get().trim_matches('"').to_owned());
+        }
+        fn presence(&self, _: &str, _: &PresenceChange) {}
+        fn control(&self, _: &str, _: &Control) {}
+        fn stats(&self, _: &str, _: Option<Namespace>, _: &StatsFilter) -> Vec<ChannelStats> {
+            Vec::new()
+        }
+        fn cached(&self, _: &str, _: Namespace, _: &str) -> Option<(Publication, Duration)> {
+            None
+        }
+        fn count(&self, _: &str, _: Namespace, _: &str, _: NodeId, _: usize) {}
+        fn connections(&self) -> Vec<(String, u32)> {
+            Vec::new()
+        }
+        fn remote_connections(&self, _: &str, _: u32) {}
+        fn node_gone(&self, _: NodeId) {}
+    }
+
+    /// Node 2's publication numbered `seq` (to a user: no subscription
+    /// needed to take it).
+    fn publication(seq: u64) -> Vec<u8> {
+        let p = Publication::new(NS, "c".into(), "e".into(), json_string(&seq.to_string()))
+            .to_user(Some("u".into()));
+        Msg::Pub {
+            n: 2,
+            a: "app".into(),
+            p,
+            s: seq,
+        }
+        .to_bytes()
+    }
+
+    /// Node 2's (whole) answer to a recovery: its entries `from..=to`.
+    fn replay(from: u64, to: u64) -> Vec<u8> {
+        let e: Vec<String> = (from..=to)
+            .map(|s| String::from_utf8(publication(s)).unwrap())
+            .collect();
+        format!(
+            "{{\"Y\":{{\"n\":2,\"o\":{from},\"d\":true,\"e\":[{}]}}}}",
+            e.join(",")
+        )
+        .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn recovered_publications_come_in_their_nodes_order() {
+        let engine = Engine::new(
+            "test",
+            "p",
+            Duration::from_secs(30),
+            ">",
+            Box::new(|_, _| {}),
+        );
+        let got = Arc::new(Got::default());
+        engine.attach(1, got.clone());
+        let sh = engine.shared().clone();
+        let all = sh.all();
+        let beat = Msg::Beat {
+            n: 2,
+            l: Vec::new(),
+            h: false,
+            r: false,
+            t: 1,
+            g: Vec::new(),
+            s: 0,
+        };
+        sh.on_message(&all, &beat.to_bytes());
+        sh.on_message(&all, &publication(1));
+        sh.on_message(&all, &publication(2));
+        // This node's broker connection came back: 3 and 4 were missed;
+        // 5 arrives live before the answer, and waits for it.
+        sh.resync_all();
+        sh.on_message(&all, &publication(5));
+        assert_eq!(*got.0.lock(), ["1", "2"]);
+        sh.on_message(&all, &replay(3, 5));
+        assert_eq!(*got.0.lock(), ["1", "2", "3", "4", "5"]);
+        // Copies are dropped; after the recovery nothing waits.
+        sh.on_message(&all, &publication(4));
+        sh.on_message(&all, &publication(6));
+        assert_eq!(got.0.lock().len(), 6);
+        // An answer that does not come holds live ones at most HOLD_FOR.
+        sh.resync_all();
+        sh.on_message(&all, &publication(7));
+        assert_eq!(got.0.lock().len(), 6);
+        std::thread::sleep(HOLD_FOR);
+        sh.on_message(&all, &publication(8));
+        assert_eq!(got.0.lock()[6..], ["7", "8"]);
+    }
 
     #[test]
     fn seen_drops_second_copies_and_follows_the_floor() {

@@ -1,6 +1,6 @@
 //! Several nodes in one process, each with its own engine, over a real
 //! `redis-server` or `nats-server` started here on a free loopback port:
-//! the multi-node contract of crates/core/tests/cluster.rs, through the
+//! the multi-node contract of crates/core/tests/it/cluster.rs, through the
 //! network. Every test runs on both engines. Everything waits for what it
 //! expects with a deadline; nothing sleeps and hopes.
 

@@ -6,4 +6,5 @@
 mod engines;
 mod jetstream_history;
 mod jetstream_sessions;
+mod redis_sessions;
 mod shard_follow;

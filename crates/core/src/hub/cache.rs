@@ -234,6 +234,24 @@ mod tests {
     }
 
     #[test]
+    fn a_publish_is_a_use_too() {
+        let one = weight("cache-0", &publication("cache-0", &"x".repeat(1000)));
+        let cache = Cache::new(Duration::from_secs(60), 3 * one);
+        for i in 0..3 {
+            let c = format!("cache-{i}");
+            cache.put(publication(&c, &"x".repeat(1000)));
+        }
+        // A fresh event on cache-0 (same size): cache-1 is now the least
+        // recently published or replayed, and goes first.
+        cache.put(publication("cache-0", &"y".repeat(1000)));
+        cache.put(publication("cache-3", &"x".repeat(1000)));
+        assert_eq!(cache.evictions(), 1);
+        assert!(cache.get(NS, "cache-1").is_none(), "the least recent went");
+        let (kept, _) = cache.get(NS, "cache-0").expect("the fresh event kept");
+        assert!(kept.data.get().contains('y'));
+    }
+
+    #[test]
     fn replacing_a_slot_counts_only_the_new_event() {
         let cache = Cache::new(Duration::from_secs(60), 1 << 20);
         cache.put(publication("cache-a", &"x".repeat(5000)));
