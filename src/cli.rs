@@ -17,6 +17,7 @@ use herald_core::node::Node;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -126,6 +127,10 @@ struct ServeArgs {
     /// Secret of the single app.
     #[arg(long, env = "HERALD_APP_SECRET", hide_env_values = true)]
     app_secret: Option<String>,
+    /// Web pages that may connect to the single app, comma-separated:
+    /// hosts, `*.domain` wildcards, full origins, or `*` (any; the default).
+    #[arg(long, env = "HERALD_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Option<Vec<String>>,
     /// PEM certificate chain: serve wss:// and https:// (needs --tls-key).
     #[arg(long, env = "HERALD_TLS_CERT")]
     tls_cert: Option<String>,
@@ -268,6 +273,7 @@ fn key_of(id: &str) -> Option<&str> {
         "app_id" => "apps[0].id",
         "app_key" => "apps[0].key",
         "app_secret" => "apps[0].secret",
+        "allowed_origins" => "apps[0].allowed_origins",
         // Adapters' arguments are named by the key they set.
         other => other,
     })
@@ -318,12 +324,32 @@ fn effective_config(
     name: &str,
     adapters: &Adapters,
 ) -> Result<Effective, String> {
+    let (file, overrides) = layers(args, matches, adapters)?;
+    effective_from(file.as_deref(), &overrides, matches, name, adapters)
+}
+
+/// The config file named and the environment's and flags' overrides.
+fn layers(
+    args: ServeArgs,
+    matches: Option<&ArgMatches>,
+    adapters: &Adapters,
+) -> Result<(Option<PathBuf>, Overrides), String> {
     let file = args.config.clone();
     let mut overrides = overrides(args);
     overrides.adapter = adapter_overrides(matches, adapters)?;
+    Ok((file, overrides))
+}
+
+fn effective_from(
+    file: Option<&std::path::Path>,
+    overrides: &Overrides,
+    matches: Option<&ArgMatches>,
+    name: &str,
+    adapters: &Adapters,
+) -> Result<Effective, String> {
     let eff = effective::load(
-        file.as_deref(),
-        &overrides,
+        file,
+        overrides,
         herald_sources(name, matches, adapters),
         &crate::peers::Env::from_process(),
         adapters,
@@ -456,13 +482,24 @@ fn serve(args: ServeArgs, matches: Option<&ArgMatches>, adapters: Adapters) -> E
         eprintln!("herald: running as root and HERALD_REFUSE_ROOT/--refuse-root is set: start as an unprivileged user");
         return ExitCode::from(2);
     }
-    let eff = match effective_config(args, matches, "serve", &adapters) {
+    let loaded = layers(args, matches, &adapters).and_then(|(file, overrides)| {
+        let eff = effective_from(file.as_deref(), &overrides, matches, "serve", &adapters)?;
+        Ok((eff, file, overrides))
+    });
+    let (eff, file, overrides) = match loaded {
         Ok(e) => e,
         Err(e) => {
             eprintln!("herald: {e}");
             return ExitCode::from(2);
         }
     };
+    // SIGHUP re-reads the apps the same way: the file, then the peers'
+    // and Herald's own environment and flags, every check included.
+    let source = Arc::new(FileSource {
+        file,
+        overrides,
+        adapters: adapters.clone(),
+    });
     let config = eff.config.clone();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&config.log))
@@ -482,7 +519,7 @@ fn serve(args: ServeArgs, matches: Option<&ArgMatches>, adapters: Adapters) -> E
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, adapters)) {
+    match runtime.block_on(run(config, adapters, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("herald: {e}");
@@ -529,6 +566,7 @@ fn overrides(args: ServeArgs) -> Overrides {
         app_id: args.app_id,
         app_key: args.app_key,
         app_secret: args.app_secret,
+        allowed_origins: args.allowed_origins,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
         log_format: args.log_format,
@@ -544,7 +582,43 @@ fn overrides(args: ServeArgs) -> Overrides {
     }
 }
 
-async fn run(config: Config, adapters: Adapters) -> std::io::Result<()> {
+/// The apps of the config file (and the layers over it), re-read on
+/// SIGHUP: the source of [`herald_core::apps`] that `herald serve` uses.
+struct FileSource {
+    file: Option<PathBuf>,
+    overrides: Overrides,
+    adapters: Adapters,
+}
+
+impl herald_core::apps::Source for FileSource {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn load(
+        &self,
+    ) -> herald_core::future::BoxFuture<Result<Vec<herald_core::config::AppConfig>, String>> {
+        let (file, overrides, adapters) = (
+            self.file.clone(),
+            self.overrides.clone(),
+            self.adapters.clone(),
+        );
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                effective_from(file.as_deref(), &overrides, None, "serve", &adapters)
+                    .map(|eff| eff.config.apps)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        })
+    }
+}
+
+async fn run(
+    config: Config,
+    adapters: Adapters,
+    source: Arc<dyn herald_core::apps::Source>,
+) -> std::io::Result<()> {
     let ip = config
         .bind_ip()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
@@ -573,9 +647,24 @@ async fn run(config: Config, adapters: Adapters) -> std::io::Result<()> {
     let broker = herald_broker::from_config(&config.broker)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let shown = config.broker.shown_url();
+    let database = config.apps_database.clone();
     let node = Node::new(config, broker);
+    match database.url {
+        Some(_) => {
+            // The table's apps before the first client: a start with the
+            // database away serves the file's apps and retries.
+            let db = crate::apps_db::DbSource::new(source, database);
+            let every = db.refresh();
+            node.apps.set_source(db);
+            if let Err(e) = node.apps.reload().await {
+                tracing::error!(error = %e, "apps database: not read at start; retrying every refresh");
+            }
+            crate::apps_db::spawn(node.clone(), every);
+        }
+        None => node.apps.set_source(source),
+    }
     node.start_fanout();
-    tracing::info!(%addr, apps = node.config.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
+    tracing::info!(%addr, apps = node.apps.len(), broker = node.broker.name(), url = %shown, "herald listening");
     if node.config.dashboard_token().is_some() {
         let scheme = if node.config.tls_cert.is_some() {
             "https"

@@ -319,6 +319,9 @@ impl Effective {
             .map(|(key, value)| {
                 let shown = if key == "broker.url" {
                     serde_json::Value::String(self.config.broker.shown_url()).to_string()
+                } else if key == "apps_database.url" && !value.is_null() {
+                    // The password is in the URL.
+                    serde_json::Value::String(redact_url(value.as_str().unwrap_or(""))).to_string()
                 } else if key.contains(".webhooks[") && key.ends_with(".url") {
                     serde_json::Value::String(redact_url(value.as_str().unwrap_or(""))).to_string()
                 } else if is_secret(&key) && !value.is_null() && value != serde_json::json!([]) {

@@ -45,6 +45,7 @@
 //! → its session loop writes them, several per vectored write. See
 //! docs/architecture.md.
 
+pub mod apps_db;
 pub mod build_info;
 pub mod cli;
 pub mod effective;

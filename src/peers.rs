@@ -34,6 +34,9 @@ pub enum Peer {
     AnyCable,
     /// A Laravel app's Pusher credentials (`config/broadcasting.php`).
     Pusher,
+    /// sockudo's default app (only the variables listed here: its
+    /// prefix is not reported as unknown).
+    Sockudo,
 }
 
 impl Peer {
@@ -44,6 +47,7 @@ impl Peer {
             Peer::Soketi => "soketi",
             Peer::AnyCable => "AnyCable",
             Peer::Pusher => "Laravel (Pusher)",
+            Peer::Sockudo => "sockudo",
         }
     }
 }
@@ -237,6 +241,37 @@ const CLIENT_EVENT_RATE: Target = target!("apps[0].client_event_rate", false, |c
             Ok(())
         }
     }
+});
+const ALLOWED_ORIGINS: Target = target!("apps[0].allowed_origins", false, |c, v| {
+    // Comma-separated, as AnyCable and sockudo write them; checked with the
+    // rest of the app at load.
+    let list: Vec<String> = v
+        .split(',')
+        .map(|o| o.trim().to_owned())
+        .filter(|o| !o.is_empty())
+        .collect();
+    if list.is_empty() {
+        return Err("lists no origin (\"*\" for any)".into());
+    }
+    app(c)?.allowed_origins = list;
+    Ok(())
+});
+const APPS_DB_URL: Target = target!("apps_database.url", true, |c, v| {
+    c.apps_database.url = Some(v.to_string());
+    Ok(())
+});
+const APPS_DB_TABLE: Target = target!("apps_database.table", false, |c, v| {
+    c.apps_database.table = v.trim().to_string();
+    Ok(())
+});
+const APPS_DB_REFRESH: Target = target!("apps_database.refresh", false, |c, v| {
+    // soketi's -1 (cache forever) and 0 keep Herald's default: the table
+    // is re-read whatever soketi's cache would do.
+    let n: i64 = parse(v, "a whole number of seconds")?;
+    if n > 0 {
+        c.apps_database.refresh = n as u64;
+    }
+    Ok(())
 });
 const WEBHOOKS: Target = target!("apps[0].webhooks", true, |c, v| {
     let hooks: Vec<WebhookConfig> = serde_json::from_str(v).map_err(|e| {
@@ -433,11 +468,11 @@ const RPC_TLS_ROOT_CA: Target = target!("rpc.tls_root_ca", false, |c, v| {
 });
 
 use Does::{Nothing, Part, Set, Unsupported};
-use Peer::{AnyCable, Laravel, Pusher, Reverb, Soketi};
+use Peer::{AnyCable, Laravel, Pusher, Reverb, Sockudo, Soketi};
 
 const CLIENT: &str = "where clients and the app connect, not where the server listens";
 const NO_PULSE: &str = "Laravel Pulse/Telescope ingestion: watch Herald's /metrics instead";
-const APP_MANAGER: &str = "apps come from Herald's config file ([[apps]]), not a database";
+const APP_MANAGER: &str = "apps come from the config file, PostgreSQL or MySQL/MariaDB (SOKETI_APP_MANAGER_DRIVER=postgres|mysql); DynamoDB is not supported";
 const QUEUE: &str =
     "webhooks are sent by each node from memory (docs/webhooks-and-monitoring.md), no queue";
 const LIMITER: &str = "rate limits are per connection and in memory";
@@ -554,30 +589,30 @@ pub static VARS: &[Var] = &[
     Var { name: "SOKETI_DB_REDIS_SENTINEL_PASSWORD", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_DB_REDIS_CLUSTER_NODES", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_DB_REDIS_INSTANCE_NAME", peer: Soketi, does: Unsupported(REDIS_OPTS) },
-    Var { name: "SOKETI_APP_MANAGER_DRIVER", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_CACHE_ENABLED", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_CACHE_TTL", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_APP_MANAGER_DRIVER", peer: Soketi, does: Part },
+    Var { name: "SOKETI_APP_MANAGER_CACHE_ENABLED", peer: Soketi, does: Nothing("the table's apps are always kept in memory and re-read every apps_database.refresh seconds") },
+    Var { name: "SOKETI_APP_MANAGER_CACHE_TTL", peer: Soketi, does: Set(APPS_DB_REFRESH) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_REGION", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_APP_MANAGER_DYNAMODB_ENDPOINT", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_MYSQL_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_MYSQL_VERSION", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_MYSQL_USE_V2", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_POSTGRES_TABLE", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_APP_MANAGER_POSTGRES_VERSION", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_APP_MANAGER_MYSQL_TABLE", peer: Soketi, does: Set(APPS_DB_TABLE) },
+    Var { name: "SOKETI_APP_MANAGER_MYSQL_VERSION", peer: Soketi, does: Nothing("the MySQL driver needs no version") },
+    Var { name: "SOKETI_APP_MANAGER_MYSQL_USE_V2", peer: Soketi, does: Nothing("the MySQL driver needs no choice of client") },
+    Var { name: "SOKETI_APP_MANAGER_POSTGRES_TABLE", peer: Soketi, does: Set(APPS_DB_TABLE) },
+    Var { name: "SOKETI_APP_MANAGER_POSTGRES_VERSION", peer: Soketi, does: Nothing("the PostgreSQL driver needs no version") },
     Var { name: "SOKETI_DB_POOLING_ENABLED", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_POOLING_MIN", peer: Soketi, does: Unsupported(APP_MANAGER) },
     Var { name: "SOKETI_DB_POOLING_MAX", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_HOST", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_PORT", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_USERNAME", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_PASSWORD", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_MYSQL_DATABASE", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_HOST", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_PORT", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_USERNAME", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_PASSWORD", peer: Soketi, does: Unsupported(APP_MANAGER) },
-    Var { name: "SOKETI_DB_POSTGRES_DATABASE", peer: Soketi, does: Unsupported(APP_MANAGER) },
+    Var { name: "SOKETI_DB_MYSQL_HOST", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_PORT", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_USERNAME", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_PASSWORD", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_MYSQL_DATABASE", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_HOST", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_PORT", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_USERNAME", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_PASSWORD", peer: Soketi, does: Part },
+    Var { name: "SOKETI_DB_POSTGRES_DATABASE", peer: Soketi, does: Part },
     Var { name: "SOKETI_CACHE_DRIVER", peer: Soketi, does: Unsupported("cache channels keep their last event in the node (and the broker)") },
     Var { name: "SOKETI_CACHE_REDIS_CLUSTER_MODE", peer: Soketi, does: Unsupported(REDIS_OPTS) },
     Var { name: "SOKETI_CACHE_REDIS_OPTIONS", peer: Soketi, does: Unsupported(REDIS_OPTS) },
@@ -651,7 +686,7 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_WEBSOCKET_URL", peer: AnyCable, does: Nothing(CLIENT) },
     Var { name: "ANYCABLE_HTTP_RPC_MOUNT_PATH", peer: AnyCable, does: Nothing("the app's HTTP RPC path: put it in rpc.host's URL") },
     Var { name: "ANYCABLE_HTTP_BROADCAST_PORT", peer: AnyCable, does: Unsupported("POST /_broadcast is on Herald's own port") },
-    Var { name: "ANYCABLE_ALLOWED_ORIGINS", peer: AnyCable, does: Unsupported("Origin is not checked: restrict it in the proxy") },
+    Var { name: "ANYCABLE_ALLOWED_ORIGINS", peer: AnyCable, does: Set(ALLOWED_ORIGINS) },
     Var { name: "ANYCABLE_PROXY_COOKIES", peer: AnyCable, does: Unsupported("every cookie is passed (ANYCABLE_HEADERS)") },
     Var { name: "ANYCABLE_DISCONNECT_MODE", peer: AnyCable, does: Unsupported("Herald behaves as `auto`") },
     Var { name: "ANYCABLE_PING_INTERVAL", peer: AnyCable, does: Unsupported("pings go every 3 s, as AnyCable's default") },
@@ -675,6 +710,11 @@ pub static VARS: &[Var] = &[
     Var { name: "ANYCABLE_METRICS_PORT", peer: AnyCable, does: Set(METRICS_PORT) },
     Var { name: "ANYCABLE_REDIS_SENTINELS", peer: AnyCable, does: Unsupported("Herald takes one Redis URL") },
     Var { name: "ANYCABLE_NOAUTH", peer: AnyCable, does: Unsupported("leave rpc.host unset to welcome every client") },
+    // sockudo's default app (its documented SOCKUDO_DEFAULT_APP_* names).
+    Var { name: "SOCKUDO_DEFAULT_APP_ID", peer: Sockudo, does: Set(APP_ID) },
+    Var { name: "SOCKUDO_DEFAULT_APP_KEY", peer: Sockudo, does: Set(APP_KEY) },
+    Var { name: "SOCKUDO_DEFAULT_APP_SECRET", peer: Sockudo, does: Set(APP_SECRET) },
+    Var { name: "SOCKUDO_DEFAULT_APP_ALLOWED_ORIGINS", peer: Sockudo, does: Set(ALLOWED_ORIGINS) },
 ];
 
 /// The variables read as they are set, empty values counting as unset (an
@@ -794,6 +834,73 @@ fn nats_url(
 }
 
 static RULES: &[Rule] = &[
+    // soketi's app manager: PostgreSQL or MySQL from its DB_POSTGRES_* or
+    // DB_MYSQL_* connection, with soketi's defaults for what is unset.
+    Rule {
+        reads: &[
+            "SOKETI_APP_MANAGER_DRIVER",
+            "SOKETI_DB_POSTGRES_HOST",
+            "SOKETI_DB_POSTGRES_PORT",
+            "SOKETI_DB_POSTGRES_USERNAME",
+            "SOKETI_DB_POSTGRES_PASSWORD",
+            "SOKETI_DB_POSTGRES_DATABASE",
+            "SOKETI_DB_MYSQL_HOST",
+            "SOKETI_DB_MYSQL_PORT",
+            "SOKETI_DB_MYSQL_USERNAME",
+            "SOKETI_DB_MYSQL_PASSWORD",
+            "SOKETI_DB_MYSQL_DATABASE",
+        ],
+        peer: Soketi,
+        build: |env| {
+            let Some(driver) = env.get("SOKETI_APP_MANAGER_DRIVER") else {
+                return Ok(vec![]);
+            };
+            match driver.trim() {
+                "array" => Ok(vec![]),
+                driver @ ("postgres" | "mysql") => {
+                    let (vars, port, user) = match driver {
+                        "postgres" => (
+                            [
+                                "SOKETI_DB_POSTGRES_HOST",
+                                "SOKETI_DB_POSTGRES_PORT",
+                                "SOKETI_DB_POSTGRES_USERNAME",
+                                "SOKETI_DB_POSTGRES_PASSWORD",
+                                "SOKETI_DB_POSTGRES_DATABASE",
+                            ],
+                            "5432",
+                            "postgres",
+                        ),
+                        _ => (
+                            [
+                                "SOKETI_DB_MYSQL_HOST",
+                                "SOKETI_DB_MYSQL_PORT",
+                                "SOKETI_DB_MYSQL_USERNAME",
+                                "SOKETI_DB_MYSQL_PASSWORD",
+                                "SOKETI_DB_MYSQL_DATABASE",
+                            ],
+                            "3306",
+                            "root",
+                        ),
+                    };
+                    let get = |i: usize, default: &'static str| env.get(vars[i]).unwrap_or(default);
+                    let url = format!(
+                        "{driver}://{}:{}@{}:{}/{}",
+                        enc(get(2, user)),
+                        enc(get(3, "password")),
+                        get(0, "127.0.0.1"),
+                        get(1, port),
+                        enc(get(4, "main")),
+                    );
+                    let mut used: Vec<_> = vars.iter().copied().filter(|v| env.get(v).is_some()).collect();
+                    used.insert(0, "SOKETI_APP_MANAGER_DRIVER");
+                    Ok(vec![(APPS_DB_URL, url, used)])
+                }
+                other => Err(format!(
+                    "SOKETI_APP_MANAGER_DRIVER={other:?}: Herald reads apps from PostgreSQL (postgres), MySQL/MariaDB (mysql) or its config file (array); {other} is not supported yet"
+                )),
+            }
+        },
+    },
     // Reverb's scaling: Redis pub/sub over Laravel's default connection.
     Rule {
         reads: &[

@@ -194,8 +194,12 @@ async fn stats(State(dash): State<Dash>) -> Json<Value> {
             let (received, sent) = mine.fold((0, 0), |(r, s), t| {
                 (r + t.messages_received(), s + t.messages_sent())
             });
+            // Where the app came from and whether it serves; never its
+            // secret or keys.
             json!({
                 "id": hub.app.id,
+                "source": dash.node.apps.source_of(&hub.app.id),
+                "enabled": hub.config().enabled,
                 "connections": hub.connection_count(),
                 "channels": channels,
                 "subscriptions": subscriptions,
@@ -215,7 +219,7 @@ async fn stats(State(dash): State<Dash>) -> Json<Value> {
 }
 
 async fn channels(State(dash): State<Dash>, Path(app): Path<String>) -> Response {
-    let Some(hub) = dash.node.hub_by_id(&app).cloned() else {
+    let Some(hub) = dash.node.hub_by_id(&app) else {
         return error(StatusCode::NOT_FOUND, "Unknown app id");
     };
     let list: Vec<Value> = dash
@@ -286,7 +290,7 @@ async fn send_test_event(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Some(hub) = dash.node.hub_by_id(&app).cloned() else {
+    let Some(hub) = dash.node.hub_by_id(&app) else {
         return error(StatusCode::NOT_FOUND, "Unknown app id");
     };
     let json_body = headers
@@ -302,7 +306,7 @@ async fn send_test_event(
     if body.len() > dash.node.config.max_request_size {
         return error(StatusCode::PAYLOAD_TOO_LARGE, "Request body too large");
     }
-    let ev = match herald_pusher::api::parse_event(&hub.app, &body) {
+    let ev = match herald_pusher::api::parse_event(&hub.config(), &body) {
         Ok(ev) => ev,
         Err(e) => {
             let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);

@@ -4,24 +4,48 @@
 //! docs/deploy.md asks them to for a renewed certificate, so the signal's
 //! default disposition (end the process, exit 129, no drain) must never
 //! apply: the handler is installed at the very start of serving, whatever
-//! the configuration. What a HUP reloads today is the TLS certificate and
-//! key (when `tls_cert` is set); without TLS it logs that there was
-//! nothing to reload.
+//! the configuration. A HUP reloads the apps (the config file's
+//! `[[apps]]` with the environment and flags over them, checked as at
+//! start; see `herald_core::apps` for what a change does) and the TLS
+//! certificate and key (when `tls_cert` is set). Other settings need a
+//! restart.
 
 use super::tls;
+use herald_core::node::Node;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// What a SIGHUP reloads.
 #[derive(Default)]
 pub struct Reloads {
     /// The TLS acceptor and the files it is read from.
     pub tls: Option<(tls::Reloadable, PathBuf, PathBuf)>,
+    /// The node whose apps are re-read from their source.
+    pub node: Option<Arc<Node>>,
 }
 
 impl Reloads {
     /// Reload everything once, logging each outcome.
-    fn reload(&self) {
+    async fn reload(&self) {
         let mut reloaded = Vec::new();
+        if let Some(node) = &self.node {
+            match node.apps.reload().await {
+                Ok(Some((source, changes))) => {
+                    tracing::info!(
+                        source,
+                        added = ?changes.added,
+                        changed = ?changes.changed,
+                        closed = ?changes.closed,
+                        "apps reloaded"
+                    );
+                    reloaded.push("apps");
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "apps reload failed; keeping the apps in force")
+                }
+            }
+        }
         if let Some((acceptor, cert, key)) = &self.tls {
             match acceptor.reload(cert, key) {
                 Ok(()) => {
@@ -75,7 +99,7 @@ impl Hangup {
         if let Some(mut hup) = self.hup {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    reloads.reload();
+                    reloads.reload().await;
                 }
             });
         }

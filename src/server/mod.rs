@@ -98,8 +98,9 @@ pub fn metrics_router(node: Arc<Node>) -> Router {
 }
 
 async fn metrics_text(State(node): State<Arc<Node>>) -> Response {
-    let apps: Vec<metrics::AppGauges<'_>> = node
-        .hubs()
+    let hubs: Vec<_> = node.hubs().collect();
+    let apps: Vec<metrics::AppGauges<'_>> = hubs
+        .iter()
         .map(|h| {
             let (channels, subscriptions) = h.channel_figures();
             metrics::AppGauges {
@@ -241,7 +242,10 @@ pub async fn serve_with(
         }
         None => None,
     };
-    let mut reloads = hangup::Reloads::default();
+    let mut reloads = hangup::Reloads {
+        node: Some(node.clone()),
+        ..Default::default()
+    };
     let tls = match (&node.config.tls_cert, &node.config.tls_key) {
         (Some(cert), Some(key)) => {
             let acceptor = tls::Reloadable::new(tls::acceptor(cert.as_ref(), key.as_ref())?);

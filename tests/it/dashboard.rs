@@ -106,6 +106,12 @@ async fn the_api_wants_the_token_and_reports_the_app() {
     let stats: Value = serde_json::from_str(&body).unwrap();
     let app = &stats["apps"][0];
     assert_eq!(app["id"], APP_ID);
+    // Where it came from and whether it serves, never a secret.
+    assert_eq!(
+        (&app["source"], &app["enabled"]),
+        (&json!("file"), &json!(true))
+    );
+    assert!(!body.contains(APP_SECRET), "{body}");
     assert_eq!(app["connections"], 1);
     assert_eq!(app["channels"], 1);
     assert_eq!(app["subscriptions"], 1);

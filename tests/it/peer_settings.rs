@@ -214,14 +214,18 @@ async fn soketi_variables_serve_its_app() {
         ("SOKETI_PORT", port_s.as_str()),
         ("SOKETI_DEFAULT_APP_ENABLE_CLIENT_MESSAGES", "true"),
         ("SOKETI_SHUTDOWN_GRACE_PERIOD", "3000"),
-        ("SOKETI_APP_MANAGER_DRIVER", "mysql"),
+        // soketi's default app manager: the default app.
+        ("SOKETI_APP_MANAGER_DRIVER", "array"),
     ];
-    let s = start(&dir, &[], &env, port).await;
+    let _s = start(&dir, &[], &env, port).await;
     round_trip(port, "sk-id", "sk-key", "sk-secret").await;
-    let log = s.log();
+    // A database Herald cannot read yet is refused, naming the variable,
+    // rather than served without its apps.
+    let (code, out) = config(&["--check"], &[("SOKETI_APP_MANAGER_DRIVER", "dynamodb")]);
+    assert_ne!(code, 0, "{out}");
     assert!(
-        log.contains("SOKETI_APP_MANAGER_DRIVER is not supported"),
-        "{log}"
+        out.contains("SOKETI_APP_MANAGER_DRIVER") && out.contains("not supported yet"),
+        "{out}"
     );
 
     let (code, out) = config(&[], &env);

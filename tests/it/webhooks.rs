@@ -165,6 +165,63 @@ fn assert_signed(h: &Hook) {
     );
 }
 
+/// A secret rotated on SIGHUP signs the webhooks sent from then on (the
+/// app's backend checks them with its new secret).
+#[tokio::test]
+async fn a_rotated_secret_signs_webhooks_from_then_on() {
+    let rx = Receiver::start().await;
+    let server = Server::start_with("", &hook_app(&rx.url, r#"["channel_occupied"]"#, "")).await;
+    let path = server.config_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("secret = \"test-secret\"", "secret = \"rotated\""),
+    )
+    .unwrap();
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(server.pid(), libc::SIGHUP) }, 0);
+    // Applied once the API takes the new secret.
+    let body = json!({ "name": "e", "channel": "x", "data": "{}" }).to_string();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let q = herald_pusher::auth::sign_query(
+            APP_KEY,
+            "rotated",
+            "POST",
+            "/apps/test-app/events",
+            body.as_bytes(),
+            &[],
+        );
+        if server
+            .raw_api("POST", "/apps/test-app/events", &q, &body)
+            .await
+            .0
+            == 200
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rotation never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = server.client().await;
+    c.subscribe("after").await;
+    rx.event("channel_occupied", "after").await;
+    let hook = rx
+        .hooks()
+        .into_iter()
+        .find(|h| h.body.contains("\"after\""))
+        .unwrap();
+    let sig = hook.headers["x-pusher-signature"].to_str().unwrap();
+    assert!(
+        herald_pusher::signing::verify_hex("rotated", &hook.body, sig),
+        "{}",
+        hook.body
+    );
+    assert!(!herald_pusher::signing::verify_hex(
+        APP_SECRET, &hook.body, sig
+    ));
+}
+
 #[tokio::test]
 async fn every_event_type_arrives_signed() {
     let rx = Receiver::start().await;

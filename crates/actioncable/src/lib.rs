@@ -145,7 +145,6 @@ pub fn hub_of(node: &Node, rpc: &RpcConfig) -> Option<Arc<Hub>> {
         Some(id) => node.hub_by_id(id),
         None => node.config.apps.first().and_then(|a| node.hub_by_id(&a.id)),
     }
-    .cloned()
 }
 
 impl Cable {
@@ -161,7 +160,7 @@ impl Cable {
         let streams_key = config
             .streams_secret
             .clone()
-            .or_else(|| Some(hub.app.secret.clone()));
+            .or_else(|| Some(hub.config().secret.clone()));
         // Remote disconnects reach this node's connections here, whichever
         // node the app gave the command to.
         let identities = Arc::new(remote::Identities::default());

@@ -233,6 +233,10 @@ impl Handler for CableSession {
             Why::Reason(Reason::Terminated) => {
                 (reason::REMOTE, false, 1000, "Closed remotely".into())
             }
+            // The app was disabled or removed: reconnecting cannot help.
+            Why::Reason(Reason::AppClosed) => {
+                (reason::UNAUTHORIZED, false, 1000, "App is disabled".into())
+            }
             Why::Reason(Reason::KeepAliveTimeout) => {
                 (reason::REMOTE, true, 1000, "Keep-alive timeout".into())
             }
@@ -242,7 +246,7 @@ impl Handler for CableSession {
                 1008,
                 format!(
                     "Too many messages: the limit is {} per second",
-                    self.cable.hub.app.max_messages_per_second
+                    self.cable.hub.config().max_messages_per_second
                 ),
             ),
             // Not idle-closed today (see `Handler::idle`); mapped anyway.
@@ -339,7 +343,7 @@ impl CableSession {
             tracing::debug!(sid = %self.conn.socket_id, "already subscribed");
             return Next::Continue;
         }
-        let max = self.cable.hub.app.max_subscriptions_per_connection as usize;
+        let max = self.cable.hub.config().max_subscriptions_per_connection as usize;
         if self.subs.len() >= max {
             tracing::debug!(sid = %self.conn.socket_id, max, "subscription limit reached");
             self.reject(&identifier);

@@ -360,6 +360,20 @@ pub async fn handle(
     if node.is_draining() {
         return refused(StatusCode::SERVICE_UNAVAILABLE, "Server is draining".into());
     }
+    // A page the app does not list is refused before any session, as at
+    // /cable's upgrade (an EventSource sends its page's Origin).
+    let hub = &cable.hub;
+    if !herald_core::origin::check(
+        req.headers(),
+        &hub.config().origins,
+        &hub.app.id,
+        "actioncable-sse",
+    ) {
+        return refused(
+            StatusCode::FORBIDDEN,
+            herald_core::origin::REFUSED_MESSAGE.into(),
+        );
+    }
     let last = req
         .headers()
         .get("last-event-id")
@@ -372,14 +386,14 @@ pub async fn handle(
     let commands: Vec<String> = ask.identifiers.iter().map(|i| subscribe(i, &ask)).collect();
     if let Some(c) = commands
         .iter()
-        .find(|c| c.len() > cable.hub.app.max_frame_size)
+        .find(|c| c.len() > cable.hub.config().max_frame_size)
     {
         return refused(
             StatusCode::BAD_REQUEST,
             format!(
                 "a subscription of {} bytes is over the app's max_frame_size ({})",
                 c.len(),
-                cable.hub.app.max_frame_size
+                cable.hub.config().max_frame_size
             ),
         );
     }

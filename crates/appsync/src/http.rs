@@ -109,11 +109,18 @@ fn authorize(
     }
     .ok_or_else(unauthorized)?;
     let key = key.unwrap_or_default();
-    if !hub.app.enabled {
+    if !hub.config().enabled {
         return Err(error(
             StatusCode::FORBIDDEN,
             auth::UNAUTHORIZED,
             "App is disabled",
+        ));
+    }
+    if !herald_core::origin::check(headers, &hub.config().origins, &hub.app.id, "appsync") {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            auth::UNAUTHORIZED,
+            herald_core::origin::REFUSED_MESSAGE,
         ));
     }
     Ok((hub, app_keys, key.to_owned()))

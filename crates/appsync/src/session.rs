@@ -120,9 +120,16 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
     let deflate = match app_key {
         Some(k) => keys
             .app_for_key(&node, &k)
-            .is_none_or(|(hub, _)| node.config.compression(&hub.app)),
+            .is_none_or(|(hub, _)| node.config.compression(&hub.config())),
         None => node.config.websocket_compression,
     };
+    // The page's origin, checked once the app is known (below).
+    let origin: axum::http::HeaderMap = req
+        .headers()
+        .get_all(axum::http::header::ORIGIN)
+        .iter()
+        .map(|v| (axum::http::header::ORIGIN, v.clone()))
+        .collect();
     let subprotocol = [api.subprotocol()];
     herald_core::ws::upgrade(req, &subprotocol, deflate, move |socket, _| async move {
         if !speaks {
@@ -164,6 +171,20 @@ fn upgrade(node: Arc<Node>, keys: Arc<Keys>, req: Request, api: Api) -> Response
             let error = api.connection_error(auth::UNAUTHORIZED, message, 401);
             return refuse(socket, error).await;
         };
+        // A page the app does not list, refused as a bad key is.
+        if !herald_core::origin::check(
+            &origin,
+            &hub.config().origins,
+            &hub.app.id,
+            api.wire().name(),
+        ) {
+            let error = api.connection_error(
+                auth::UNAUTHORIZED,
+                herald_core::origin::REFUSED_MESSAGE,
+                403,
+            );
+            return refuse(socket, error).await;
+        }
         if app_keys.auth.configured {
             let cred = crate::auth_modes::Credential {
                 headers: &headers,
@@ -314,7 +335,7 @@ impl Base {
                 message: "A subscription with this id already exists on this connection".into(),
             });
         }
-        let max = self.hub.app.max_subscriptions_per_connection as usize;
+        let max = self.hub.config().max_subscriptions_per_connection as usize;
         if self.subs.len() >= max {
             return Err(SubscribeError {
                 error_type: "LimitExceededException",
@@ -389,7 +410,7 @@ impl Base {
     /// The close both APIs send for `why`; `error` wraps a message in the
     /// API's error shape for the last frame.
     pub fn closing(&self, why: &Why, error: impl Fn(&str, &str) -> String) -> Closing {
-        let max = self.hub.app.max_messages_per_second;
+        let max = self.hub.config().max_messages_per_second;
         let (code, message, last) = match why {
             Why::Reason(Reason::SlowConsumer) => (
                 1008,
@@ -397,6 +418,9 @@ impl Base {
                 None,
             ),
             Why::Reason(Reason::Terminated) => (1008, "Connection terminated".to_owned(), None),
+            Why::Reason(Reason::AppClosed) => {
+                (1008, "App is disabled".to_owned(), Some(auth::UNAUTHORIZED))
+            }
             Why::Reason(Reason::ShuttingDown) => {
                 (1001, "Server is shutting down; reconnect".to_owned(), None)
             }

@@ -118,11 +118,37 @@ pub struct Config {
     /// proxy in front of Herald.
     pub address_limits_exempt: Vec<String>,
     pub apps: Vec<AppConfig>,
+    /// Apps from a database table (`[apps_database]`), beside the file's.
+    pub apps_database: AppsDatabase,
     /// The adapters' keys (`webhook_*`, `[rpc]`, ...), raw: each adapter
     /// parses and checks its own (see [`crate::adapter`]); a key no
     /// adapter claims is refused at load.
     #[serde(flatten)]
     pub sections: toml::Table,
+}
+
+/// Apps read from a table in the format of soketi's `apps` table.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AppsDatabase {
+    /// `postgres://user:password@host:port/database` or `mysql://...`
+    /// (MySQL, MariaDB); none: no database.
+    pub url: Option<String>,
+    /// The table, soketi's layout (`apps`).
+    pub table: String,
+    /// Seconds between reads of the table: a new, changed or deleted row
+    /// takes effect within this.
+    pub refresh: u64,
+}
+
+impl Default for AppsDatabase {
+    fn default() -> Self {
+        AppsDatabase {
+            url: None,
+            table: "apps".into(),
+            refresh: 5,
+        }
+    }
 }
 
 /// How log lines are written.
@@ -307,6 +333,7 @@ impl Default for Config {
             max_connection_rate_per_address: 100,
             address_limits_exempt: vec!["127.0.0.0/8".into(), "::1/128".into()],
             apps: Vec::new(),
+            apps_database: AppsDatabase::default(),
             sections: toml::Table::new(),
         }
     }
@@ -321,6 +348,10 @@ pub struct AppConfig {
     pub secret: String,
     /// A disabled app refuses connections with 4003 and API calls with 403.
     pub enabled: bool,
+    /// Web pages that may connect (see [`crate::origin`]): hosts
+    /// (`app.example.com`), wildcards (`*.example.org`), full origins
+    /// (`https://app.example.com`), or `*` for any (the default).
+    pub allowed_origins: Vec<String>,
     /// Concurrent connections allowed; 0 means unlimited. Over it: 4004.
     pub max_connections: u32,
     /// Whether `client-*` events are accepted at all.
@@ -368,6 +399,7 @@ impl Default for AppConfig {
             key: String::new(),
             secret: String::new(),
             enabled: true,
+            allowed_origins: vec!["*".into()],
             max_connections: 0,
             client_events: true,
             client_event_rate: 10,
@@ -426,6 +458,8 @@ pub struct Overrides {
     pub app_id: Option<String>,
     pub app_key: Option<String>,
     pub app_secret: Option<String>,
+    /// The single app's `allowed_origins`.
+    pub allowed_origins: Option<Vec<String>>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub log_format: Option<LogFormat>,
@@ -761,7 +795,8 @@ impl Config {
         if let Some(v) = o.keepalive_interval {
             self.keepalive_interval = v;
         }
-        if self.apps.is_empty() {
+        // With a database of apps, the development app is never implied.
+        if self.apps.is_empty() && self.apps_database.url.is_none() {
             self.apps.push(AppConfig::development());
         }
         let creds = [&o.app_id, &o.app_key, &o.app_secret];
@@ -781,6 +816,17 @@ impl Config {
             }
             if let Some(v) = &o.app_secret {
                 app.secret = v.clone();
+            }
+        }
+        if let Some(origins) = &o.allowed_origins {
+            match self.apps.as_mut_slice() {
+                [one] => one.allowed_origins = origins.clone(),
+                _ => {
+                    return Err(invalid(
+                        "HERALD_ALLOWED_ORIGINS",
+                        "can only be used with exactly one app; set allowed_origins per app in the file",
+                    ))
+                }
             }
         }
         for (key, name, value) in &o.adapter {
@@ -997,6 +1043,34 @@ impl Config {
                 Some(_) => {}
             }
         }
+        let db = &self.apps_database;
+        if let Some(url) = &db.url {
+            let schemes = ["postgres://", "postgresql://", "mysql://"];
+            if !schemes.iter().any(|s| url.starts_with(s)) {
+                errors.push(invalid(
+                    "apps_database.url",
+                    "must be a postgres:// (PostgreSQL) or mysql:// (MySQL, MariaDB) URL",
+                ));
+            }
+        }
+        if db.table.is_empty()
+            || db.table.len() > 63
+            || !db
+                .table
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_')
+        {
+            errors.push(invalid(
+                "apps_database.table",
+                "must be 1 to 63 letters, digits or '_'",
+            ));
+        }
+        if !(1..=3600).contains(&db.refresh) {
+            errors.push(invalid(
+                "apps_database.refresh",
+                "must be 1 to 3600 (seconds)",
+            ));
+        }
         let mut ids = std::collections::HashSet::new();
         let mut keys = std::collections::HashSet::new();
         for (i, app) in self.apps.iter().enumerate() {
@@ -1058,6 +1132,13 @@ impl Config {
                     k("max_cache_bytes"),
                     "must be at least 4 × max_payload (it must hold the largest cached event)",
                 ));
+            }
+            if let Err((j, why)) = crate::origin::AllowedOrigins::parse(&app.allowed_origins) {
+                let key = match app.allowed_origins.is_empty() {
+                    true => k("allowed_origins"),
+                    false => k(&format!("allowed_origins[{j}]")),
+                };
+                errors.push(invalid(key, why));
             }
             if app.max_frame_size != 0 && app.max_frame_size < 1024 {
                 errors.push(invalid(k("max_frame_size"), "must be at least 1024 bytes"));

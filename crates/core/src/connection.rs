@@ -85,6 +85,8 @@ pub enum Reason {
     Idle,
     /// An adapter's own close code.
     Code(u16),
+    /// The app was disabled or removed while the connection was open.
+    AppClosed,
 }
 
 /// [`Connection::close`]'s word for a connection whose client is gone: not
@@ -101,6 +103,7 @@ impl Reason {
             Reason::RateLimited => 5 << 16,
             Reason::Code(c) => (6 << 16) | c as u32,
             Reason::Idle => 7 << 16,
+            Reason::AppClosed => 8 << 16,
         }
     }
 
@@ -113,6 +116,7 @@ impl Reason {
             5 => Reason::RateLimited,
             6 => Reason::Code(v as u16),
             7 => Reason::Idle,
+            8 => Reason::AppClosed,
             _ => return None,
         })
     }

@@ -37,7 +37,8 @@
 //! boxed future of the async interfaces), `namespace` (each protocol's own
 //! space of channel names) and `frame` (finished WebSocket frames, shared).
 //!
-//! Around them: `ws` (the upgrade and the client-frame decoder), `relay`
+//! Around them: `apps` (the apps a node serves, changed while it runs),
+//! `ws` (the upgrade and the client-frame decoder), `relay`
 //! (a session socket in memory, for transports that carry messages: HTTP
 //! fallbacks run the same session loop on it), `config`
 //! (the core's settings; adapters' keys kept raw for them), `adapter` (the
@@ -48,7 +49,8 @@
 //! engines keep; each connection's gate is `connection::gate`),
 //! `sessions` (snapshots of sessions a client restores), `metrics`,
 //! `observer` (what the node decided about channels and members, for
-//! webhooks and the dashboard), `confirm` (subscribers waiting for the
+//! webhooks and the dashboard), `origin` (which web pages may connect to
+//! an app), `confirm` (subscribers waiting for the
 //! broker to hold their channel's interest before they are confirmed),
 //! `commands` (adapters' commands run on every node, such as a remote
 //! disconnect), `load` (the recent delivery rate that decides whether write
@@ -58,6 +60,7 @@
 //! dev-dependencies enable).
 
 pub mod adapter;
+pub mod apps;
 pub mod broker;
 pub mod commands;
 pub mod config;
@@ -74,6 +77,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod observer;
+pub mod origin;
 pub mod publication;
 pub mod reaper;
 pub mod relay;

@@ -589,6 +589,20 @@ pub fn api_request(app: &str, protocol: &'static str, endpoint: &str, status: u1
     .increment(1);
 }
 
+/// A connection or request refused for its `Origin` (see
+/// [`crate::origin`]).
+pub fn origin_refused(app: &str, protocol: &'static str) {
+    ::metrics::counter!("herald_origins_refused_total",
+        "app" => app.to_owned(), "protocol" => protocol)
+    .increment(1);
+}
+
+/// A read of the apps' source (the database) that failed: the apps read
+/// last stay in force.
+pub fn apps_source_error() {
+    ::metrics::counter!("herald_apps_source_errors_total").increment(1);
+}
+
 /// A connection the listener turned away (`reason`: a short fixed word).
 /// Once per refused accept, never per message.
 pub fn listener_refused(reason: &'static str) {

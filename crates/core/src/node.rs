@@ -21,7 +21,7 @@ use crate::publication::{ConnId, NodeId, Position, Publication, Tag};
 use crate::reliable::ReliableStreams;
 use futures_util::FutureExt;
 use parking_lot::RwLock;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio_util::sync::CancellationToken;
@@ -34,8 +34,8 @@ pub struct Node {
     pub id: NodeId,
     pub config: Config,
     pub broker: Arc<dyn Broker>,
-    by_key: HashMap<String, Arc<Hub>>,
-    by_id: HashMap<String, Arc<Hub>>,
+    /// The apps served now (see [`crate::apps`]).
+    pub apps: crate::apps::Apps,
     /// Started on first use, inside the runtime.
     fanout: OnceLock<Fanout>,
     next_conn: AtomicU64,
@@ -81,24 +81,18 @@ impl Node {
     pub fn with_id(config: Config, broker: Arc<dyn Broker>, id: NodeId) -> Arc<Node> {
         crate::deflate::set_min_bytes(config.websocket_compression_min_bytes);
         crate::deflate::read_experiment_switch();
-        let mut by_key = HashMap::new();
-        let mut by_id = HashMap::new();
-        for app in &config.apps {
-            let hub = Arc::new(Hub::new(app.clone()));
-            by_key.insert(app.key.clone(), hub.clone());
-            by_id.insert(app.id.clone(), hub);
-        }
+        let shutdown = CancellationToken::new();
+        let apps = crate::apps::Apps::new(&config.apps, shutdown.clone());
         let node = Arc::new(Node {
             id,
             config,
             broker: broker.clone(),
-            by_key,
-            by_id,
+            apps,
             fanout: OnceLock::new(),
             next_conn: AtomicU64::new(1),
             next_message: AtomicU64::new(1),
             ready: AtomicBool::new(false),
-            shutdown: CancellationToken::new(),
+            shutdown,
             observers: RwLock::new(Arc::new([])),
             observed: AtomicBool::new(false),
             scoped: AtomicBool::new(false),
@@ -131,16 +125,19 @@ impl Node {
         self.broker.detach(self.id);
     }
 
-    pub fn hub_by_key(&self, key: &str) -> Option<&Arc<Hub>> {
-        self.by_key.get(key)
+    /// The app whose key is `key`, now.
+    pub fn hub_by_key(&self, key: &str) -> Option<Arc<Hub>> {
+        self.apps.by_key(key)
     }
 
-    pub fn hub_by_id(&self, id: &str) -> Option<&Arc<Hub>> {
-        self.by_id.get(id)
+    /// The app whose id is `id`, now.
+    pub fn hub_by_id(&self, id: &str) -> Option<Arc<Hub>> {
+        self.apps.by_id(id)
     }
 
-    pub fn hubs(&self) -> impl Iterator<Item = &Arc<Hub>> {
-        self.by_id.values()
+    /// Every app now (a snapshot: apps may change meanwhile).
+    pub fn hubs(&self) -> impl Iterator<Item = Arc<Hub>> {
+        self.apps.all().into_iter()
     }
 
     /// A new connection number and its public socket id ("node.counter").
@@ -684,7 +681,7 @@ impl Node {
     /// Run it on this node only (it reached every node already).
     pub fn command_here(&self, app_id: &str, ns: &str, body: &str) {
         if let Some(hub) = self.hub_by_id(app_id) {
-            self.commands.run(hub, ns, body);
+            self.commands.run(&hub, ns, body);
         }
     }
 
@@ -735,7 +732,7 @@ impl Node {
                 for (channel, count) in &counts.report {
                     let count = *count;
                     self.notify(
-                        hub,
+                        &hub,
                         counts.ns,
                         &Change::SubscriptionCount { channel, count },
                     );
@@ -778,7 +775,7 @@ struct NodeInbox(std::sync::Weak<Node>);
 impl NodeInbox {
     fn with(&self, app_id: &str, f: impl FnOnce(&Arc<Node>, &Arc<Hub>)) {
         if let Some(node) = self.0.upgrade() {
-            if let Some(hub) = node.hub_by_id(app_id).cloned() {
+            if let Some(hub) = node.hub_by_id(app_id) {
                 f(&node, &hub);
             }
         }

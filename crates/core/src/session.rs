@@ -75,7 +75,7 @@ impl Why {
         use metrics::Closed;
         match self {
             Why::Reason(Reason::SlowConsumer) => Closed::SlowConsumer,
-            Why::Reason(Reason::Terminated) => Closed::Terminated,
+            Why::Reason(Reason::Terminated | Reason::AppClosed) => Closed::Terminated,
             Why::Reason(Reason::ShuttingDown) => Closed::Shutdown,
             Why::Reason(Reason::KeepAliveTimeout) => Closed::KeepAliveTimeout,
             Why::Reason(Reason::RateLimited) => Closed::RateLimited,
@@ -152,6 +152,9 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// Where the session's teardown goes when its client has gone away.
     pub reaper: crate::reaper::Reaper,
+    /// The node's shutdown signal: the session's own (its app's) also
+    /// fires when the app is closed, and this tells the two apart.
+    pub draining: CancellationToken,
 }
 
 impl Settings {
@@ -167,6 +170,7 @@ impl Settings {
             direct_writes: config.direct_writes,
             idle_timeout: config.ws_idle_timeout(),
             reaper: node.reaper.clone(),
+            draining: node.shutdown.clone(),
         }
     }
 }
@@ -190,14 +194,17 @@ pub fn open(
     socket_id: String,
     wire: &'static dyn crate::publication::Wire,
 ) -> Opened {
+    let app = hub.config();
     let limit = crate::connection::QueueLimit {
-        frames: hub.app.outbound_queue,
-        bytes: hub.app.outbound_bytes,
+        frames: app.outbound_queue,
+        bytes: app.outbound_bytes,
     };
     Opened {
         conn: Arc::new(Connection::new(id, socket_id, wire, limit)),
-        settings: Settings::new(node, &hub.app),
-        shutdown: node.shutdown.clone(),
+        settings: Settings::new(node, &app),
+        // The app's signal: fires on the node's shutdown, and when the
+        // app is disabled or removed.
+        shutdown: app.closing.clone(),
     }
 }
 
@@ -345,7 +352,13 @@ where
 
             match wake {
                 Wake::Close(r) => break Some(Why::Reason(r)),
-                Wake::Shutdown => break Some(Why::Reason(Reason::ShuttingDown)),
+                Wake::Shutdown => {
+                    break Some(Why::Reason(if settings.draining.is_cancelled() {
+                        Reason::ShuttingDown
+                    } else {
+                        Reason::AppClosed
+                    }))
+                }
                 Wake::Eof => break None,
                 Wake::Read => {
                     // Boxed: a message's handling is not part of every idle

@@ -418,7 +418,7 @@ async fn events(
         node, hub, body, ..
     }: Signed,
 ) -> ApiResult {
-    let ev = parse_event(&hub.app, &body)?;
+    let ev = parse_event(&hub.config(), &body)?;
     let has_info = !ev.attrs.is_empty();
     let info = publish(&node, &hub, ev).await?;
     Ok(Json(if has_info {
@@ -438,7 +438,7 @@ async fn batch_events(
         node, hub, body, ..
     }: Signed,
 ) -> ApiResult {
-    let checked = parse_batch(&hub.app, &body)?;
+    let checked = parse_batch(&hub.config(), &body)?;
     let any_info = checked.iter().any(|e| !e.attrs.is_empty());
     let mut replies = Vec::with_capacity(checked.len());
     for ev in checked {
@@ -456,7 +456,7 @@ async fn batch_events(
 async fn channels(Signed { node, hub, uri, .. }: Signed) -> ApiResult {
     let prefix = query_param(&uri, "filter_by_prefix").unwrap_or_default();
     let attrs = info_attributes(
-        &hub.app,
+        &hub.config(),
         query_param(&uri, "info").as_deref(),
         &["user_count", "subscription_count"],
     )?;
@@ -482,7 +482,7 @@ async fn channel(
     Signed { node, hub, uri, .. }: Signed,
 ) -> ApiResult {
     let attrs = info_attributes(
-        &hub.app,
+        &hub.config(),
         query_param(&uri, "info").as_deref(),
         &["user_count", "subscription_count"],
     )?;

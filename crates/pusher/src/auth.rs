@@ -46,7 +46,7 @@ pub fn authenticate(node: &Node, req: &SignedRequest<'_>) -> Result<Arc<Hub>, Ap
     let timestamp = get("auth_timestamp").ok_or_else(|| unauthorized("Missing auth_timestamp"))?;
     let version = get("auth_version").ok_or_else(|| unauthorized("Missing auth_version"))?;
     let signature = get("auth_signature").ok_or_else(|| unauthorized("Missing auth_signature"))?;
-    if key != hub.app.key {
+    if key != hub.config().key {
         return Err(unauthorized("Unknown auth_key"));
     }
     if version != "1.0" {
@@ -78,10 +78,10 @@ pub fn authenticate(node: &Node, req: &SignedRequest<'_>) -> Result<Arc<Hub>, Ap
         .cloned()
         .collect();
     let expected = signing::api_string(req.method, req.path, &signed);
-    if !signing::verify_hex(&hub.app.secret, &expected, signature) {
+    if !signing::verify_hex(&hub.config().secret, &expected, signature) {
         return Err(unauthorized("Invalid auth_signature"));
     }
-    if !hub.app.enabled {
+    if !hub.config().enabled {
         return Err(ApiError::new(403, "App is disabled"));
     }
     Ok(hub)

@@ -19,6 +19,7 @@ use herald_core::hub::{Hub, Refused, SubscribeOptions};
 use herald_core::metrics;
 use herald_core::node::Node;
 use herald_core::observer::Change;
+use herald_core::origin;
 use herald_core::publication::Publication;
 use herald_core::session::{self, Closing, Handler, KeepAlive, Next, RateWindow, Why};
 use herald_core::ws::Socket;
@@ -80,17 +81,26 @@ pub async fn upgrade(
     if node.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
+    // A page the app does not list is refused as Reverb does (4009),
+    // before anything is counted or opened.
+    let foreign = node
+        .hub_by_key(&key)
+        .is_some_and(|h| !origin::check(req.headers(), &h.config().origins, &h.app.id, WIRE_NAME));
     // The closure decides synchronously and returns either future: an
     // `async` block would keep `key`, `params` and the socket twice in every
     // connection's task for its whole life.
     let compression = node
         .hub_by_key(&key)
-        .is_some_and(|hub| node.config.compression(&hub.app));
+        .is_some_and(|hub| node.config.compression(&hub.config()));
     herald_core::ws::upgrade(req, &[], compression, move |socket, _| {
-        match admit(&node, &key, &params) {
+        let admitted = match foreign {
+            true => Err((code::UNAUTHORIZED, origin::REFUSED_MESSAGE)),
+            false => admit(&node, &key, &params).map_err(|c| (c, close_message(c))),
+        };
+        match admitted {
             Ok(hub) => Either::Left(run(node, hub, socket)),
             // Boxed: a refusal's state is larger than a session's.
-            Err(code) => Either::Right(Box::pin(refuse(socket, code))),
+            Err((code, message)) => Either::Right(Box::pin(refuse(socket, code, message))),
         }
     })
 }
@@ -98,7 +108,7 @@ pub async fn upgrade(
 /// The app of `key`, if it exists, speaks this protocol version and takes
 /// one more connection; else the Pusher error code to close with.
 pub(crate) fn admit(node: &Node, key: &str, params: &ConnectParams) -> Result<Arc<Hub>, u16> {
-    let hub = node.hub_by_key(key).cloned().ok_or(code::APP_NOT_FOUND)?;
+    let hub = node.hub_by_key(key).ok_or(code::APP_NOT_FOUND)?;
     check_version(params)?;
     hub.admit().map_err(|e| match e {
         Refused::OverLimit(_) => code::OVER_CONNECTION_QUOTA,
@@ -109,8 +119,7 @@ pub(crate) fn admit(node: &Node, key: &str, params: &ConnectParams) -> Result<Ar
 
 /// Refuse a connection after the upgrade, as Pusher clients expect: a
 /// `pusher:error` with the code, then a close with the same code.
-async fn refuse(socket: Socket, code: u16) {
-    let message = close_message(code);
+async fn refuse(socket: Socket, code: u16, message: &'static str) {
     let frames = [
         Frame::text(&wire::error(Some(code), message)),
         Frame::close(code, message),
@@ -223,6 +232,11 @@ impl Handler for PusherSession {
             Why::Reason(Reason::ShuttingDown) => {
                 (code::RECONNECT, close_message(code::RECONNECT).to_owned())
             }
+            // Disabled or removed while open: as a disabled app's refusal.
+            Why::Reason(Reason::AppClosed) => (
+                code::APP_DISABLED,
+                close_message(code::APP_DISABLED).to_owned(),
+            ),
             Why::Reason(Reason::KeepAliveTimeout) => (
                 code::PONG_NOT_RECEIVED,
                 close_message(code::PONG_NOT_RECEIVED).to_owned(),
@@ -231,7 +245,7 @@ impl Handler for PusherSession {
                 code::OVER_CAPACITY,
                 format!(
                     "Too many messages: the limit is {} per second",
-                    self.hub.app.max_messages_per_second
+                    self.hub.config().max_messages_per_second
                 ),
             ),
             // Pusher sessions are never idle-closed (pings decide), but
@@ -308,7 +322,7 @@ impl PusherSession {
             }
             return;
         }
-        let max = self.hub.app.max_subscriptions_per_connection as usize;
+        let max = self.hub.config().max_subscriptions_per_connection as usize;
         let already = self.channels.iter().any(|c| **c == *channel);
         if !already && self.channels.len() >= max {
             let msg = format!("Subscription limit reached: at most {max} channels per connection");
@@ -350,7 +364,7 @@ impl PusherSession {
         auth: Option<&str>,
         channel_data: Option<&str>,
     ) -> Result<SubscribeOptions, (&'static str, String, u16)> {
-        let app = &self.hub.app;
+        let app = self.hub.config();
         validate_name(channel, app.max_channel_name)
             .map_err(|e| ("InvalidChannel", e.to_string(), 400))?;
         let kind = ChannelKind::of(channel);
@@ -407,7 +421,7 @@ impl PusherSession {
         channel: String,
         data: Box<serde_json::value::RawValue>,
     ) {
-        let app = &self.hub.app;
+        let app = self.hub.config();
         if !app.client_events {
             return self.reject_client_event("disabled", "Client events are disabled for this app");
         }
@@ -464,7 +478,7 @@ impl PusherSession {
     }
 
     fn signin(&mut self, auth: &str, user_data: &str) -> Next {
-        let app = &self.hub.app;
+        let app = self.hub.config();
         let message = signing::user_string(&self.conn.socket_id, user_data);
         if !signing::verify_token(&app.key, &app.secret, auth, &message) {
             return Next::Close(Why::Said(

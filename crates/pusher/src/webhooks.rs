@@ -96,12 +96,9 @@ pub fn start(node: &Arc<Node>, config: &PusherConfig) -> Option<Arc<Webhooks>> {
         .zip(&config.apps)
         .filter(|(_, p)| !p.webhooks.is_empty())
         .map(|(a, p)| {
-            let hooks = Arc::new(AppHooks::new(
-                a,
-                &p.webhooks,
-                settings.clone(),
-                client.clone(),
-            ));
+            let mut hooks = AppHooks::new(a, &p.webhooks, settings.clone(), client.clone());
+            hooks.hub = node.hub_by_id(&a.id);
+            let hooks = Arc::new(hooks);
             tokio::spawn(hooks.clone().run());
             (a.id.clone(), hooks)
         })
@@ -211,8 +208,11 @@ struct State {
 
 struct AppHooks {
     app_id: String,
+    /// The key and secret at start; the app's live ones (its hub) win, so
+    /// a rotated secret signs webhooks from then on.
     key: String,
     secret: String,
+    hub: Option<Arc<herald_core::hub::Hub>>,
     endpoints: Vec<Endpoint>,
     settings: Arc<Settings>,
     client: reqwest::Client,
@@ -260,6 +260,7 @@ impl AppHooks {
             app_id: app.id.clone(),
             key: app.key.clone(),
             secret: app.secret.clone(),
+            hub: None,
             endpoints,
             settings,
             client,
@@ -561,10 +562,17 @@ impl AppHooks {
     /// POST `body` to endpoint `i`, retrying as the module doc says.
     async fn deliver(&self, i: usize, body: String, events: usize) {
         let endpoint = &self.endpoints[i];
-        let signature = herald_signing::sign(&self.secret, &body);
+        let (key, secret) = match &self.hub {
+            Some(hub) => {
+                let live = hub.config();
+                (live.key.clone(), live.secret.clone())
+            }
+            None => (self.key.clone(), self.secret.clone()),
+        };
+        let signature = herald_signing::sign(&secret, &body);
         let mut headers = endpoint.headers.clone();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Ok(v) = HeaderValue::from_str(&self.key) {
+        if let Ok(v) = HeaderValue::from_str(&key) {
             headers.insert("x-pusher-key", v);
         }
         if let Ok(v) = HeaderValue::from_str(&signature) {

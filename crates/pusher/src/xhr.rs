@@ -33,10 +33,10 @@
 
 use crate::config::HttpSettings;
 use crate::session::{self as pusher_session, close_message, ConnectParams};
-use crate::wire;
+use crate::wire::{self, code, NAME as WIRE_NAME};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -213,6 +213,7 @@ impl Sessions {
         key: &str,
         params: &ConnectParams,
         transport: Transport,
+        headers: &HeaderMap,
     ) -> Result<(Arc<HttpSession>, bool), Response> {
         let mut map = self.map.lock();
         if let Some(s) = map.get(id) {
@@ -228,13 +229,23 @@ impl Sessions {
                 "Too many HTTP sessions on this node (http_max_sessions); retry later",
             ));
         }
-        let hub = match pusher_session::admit(&self.node, key, params) {
+        // A page the app does not list: refused as on the WebSocket
+        // (4009), before anything is counted.
+        let foreign = self.node.hub_by_key(key).is_some_and(|h| {
+            !herald_core::origin::check(headers, &h.config().origins, &h.app.id, WIRE_NAME)
+        });
+        let admitted = match foreign {
+            true => Err((code::UNAUTHORIZED, herald_core::origin::REFUSED_MESSAGE)),
+            false => {
+                pusher_session::admit(&self.node, key, params).map_err(|c| (c, close_message(c)))
+            }
+        };
+        let hub = match admitted {
             Ok(hub) => hub,
-            Err(code) => {
+            Err((code, message)) => {
                 refused("app");
                 // Opened, then told why and closed: pusher-js acts on the
                 // code (an HTTP error would only make it retry).
-                let message = close_message(code);
                 let mut body = String::from("o\n");
                 encode(
                     &[
@@ -247,7 +258,7 @@ impl Sessions {
             }
         };
         let max_body = hub
-            .app
+            .config()
             .max_frame_size
             .saturating_mul(2)
             .saturating_add(1024);
@@ -333,8 +344,10 @@ async fn streaming(
     State(sessions): State<Arc<Sessions>>,
     Path((key, server, session)): Path<(String, String, String)>,
     Query(params): Query<ConnectParams>,
+    headers: HeaderMap,
 ) -> Response {
-    receive(sessions, key, server, session, params, Transport::Streaming)
+    let at = (key, server, session);
+    receive(sessions, at, params, Transport::Streaming, &headers)
 }
 
 /// `POST .../xhr`.
@@ -342,8 +355,10 @@ async fn polling(
     State(sessions): State<Arc<Sessions>>,
     Path((key, server, session)): Path<(String, String, String)>,
     Query(params): Query<ConnectParams>,
+    headers: HeaderMap,
 ) -> Response {
-    receive(sessions, key, server, session, params, Transport::Polling)
+    let at = (key, server, session);
+    receive(sessions, at, params, Transport::Polling, &headers)
 }
 
 /// A receiving request: opens the session if it is new; then a poll is
@@ -352,16 +367,15 @@ async fn polling(
 /// receiving request takes over.
 fn receive(
     sessions: Arc<Sessions>,
-    key: String,
-    server: String,
-    session: String,
+    (key, server, session): (String, String, String),
     params: ConnectParams,
     transport: Transport,
+    headers: &HeaderMap,
 ) -> Response {
     let Some(id) = session_id(&key, &server, &session) else {
         return bad_session();
     };
-    let (s, new) = match sessions.open(&id, &key, &params, transport) {
+    let (s, new) = match sessions.open(&id, &key, &params, transport, headers) {
         Ok(v) => v,
         Err(r) => return r,
     };

@@ -87,7 +87,7 @@ impl Adapter for Echo {
         let (Ok(c), Some(app)) = (load(&node.config), node.config.apps.first()) else {
             return Router::new();
         };
-        let Some(hub) = node.hub_by_id(&app.id).cloned() else {
+        let Some(hub) = node.hub_by_id(&app.id) else {
             return Router::new();
         };
         Router::new()
@@ -123,7 +123,7 @@ async fn upgrade(
     if hub.admit().is_err() {
         return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "full").into_response();
     }
-    let compression = node.config.compression(&hub.app);
+    let compression = node.config.compression(&hub.config());
     herald_core::ws::upgrade(req, &[], compression, move |socket, _| async move {
         let (id, socket_id) = node.next_connection();
         let session::Opened {

@@ -282,7 +282,7 @@ function Dashboard({ token, onUnauthorized, onLogout }) {
       <span class="muted">node ${stats.node} · broker ${stats.broker}</span>
       <span class="spacer"></span>
       <label>App <select id="app" value=${app} onChange=${(e) => setApp(e.target.value)}>
-        ${stats.apps.map((a) => html`<option value=${a.id}>${a.id}</option>`)}
+        ${stats.apps.map((a) => html`<option value=${a.id}>${a.id} (${a.source ?? 'file'}${a.enabled === false ? ', disabled' : ''})</option>`)}
       </select></label>
       <button class="plain" style="color:#fff;border-color:#fff" onClick=${onLogout}>Sign out</button>
     </header>

@@ -36,6 +36,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod ext;
+pub mod mariadb;
+pub mod postgres;
 pub mod proxy;
 
 pub const APP_ID: &str = "test-app";
@@ -269,6 +271,12 @@ impl Server {
 
     pub fn ws_url(&self, key: &str, query: &str) -> String {
         format!("ws://127.0.0.1:{}/app/{key}{query}", self.port)
+    }
+
+    /// The config file the server was started with (rewrite it, then
+    /// SIGHUP, to change its apps while it runs).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("herald.toml")
     }
 
     /// The server's stderr so far.

@@ -334,7 +334,7 @@ impl Observer for Gone {
         else {
             return;
         };
-        let Some(hub) = node.hub_by_id(app_id).cloned() else {
+        let Some(hub) = node.hub_by_id(app_id) else {
             return;
         };
         tracing::debug!(stream = channel, "member of a gone node left");

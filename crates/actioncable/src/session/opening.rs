@@ -46,8 +46,20 @@ pub async fn upgrade(
     if node.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "Server is draining").into_response();
     }
+    // A page the app does not list never reaches the app's `Connect`
+    // (which would authenticate it by the visitor's cookies): HTTP 403 at
+    // the upgrade, as AnyCable answers.
+    let hub = &cable.hub;
+    if !herald_core::origin::check(
+        req.headers(),
+        &hub.config().origins,
+        &hub.app.id,
+        "actioncable",
+    ) {
+        return (StatusCode::FORBIDDEN, herald_core::origin::REFUSED_MESSAGE).into_response();
+    }
     let info = request_info(&node, &cable, req.headers(), req.uri(), peer);
-    let deflate = node.config.compression(&cable.hub.app);
+    let deflate = node.config.compression(&cable.hub.config());
     herald_core::ws::upgrade(req, PROTOCOLS, deflate, move |socket, protocol| {
         let ext = protocol == Some(crate::ext::protocol::PROTOCOL);
         start(node, cable, socket, info, ext, None)

@@ -119,7 +119,7 @@ fn conn(node: &Node) -> Arc<Connection> {
 }
 
 fn app(node: &Node) -> Arc<Hub> {
-    node.hub_by_id("app-id").unwrap().clone()
+    node.hub_by_id("app-id").unwrap()
 }
 
 async fn join(node: &Node, c: &Arc<Connection>, channel: &str, user: Option<&str>) {

@@ -44,6 +44,21 @@ use space::Space;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+impl Live {
+    fn new(app: AppConfig, closing: CancellationToken) -> Live {
+        // Checked at load; a list that does not parse (a hub built in a
+        // test from an unchecked config) lets no browser in.
+        let origins = crate::origin::AllowedOrigins::parse(&app.allowed_origins)
+            .unwrap_or_else(|_| crate::origin::AllowedOrigins::none());
+        Live {
+            app,
+            origins,
+            closing,
+        }
+    }
+}
 
 /// Why the core refused something. Each adapter maps these to its codes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,8 +136,37 @@ pub struct ChannelStats {
     pub users: Vec<String>,
 }
 
-pub struct Hub {
+/// What never changes about an app while it runs: its id (an app whose
+/// id changes is another app).
+#[derive(Debug)]
+pub struct Ident {
+    pub id: String,
+}
+
+/// An app's settings as they are now: replaced whole when the app changes
+/// (a SIGHUP, the database), read through [`Hub::config`].
+#[derive(Debug)]
+pub struct Live {
     pub app: AppConfig,
+    /// `app.allowed_origins`, parsed.
+    pub origins: crate::origin::AllowedOrigins,
+    /// Cancelled when the app is disabled or removed: every session of
+    /// it watches this (a child of the node's shutdown signal) and closes
+    /// with its protocol's code. A re-enabled app gets a new one.
+    pub closing: CancellationToken,
+}
+
+impl std::ops::Deref for Live {
+    type Target = AppConfig;
+    fn deref(&self) -> &AppConfig {
+        &self.app
+    }
+}
+
+pub struct Hub {
+    /// The app's identity; its settings are [`Hub::config`].
+    pub app: Ident,
+    live: RwLock<Arc<Live>>,
     /// One space per namespace used on this node, created on first use and
     /// kept (a handful: one or two per protocol).
     spaces: RwLock<Vec<Arc<Space>>>,
@@ -136,10 +180,18 @@ pub struct Hub {
 }
 
 impl Hub {
+    /// A hub whose sessions close when `shutdown` (the node's) is cancelled.
     pub fn new(app: AppConfig) -> Hub {
+        Hub::with_shutdown(app, &CancellationToken::new())
+    }
+
+    /// A hub whose sessions also close when `shutdown` (the node's) is
+    /// cancelled.
+    pub fn with_shutdown(app: AppConfig, shutdown: &CancellationToken) -> Hub {
         let cache = cache::Cache::new(Duration::from_secs(app.cache_ttl), app.max_cache_bytes);
         Hub {
-            app,
+            app: Ident { id: app.id.clone() },
+            live: RwLock::new(Arc::new(Live::new(app, shutdown.child_token()))),
             spaces: RwLock::new(Vec::new()),
             cache,
             users: users::Users::default(),
@@ -148,16 +200,49 @@ impl Hub {
         }
     }
 
+    /// The app's settings now (credentials, limits, origins): read them
+    /// per use, never keep them: the app may change while it runs.
+    pub fn config(&self) -> Arc<Live> {
+        self.live.read().clone()
+    }
+
+    /// Apply changed settings (same id): new work uses them from now on.
+    /// An app disabled by the change closes its sessions (see
+    /// [`Live::closing`]); one enabled again takes new ones.
+    pub fn set_config(&self, app: AppConfig, shutdown: &CancellationToken) {
+        let mut live = self.live.write();
+        let closing = match (live.app.enabled, app.enabled) {
+            (true, false) => {
+                live.closing.cancel();
+                live.closing.clone()
+            }
+            (false, true) => shutdown.child_token(),
+            _ => live.closing.clone(),
+        };
+        *live = Arc::new(Live::new(app, closing));
+    }
+
+    /// The app was removed: refuse everything from now on and close its
+    /// sessions.
+    pub fn close(&self) {
+        let mut live = self.live.write();
+        live.closing.cancel();
+        let mut app = live.app.clone();
+        app.enabled = false;
+        *live = Arc::new(Live::new(app, live.closing.clone()));
+    }
+
     // ----- connections -----------------------------------------------------
 
     /// Count a new connection, or refuse it (app disabled or over quota).
     /// The quota counts the other nodes' connections as their last
     /// heartbeats reported them.
     pub fn admit(&self) -> Result<(), Refused> {
-        if !self.app.enabled {
+        let live = self.config();
+        if !live.enabled {
             return Err(Refused::Unauthorized("App is disabled".into()));
         }
-        let max = self.app.max_connections;
+        let max = live.max_connections;
         let elsewhere = self.remote_connections.load(Ordering::Acquire);
         self.connections
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

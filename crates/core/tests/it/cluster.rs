@@ -48,7 +48,7 @@ fn conn(node: &Node) -> Arc<Connection> {
 }
 
 fn app(node: &Node) -> Arc<herald_core::hub::Hub> {
-    node.hub_by_id("app-id").unwrap().clone()
+    node.hub_by_id("app-id").unwrap()
 }
 
 /// The frames queued to `c` since the last call, as text.

@@ -77,12 +77,12 @@ fn conn(node: &Node) -> Arc<Connection> {
 }
 
 async fn join(node: &Node, c: &Arc<Connection>, channel: &str, opts: SubscribeOptions) {
-    let hub = node.hub_by_id("app-id").unwrap().clone();
+    let hub = node.hub_by_id("app-id").unwrap();
     node.subscribe(&hub, c, NS, channel, opts).await.unwrap();
 }
 
 fn leave(node: &Node, c: &Connection, channel: &str) {
-    let hub = node.hub_by_id("app-id").unwrap().clone();
+    let hub = node.hub_by_id("app-id").unwrap();
     assert!(node.unsubscribe(&hub, c, NS, channel, &None, false));
 }
 
@@ -141,7 +141,7 @@ async fn members_are_reported_once_per_user() {
 async fn cache_misses_counts_and_watched_publications() {
     let broker = Arc::new(LocalBroker::new());
     let (n, log) = node(&broker);
-    let hub = n.hub_by_id("app-id").unwrap().clone();
+    let hub = n.hub_by_id("app-id").unwrap();
     let a = conn(&n);
     let cached = SubscribeOptions {
         cache: true,

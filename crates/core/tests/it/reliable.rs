@@ -61,7 +61,7 @@ async fn subscriber(node: &Node, channel: &str) -> Arc<Connection> {
     };
     let c = Arc::new(Connection::new(1, "1.1".into(), &PositionWire, limit));
     let hub = node.hub_by_id("app-id").unwrap();
-    node.subscribe(hub, &c, NS, channel, SubscribeOptions::default())
+    node.subscribe(&hub, &c, NS, channel, SubscribeOptions::default())
         .await
         .unwrap();
     c
@@ -110,7 +110,7 @@ impl History for Slow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followed_streams_publications_get_positions_in_order() {
     let node = node();
-    let hub = node.hub_by_id("app-id").unwrap().clone();
+    let hub = node.hub_by_id("app-id").unwrap();
     let history = Arc::new(Slow(MemoryHistory::new(LIMITS)));
     let streams = Arc::new(ReliableStreams::with_history(history, LIMITS));
     streams.follow("room").await;
@@ -163,7 +163,7 @@ async fn a_followed_streams_publications_get_positions_in_order() {
 #[tokio::test]
 async fn a_stream_nobody_follows_publishes_without_a_position() {
     let node = node();
-    let hub = node.hub_by_id("app-id").unwrap().clone();
+    let hub = node.hub_by_id("app-id").unwrap();
     let streams = ReliableStreams::new(&*node.broker, LIMITS);
     streams.follow("room").await;
     let c = subscriber(&node, "lobby").await;
@@ -204,7 +204,7 @@ async fn a_gap_in_the_live_offsets_is_filled_from_the_history() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static FILLED: AtomicUsize = AtomicUsize::new(0);
     let node = node();
-    let hub = node.hub_by_id("app-id").unwrap().clone();
+    let hub = node.hub_by_id("app-id").unwrap();
     let history = Arc::new(MemoryHistory::new(LIMITS));
     let streams = Arc::new(ReliableStreams::with_history(history.clone(), LIMITS));
     streams.follow("room").await;
