@@ -200,22 +200,11 @@ fn subscribe(identifier: &str, ask: &Ask) -> String {
     command.to_string()
 }
 
-/// A masked client text frame, as the session's decoder requires.
+/// A client text frame, as the session's decoder requires (the core's
+/// in-memory form: masked with a zero key).
 fn client_frame(payload: &[u8]) -> Vec<u8> {
-    let mut f = vec![0x81];
-    let len = payload.len();
-    if len < 126 {
-        f.push(0x80 | len as u8);
-    } else if len < 65536 {
-        f.push(0x80 | 126);
-        f.extend_from_slice(&(len as u16).to_be_bytes());
-    } else {
-        f.push(0x80 | 127);
-        f.extend_from_slice(&(len as u64).to_be_bytes());
-    }
-    let mask: [u8; 4] = rand::random();
-    f.extend_from_slice(&mask);
-    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i & 3]));
+    let mut f = Vec::with_capacity(payload.len() + 14);
+    herald_core::relay::put_client_frame(&mut f, 1, payload);
     f
 }
 

@@ -255,8 +255,8 @@ fn server_frame(b: &[u8]) -> Option<(u8, usize, usize)> {
 
 /// Append a final client frame (masked, as RFC 6455 requires of clients,
 /// with a zero key: the relay is in memory and the decoder only checks the
-/// bit).
-fn put_client_frame(buf: &mut Vec<u8>, op: u8, payload: &[u8]) {
+/// bit). Other in-memory transports that feed a session loop use it too.
+pub fn put_client_frame(buf: &mut Vec<u8>, op: u8, payload: &[u8]) {
     buf.push(0x80 | op);
     let len = payload.len();
     if len < 126 {
