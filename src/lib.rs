@@ -30,6 +30,8 @@
 //! src/peers       this crate: the settings of the servers Herald replaces
 //!                 (Reverb, soketi, AnyCable), read as they are
 //! src/env_file    this crate: Laravel and Rails `.env` files, bounded
+//! src/apps_db     this crate: apps from a PostgreSQL or MySQL/MariaDB table
+//!                 in soketi's layout, read again every `refresh`
 //! src/build_info  this crate: version, commit and date (`/version`)
 //! adapters()      this crate: the adapters `herald` serves (the binary is
 //!                 the core plus this list; see docs/architecture.md)

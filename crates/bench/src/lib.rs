@@ -17,6 +17,8 @@
 //! connect     connection avalanche, and `--sweep` over increasing N
 //! fanout      HTTP publishers to many subscribers over several channels
 //! idle        many idle subscribed connections; server memory per connection
+//! wire        the clients' socket: TCP, counted, optionally offering
+//!             permessage-deflate (`--deflate`)
 //! transports  held Pusher clients over ws, xhr_streaming or xhr_polling:
 //!             server memory per held client, CPU per delivery
 //! latency     light load: a few clients, one paced request at a time;

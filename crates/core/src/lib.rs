@@ -55,7 +55,10 @@
 //! `commands` (adapters' commands run on every node, such as a remote
 //! disconnect), `load` (the recent delivery rate that decides whether write
 //! coalescing is worth its delay, and the process clock), `reaper` (the
-//! bounded teardown of sessions whose clients went away), and
+//! bounded teardown of sessions whose clients went away),
+//! `deflate` (permessage-deflate: the upgrade's negotiation, each
+//! publication compressed once for its subscribers, client messages
+//! inflated within `max_frame_size`), and
 //! `testing` (wires for tests; only with the `testing` feature, which
 //! dev-dependencies enable).
 
