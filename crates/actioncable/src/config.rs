@@ -9,6 +9,10 @@ use herald_core::config::{invalid, AppConfig, Config, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// Where Server-Sent Events are served unless `rpc.sse_path` says
+/// otherwise (AnyCable's default).
+pub const DEFAULT_SSE_PATH: &str = "/events";
+
 /// Most streams one connection may follow (over all its subscriptions).
 pub const MAX_STREAMS: usize = 1000;
 
@@ -156,7 +160,7 @@ impl Default for RpcConfig {
             app: None,
             path: None,
             sse: false,
-            sse_path: crate::sse::DEFAULT_PATH.into(),
+            sse_path: DEFAULT_SSE_PATH.into(),
             broadcast_key: None,
             public_streams: false,
             streams_secret: None,

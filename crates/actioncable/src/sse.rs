@@ -55,7 +55,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 /// The SSE path unless `rpc.sse_path` says otherwise.
-pub const DEFAULT_PATH: &str = "/events";
+pub const DEFAULT_PATH: &str = crate::config::DEFAULT_SSE_PATH;
 
 /// Bytes the pipe between a session and its response holds each way:
 /// past it the session's writes wait, and a client that stops reading is

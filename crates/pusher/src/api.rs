@@ -6,8 +6,8 @@
 use crate::auth::{authenticate, SignedRequest};
 use crate::names::{validate_publish_name, ChannelKind, NAMESPACE, SERVER_TO_USER_PREFIX};
 use axum::extract::Path;
-use axum::http::{StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::Uri;
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use herald_core::broker::Full;
@@ -25,41 +25,7 @@ pub const MAX_CHANNELS_PER_EVENT: usize = 100;
 /// Events one `batch_events` call may carry (Pusher's limit).
 pub const MAX_BATCH_EVENTS: usize = 10;
 
-/// An error answered as `{"error": message}` with an HTTP status.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-        }
-    }
-}
-
-impl From<Full> for ApiError {
-    /// The broker's outbox is full: 503, retry (with `Retry-After`).
-    fn from(full: Full) -> ApiError {
-        ApiError::new(503, full.to_string())
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        metrics::count(&metrics::API_ERRORS);
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
-        let mut res = (status, Json(json!({ "error": self.message }))).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            res.headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, Full::RETRY_AFTER.into());
-        }
-        res
-    }
-}
+pub use crate::api_error::ApiError;
 
 type ApiResult = Result<Json<Value>, ApiError>;
 

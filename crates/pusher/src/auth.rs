@@ -3,7 +3,7 @@
 //! bodies, and `auth_signature` = HMAC-SHA256 over
 //! `METHOD\nPATH\nsorted query without auth_signature`.
 
-use crate::api::ApiError;
+use crate::api_error::ApiError;
 use crate::signing;
 use herald_core::hub::Hub;
 use herald_core::node::Node;

@@ -8,7 +8,8 @@
 //!   ├ presence_data  the signed `channel_data` of a presence subscription
 //!   └ signing        HMAC channel/user auth, constant-time checks
 //! api       /apps/{id}/...: the HTTP API (events, batches, channel queries,
-//!   └ auth           terminate) and its request signatures
+//!   ├ auth           terminate) and its request signatures
+//!   └ api_error      its error answer (status, message; 503 with Retry-After)
 //! xhr       pusher-js's HTTP transports (xhr_streaming, xhr_polling):
 //!           the same session on the core's relay instead of a socket
 //! wire      parse/encode Pusher frames, error codes; the core's `Wire`
@@ -21,6 +22,7 @@
 //! `herald_core::adapter::Adapter`).
 
 pub mod api;
+pub mod api_error;
 pub mod auth;
 pub mod config;
 pub mod metrics;
